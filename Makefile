@@ -1,0 +1,48 @@
+# appease: `make run` and `make test` are all a user needs on a fresh Debian machine.
+SHELL := /bin/bash
+CARGO ?= cargo
+# Debian packages the build and the tests need (clang compiles the BPF program,
+# libelf/zlib/pkg-config build the bundled libbpf).
+APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
+CONFIG ?=
+
+.PHONY: all deps build run test bench fmt clippy clean
+
+all: build
+
+# Installs only what is missing; apt-get update only when something is.
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" -ne 0 ]; then echo "error: installing$$missing needs root (run as root or: sudo apt-get install$$missing)"; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	fi
+	@command -v $(CARGO) >/dev/null || { echo "error: cargo not found: install Rust (rustup, stable) first"; exit 1; }
+
+build: deps
+	$(CARGO) build --release --locked -p appease
+
+# Runs the daemon in the foreground with the embedded default config (root needed).
+run: build
+	./target/release/appease daemon $(if $(CONFIG),--config $(CONFIG),)
+
+test: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) build --release --locked -p appease
+	$(CARGO) test --workspace --locked --release
+
+bench: build
+	$(CARGO) bench --locked -p appease-probe --bench read_cost
+	./target/release/appease bench overhead
+
+fmt:
+	$(CARGO) fmt --all
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,493 @@
+//! Request-based priority elevation (seeds/004 sections 5-6) with an elevation budget.
+//!
+//! A thread that receives a request is elevated by the ladder's step for the current
+//! load; the elevation fades by one nice level per the step's delay; each new request
+//! re-elevates. Elevation is paid for with CPU time: every tracked thread has a token
+//! bucket that fills at `budget.cpu_share` of one CPU and drains by the CPU time the
+//! thread uses. A thread whose bucket runs dry loses its elevation and gets none until
+//! the bucket is full again, so over time elevation buys at most `cpu_share` of a CPU: a
+//! thread that reads a byte now and then while spinning cannot stay elevated.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::{Ladder, Load, Nanos};
+
+/// Where a request came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// A UNIX socket: a local customer.
+    Unix,
+    /// An INET/INET6 socket: a network customer.
+    Network,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    /// Share of one CPU that elevation can buy over time.
+    pub cpu_share: f64,
+    /// Size of the bucket: CPU time a thread may burn in one burst while elevated.
+    pub burst: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ElevationParams {
+    pub ladder: Ladder,
+    /// Below this PSI `some` percentage the machine counts as uncontended.
+    pub min_psi_pct: f64,
+    pub budget: Budget,
+    /// EEVDF slice for elevated threads (earlier virtual deadline, so earlier wakeup
+    /// preemption); None leaves the slice alone.
+    pub slice: Option<Duration>,
+    /// State of a thread with no request for this long is dropped.
+    pub forget_after: Duration,
+}
+
+/// Why a decision was made (shown in logs and `appease status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reason {
+    UnixRequest,
+    NetworkRequest,
+    Decay,
+    Faded,
+    BudgetExhausted,
+    Forgotten,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::UnixRequest => "unix-request",
+            Reason::NetworkRequest => "network-request",
+            Reason::Decay => "decay",
+            Reason::Faded => "faded",
+            Reason::BudgetExhausted => "budget-exhausted",
+            Reason::Forgotten => "forgotten",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Set the thread `levels` nice levels above its original nice.
+    Elevate {
+        pid: u32,
+        tid: u32,
+        levels: u32,
+        slice: Option<Duration>,
+        reason: Reason,
+    },
+    /// Put the thread back to its original nice and slice.
+    Restore { pid: u32, tid: u32, reason: Reason },
+}
+
+#[derive(Clone, Debug)]
+struct Thread {
+    pid: u32,
+    levels: u32,
+    decay_ns: u64,
+    next_decay_at: Nanos,
+    last_request: Nanos,
+    tokens_ns: f64,
+    budget_at: Nanos,
+    cpu_ns: u64,
+    exhausted: bool,
+}
+
+/// What the policy knows about one thread, for status output.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ThreadView {
+    pub pid: u32,
+    pub tid: u32,
+    pub levels: u32,
+    pub budget_ms: f64,
+    pub exhausted: bool,
+}
+
+pub struct ElevationPolicy {
+    params: ElevationParams,
+    threads: HashMap<u32, Thread>,
+}
+
+impl ElevationPolicy {
+    pub fn new(params: ElevationParams) -> Self {
+        ElevationPolicy {
+            params,
+            threads: HashMap::new(),
+        }
+    }
+
+    pub fn params(&self) -> &ElevationParams {
+        &self.params
+    }
+
+    /// New parameters (config reload); current elevations fade under the new ladder.
+    pub fn set_params(&mut self, params: ElevationParams) {
+        self.params = params;
+    }
+
+    fn burst_ns(&self) -> f64 {
+        self.params.budget.burst.as_nanos() as f64
+    }
+
+    /// A thread received a request at `now`; `cpu_ns` is its total CPU time then.
+    pub fn on_request(
+        &mut self,
+        now: Nanos,
+        pid: u32,
+        tid: u32,
+        source: Source,
+        cpu_ns: u64,
+        load: Load,
+    ) -> Option<Decision> {
+        let burst = self.burst_ns();
+        let share = self.params.budget.cpu_share;
+        let t = self.threads.entry(tid).or_insert_with(|| Thread {
+            pid,
+            levels: 0,
+            decay_ns: 0,
+            next_decay_at: now,
+            last_request: now,
+            tokens_ns: burst,
+            budget_at: now,
+            cpu_ns,
+            exhausted: false,
+        });
+        t.pid = pid;
+        t.last_request = now;
+        account(t, now, cpu_ns, share, burst);
+        if t.exhausted {
+            return None;
+        }
+        let step = self
+            .params
+            .ladder
+            .step_for(load.ladder_index(self.params.min_psi_pct));
+        let target = step.levels(source == Source::Unix);
+        if target == 0 {
+            return None;
+        }
+        // Re-elevation: the timer restarts; a stronger elevation from higher load is kept.
+        t.decay_ns = step.decay.as_nanos() as u64;
+        t.next_decay_at = now + t.decay_ns;
+        if target <= t.levels {
+            return None;
+        }
+        t.levels = target;
+        Some(Decision::Elevate {
+            pid,
+            tid,
+            levels: target,
+            slice: self.params.slice,
+            reason: match source {
+                Source::Unix => Reason::UnixRequest,
+                Source::Network => Reason::NetworkRequest,
+            },
+        })
+    }
+
+    /// Periodic step: decay, budget, forgetting. `cpu_of(tid)` gives a thread's total
+    /// CPU time, or None when the thread is gone.
+    pub fn on_tick(
+        &mut self,
+        now: Nanos,
+        mut cpu_of: impl FnMut(u32, u32) -> Option<u64>,
+    ) -> Vec<Decision> {
+        let burst = self.burst_ns();
+        let share = self.params.budget.cpu_share;
+        let forget_ns = self.params.forget_after.as_nanos() as u64;
+        let slice = self.params.slice;
+        let mut out = Vec::new();
+        self.threads.retain(|&tid, t| {
+            let pid = t.pid;
+            let Some(cpu) = cpu_of(pid, tid) else {
+                return false; // gone: nothing to restore
+            };
+            account(t, now, cpu, share, burst);
+            if t.levels > 0 && t.exhausted {
+                t.levels = 0;
+                out.push(Decision::Restore {
+                    pid,
+                    tid,
+                    reason: Reason::BudgetExhausted,
+                });
+            } else if t.levels > 0 && now >= t.next_decay_at {
+                let steps = 1 + (now - t.next_decay_at) / t.decay_ns.max(1);
+                t.levels = t.levels.saturating_sub(steps.min(u32::MAX as u64) as u32);
+                t.next_decay_at += steps * t.decay_ns;
+                out.push(if t.levels == 0 {
+                    Decision::Restore {
+                        pid,
+                        tid,
+                        reason: Reason::Faded,
+                    }
+                } else {
+                    Decision::Elevate {
+                        pid,
+                        tid,
+                        levels: t.levels,
+                        slice,
+                        reason: Reason::Decay,
+                    }
+                });
+            }
+            // Keep idle threads for a while so the budget remembers a cheater.
+            t.levels > 0 || now.saturating_sub(t.last_request) < forget_ns
+        });
+        out
+    }
+
+    /// The thread exited or someone else took over its priority: forget it.
+    pub fn forget(&mut self, tid: u32) {
+        self.threads.remove(&tid);
+    }
+
+    /// Threads currently elevated, plus those being watched for their budget.
+    pub fn view(&self) -> Vec<ThreadView> {
+        let mut v: Vec<_> = self
+            .threads
+            .iter()
+            .map(|(&tid, t)| ThreadView {
+                pid: t.pid,
+                tid,
+                levels: t.levels,
+                budget_ms: t.tokens_ns / 1e6,
+                exhausted: t.exhausted,
+            })
+            .collect();
+        v.sort_by_key(|t| (t.pid, t.tid));
+        v
+    }
+
+    pub fn levels(&self, tid: u32) -> u32 {
+        self.threads.get(&tid).map_or(0, |t| t.levels)
+    }
+
+    pub fn tracked(&self) -> usize {
+        self.threads.len()
+    }
+}
+
+/// Refills the bucket for the time passed, drains it by the CPU used, updates the
+/// exhausted flag (set when empty, cleared only when full again).
+fn account(t: &mut Thread, now: Nanos, cpu_ns: u64, share: f64, burst: f64) {
+    let wall = now.saturating_sub(t.budget_at) as f64;
+    let used = cpu_ns.saturating_sub(t.cpu_ns) as f64;
+    t.tokens_ns = (t.tokens_ns + wall * share - used).clamp(-burst, burst);
+    t.budget_at = now.max(t.budget_at);
+    t.cpu_ns = cpu_ns.max(t.cpu_ns);
+    if t.tokens_ns <= 0.0 {
+        t.exhausted = true;
+    } else if t.exhausted && t.tokens_ns >= burst {
+        t.exhausted = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Step;
+
+    const MS: u64 = 1_000_000;
+
+    fn params() -> ElevationParams {
+        let step = |from, unix, inet, ms| Step {
+            from_runnable_per_cpu: from,
+            unix_nice: unix,
+            inet_nice: inet,
+            decay: Duration::from_millis(ms),
+        };
+        ElevationParams {
+            ladder: Ladder::new(vec![
+                step(0.0, 0, 0, 0),
+                step(1.0, -4, -2, 100),
+                step(3.0, -10, -6, 100),
+            ])
+            .unwrap(),
+            min_psi_pct: 1.0,
+            budget: Budget {
+                cpu_share: 0.5,
+                burst: Duration::from_millis(200),
+            },
+            slice: Some(Duration::from_micros(500)),
+            forget_after: Duration::from_secs(10),
+        }
+    }
+
+    fn load(r: f64) -> Load {
+        Load {
+            runnable_per_cpu: r,
+            psi_some_pct: 50.0,
+        }
+    }
+
+    fn levels(d: &Option<Decision>) -> u32 {
+        match d {
+            Some(Decision::Elevate { levels, .. }) => *levels,
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn no_elevation_on_an_idle_machine() {
+        let mut p = ElevationPolicy::new(params());
+        assert_eq!(p.on_request(0, 1, 1, Source::Unix, 0, load(0.5)), None);
+        let calm = Load {
+            runnable_per_cpu: 4.0,
+            psi_some_pct: 0.1,
+        };
+        assert_eq!(
+            p.on_request(0, 1, 2, Source::Unix, 0, calm),
+            None,
+            "no one waits: no elevation"
+        );
+    }
+
+    #[test]
+    fn unix_elevates_more_than_network_and_more_under_load() {
+        let mut p = ElevationPolicy::new(params());
+        let u = p.on_request(0, 1, 1, Source::Unix, 0, load(1.5));
+        let n = p.on_request(0, 2, 2, Source::Network, 0, load(1.5));
+        let heavy = p.on_request(0, 3, 3, Source::Network, 0, load(4.0));
+        assert_eq!((levels(&u), levels(&n), levels(&heavy)), (4, 2, 6));
+        assert!(matches!(
+            u,
+            Some(Decision::Elevate {
+                reason: Reason::UnixRequest,
+                slice: Some(_),
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn fades_one_level_per_delay_and_re_elevates() {
+        let mut p = ElevationPolicy::new(params());
+        let cpu = |_, _| Some(0);
+        p.on_request(0, 1, 1, Source::Unix, 0, load(2.0));
+        assert!(p.on_tick(99 * MS, cpu).is_empty());
+        assert_eq!(
+            p.on_tick(100 * MS, cpu),
+            vec![Decision::Elevate {
+                pid: 1,
+                tid: 1,
+                levels: 3,
+                slice: Some(Duration::from_micros(500)),
+                reason: Reason::Decay
+            }]
+        );
+        // A new request restores the full elevation and restarts the timer.
+        assert_eq!(
+            levels(&p.on_request(150 * MS, 1, 1, Source::Unix, 0, load(2.0))),
+            4
+        );
+        assert!(p.on_tick(249 * MS, cpu).is_empty());
+        // Ticks that come late apply every missed step at once.
+        let d = p.on_tick(450 * MS, cpu);
+        assert!(
+            matches!(d[..], [Decision::Elevate { levels: 1, .. }]),
+            "{d:?}"
+        );
+        let d = p.on_tick(550 * MS, cpu);
+        assert_eq!(
+            d,
+            vec![Decision::Restore {
+                pid: 1,
+                tid: 1,
+                reason: Reason::Faded
+            }]
+        );
+        assert!(p.on_tick(900 * MS, cpu).is_empty());
+    }
+
+    #[test]
+    fn repeated_requests_at_same_level_need_no_syscall() {
+        let mut p = ElevationPolicy::new(params());
+        assert!(p.on_request(0, 1, 1, Source::Unix, 0, load(2.0)).is_some());
+        assert_eq!(
+            p.on_request(10 * MS, 1, 1, Source::Unix, 0, load(2.0)),
+            None
+        );
+        // A weaker step does not lower a stronger elevation.
+        assert_eq!(
+            p.on_request(20 * MS, 1, 1, Source::Network, 0, load(2.0)),
+            None
+        );
+        assert_eq!(p.levels(1), 4);
+    }
+
+    #[test]
+    fn a_spinning_cheater_loses_its_elevation_and_stays_down() {
+        let mut p = ElevationPolicy::new(params());
+        // Reads a byte every 5 ms while using the whole CPU.
+        let mut elevated_ticks = 0;
+        for i in 0..400u64 {
+            let now = i * 5 * MS;
+            p.on_request(now, 1, 1, Source::Network, now, load(2.0));
+            p.on_tick(now, |_, _| Some(now));
+            if i >= 100 && p.levels(1) > 0 {
+                elevated_ticks += 1;
+            }
+        }
+        assert_eq!(
+            elevated_ticks, 0,
+            "after its first burst the cheater is never elevated again"
+        );
+        assert!(p.view()[0].exhausted);
+    }
+
+    #[test]
+    fn a_server_using_a_fifth_of_a_cpu_keeps_its_elevation() {
+        let mut p = ElevationPolicy::new(params());
+        // 5 ms of CPU per request, 40 requests/s.
+        let mut cpu = 0;
+        for i in 0..400u64 {
+            let now = i * 25 * MS;
+            p.on_request(now, 1, 1, Source::Network, cpu, load(2.0));
+            cpu += 5 * MS;
+            p.on_tick(now + 5 * MS, |_, _| Some(cpu));
+            assert_eq!(p.levels(1), 2, "at {i}");
+        }
+    }
+
+    #[test]
+    fn exhausted_thread_recovers_once_it_stops_burning() {
+        let mut p = ElevationPolicy::new(params());
+        p.on_request(0, 1, 1, Source::Unix, 0, load(2.0));
+        let d = p.on_tick(50 * MS, |_, _| Some(600 * MS));
+        assert_eq!(
+            d,
+            vec![Decision::Restore {
+                pid: 1,
+                tid: 1,
+                reason: Reason::BudgetExhausted
+            }]
+        );
+        assert_eq!(
+            p.on_request(60 * MS, 1, 1, Source::Unix, 600 * MS, load(2.0)),
+            None
+        );
+        // Idle from then on: the bucket (clamped at -200 ms) refills at 0.5/s to full in 0.8 s.
+        assert_eq!(
+            p.on_request(700 * MS, 1, 1, Source::Unix, 600 * MS, load(2.0)),
+            None
+        );
+        assert!(p
+            .on_request(1000 * MS, 1, 1, Source::Unix, 600 * MS, load(2.0))
+            .is_some());
+    }
+
+    #[test]
+    fn gone_threads_and_idle_threads_are_forgotten() {
+        let mut p = ElevationPolicy::new(params());
+        p.on_request(0, 1, 1, Source::Unix, 0, load(2.0));
+        p.on_request(0, 2, 2, Source::Unix, 0, load(2.0));
+        let d = p.on_tick(10 * MS, |_, tid| (tid == 1).then_some(0));
+        assert!(d.is_empty(), "a vanished thread needs no restore");
+        assert_eq!(p.tracked(), 1);
+        p.on_tick(20 * MS * 1000, |_, _| Some(0));
+        assert_eq!(p.tracked(), 0, "faded and idle for forget_after");
+    }
+}

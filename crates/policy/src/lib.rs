@@ -1,0 +1,34 @@
+//! appease's policy: pure functions and state machines. No I/O and no clock of its own
+//! (time is an input), so the daemon, the tests and the simulator run the same code.
+
+pub mod elevation;
+pub mod ladder;
+pub mod load;
+
+pub use elevation::{Budget, Decision, ElevationParams, ElevationPolicy, Reason, Source};
+pub use ladder::{Ladder, LadderError, Step};
+pub use load::{Load, LoadTracker};
+
+/// Nanoseconds on the monotonic clock (the BPF events' clock).
+pub type Nanos = u64;
+
+pub const NICE_MIN: i32 = -20;
+pub const NICE_MAX: i32 = 19;
+
+/// The nice value an elevation of `levels` gives a thread whose own nice is `original`.
+pub fn elevated_nice(original: i32, levels: u32) -> i32 {
+    (original - levels.min(40) as i32).clamp(NICE_MIN, NICE_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elevation_is_relative_and_clamped() {
+        assert_eq!(elevated_nice(0, 5), -5);
+        assert_eq!(elevated_nice(5, 3), 2);
+        assert_eq!(elevated_nice(-18, 5), -20);
+        assert_eq!(elevated_nice(0, 0), 0);
+    }
+}

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * appease probe. A request is a socket receive returning > 0 bytes (read, readv,
+ * recv*, all of which end in sock_recvmsg and its sock_recv_length tracepoint), so
+ * file reads never run this code. One event per thread per quiet period: the
+ * per-thread timestamp of the last reported request lives in task storage and
+ * filters the rest in the kernel.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "intf.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define MSG_PEEK 2
+#define PF_KTHREAD 0x00200000
+
+/* Set by user space before load. */
+const volatile u64 min_gap_ns = 20 * 1000 * 1000;
+const volatile u32 self_tgid = 0;
+
+/* Makes the event type visible in the skeleton's BTF. */
+struct appease_event _event_type = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, APPEASE_NR_COUNTERS);
+	__type(key, u32);
+	__type(value, u64);
+} counters SEC(".maps");
+
+struct thread_state {
+	u64 last_request_ns;
+};
+
+/* Freed by the kernel with the task: no stale entries, no recycled tids. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+static __always_inline void count(u32 idx)
+{
+	u64 *v = bpf_map_lookup_elem(&counters, &idx);
+	if (v)
+		(*v)++;
+}
+
+static __always_inline struct appease_event *reserve(struct task_struct *t, u32 kind)
+{
+	struct appease_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(APPEASE_CNT_LOST);
+		return NULL;
+	}
+	e->ts_ns = bpf_ktime_get_ns();
+	e->cpu_ns = t->se.sum_exec_runtime;
+	e->kind = kind;
+	e->pid = t->tgid;
+	e->tid = t->pid;
+	e->ppid = 0;
+	e->bytes = 0;
+	e->family = 0;
+	bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), t->comm);
+	return e;
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
+{
+	if (ret <= 0 || (flags & MSG_PEEK))
+		return 0;
+	struct task_struct *t = bpf_get_current_task_btf();
+	if ((t->flags & PF_KTHREAD) || (self_tgid && t->tgid == self_tgid))
+		return 0;
+	count(APPEASE_CNT_SOCKET_READS);
+
+	u64 now = bpf_ktime_get_ns();
+	struct thread_state *st = bpf_task_storage_get(&threads, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!st)
+		return 0;
+	if (st->last_request_ns && now - st->last_request_ns < min_gap_ns)
+		return 0;
+	st->last_request_ns = now;
+
+	struct appease_event *e = reserve(t, APPEASE_EV_REQUEST);
+	if (!e)
+		return 0;
+	e->bytes = ret;
+	e->family = sk ? sk->__sk_common.skc_family : 0;
+	bpf_ringbuf_submit(e, 0);
+	count(APPEASE_CNT_REQUESTS);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (child->pid != child->tgid) /* a new thread, not a new process */
+		return 0;
+	struct appease_event *e = reserve(child, APPEASE_EV_FORK);
+	if (!e)
+		return 0;
+	e->ppid = parent->tgid;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+	struct appease_event *e = reserve(p, APPEASE_EV_EXEC);
+	if (e)
+		bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *p)
+{
+	/* Only threads that ever received a request, and whole processes. */
+	if (p->pid != p->tgid && !bpf_task_storage_get(&threads, p, 0, 0))
+		return 0;
+	struct appease_event *e = reserve(p, APPEASE_EV_EXIT);
+	if (e)
+		bpf_ringbuf_submit(e, 0);
+	return 0;
+}
