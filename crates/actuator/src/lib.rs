@@ -1,1 +1,500 @@
+//! The only code that changes the kernel's scheduling state. Every change is journaled
+//! before it is made; nothing is touched that appease must leave alone (real-time and
+//! idle-class tasks, kernel threads, appease itself, configured exceptions, threads whose
+//! priority someone else changed after appease did), and a recycled tid is never touched.
 
+pub mod journal;
+pub mod sys;
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use appease_policy::elevated_nice;
+use serde::Serialize;
+
+pub use journal::{Journal, Pending, Record, TaskKey};
+use sys::Sched;
+
+/// Why appease leaves a thread alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum HandsOff {
+    KernelThread,
+    Itself,
+    /// Real-time, deadline, idle or another non-fair policy.
+    Policy {
+        policy: u32,
+    },
+    Exception {
+        comm: String,
+    },
+    /// Someone else changed the nice after appease did.
+    ChangedByOther {
+        expected: i32,
+        found: i32,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActError {
+    #[error("thread {tid} is gone")]
+    Gone { tid: u32 },
+    #[error("thread {tid} is left alone: {why:?}")]
+    HandsOff { tid: u32, why: HandsOff },
+    #[error("{op} on thread {tid} failed: {source}")]
+    Sys {
+        op: &'static str,
+        tid: u32,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A thread appease has changed, for `appease status`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ManagedView {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub class: &'static str,
+    pub nice: i32,
+    pub original_nice: i32,
+    pub slice_ns: u64,
+    pub why: String,
+    /// Seconds since the epoch when appease first changed the thread.
+    pub since: u64,
+}
+
+/// What putting threads back achieved.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RestoreReport {
+    pub restored: u32,
+    pub gone: u32,
+    pub left_alone: u32,
+    pub failed: u32,
+}
+
+/// The interface the daemon drives; tests and the simulator use fakes.
+pub trait Actuator {
+    /// Sets `tid` `levels` nice levels above its original nice (recorded on first use),
+    /// with the given EEVDF slice (None: the thread's original slice).
+    fn elevate(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        levels: u32,
+        slice: Option<Duration>,
+        why: &str,
+    ) -> Result<(), ActError>;
+    /// Puts `tid` back to its original nice and slice.
+    fn restore(&mut self, tid: u32, why: &str) -> Result<(), ActError>;
+    /// The thread exited: drop what is known of it.
+    fn forget(&mut self, tid: u32);
+    /// Puts every managed thread back (daemon exit).
+    fn restore_all(&mut self) -> RestoreReport;
+    /// Re-checks every managed thread; returns those no longer managed (gone, or
+    /// changed by someone else and now left alone).
+    fn audit(&mut self) -> Vec<u32>;
+    fn managed(&self) -> Vec<ManagedView>;
+}
+
+struct Managed {
+    key: TaskKey,
+    comm: String,
+    orig: Sched,
+    applied_nice: i32,
+    applied_slice_ns: u64,
+    /// Becomes readable when the thread exits; None if pidfds are unavailable.
+    pidfd: Option<OwnedFd>,
+    why: String,
+    since: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct ActCounters {
+    pub changes: u64,
+    pub restores: u64,
+    pub gone: u64,
+    pub hands_off: u64,
+    pub failures: u64,
+}
+
+/// Changes the real kernel's state (or, in dry-run mode, only says what it would do).
+pub struct KernelActuator {
+    journal: Option<Journal>,
+    managed: HashMap<u32, Managed>,
+    left_alone: HashMap<u32, (u64, HandsOff)>,
+    exceptions: Vec<String>,
+    /// The kernel's default slice, to tell a default slice from a custom one.
+    base_slice_ns: u64,
+    self_pid: u32,
+    dry_run: bool,
+    pub counters: ActCounters,
+}
+
+impl KernelActuator {
+    /// `journal` is None in dry-run mode.
+    pub fn new(journal: Option<Journal>, exceptions: Vec<String>) -> io::Result<Self> {
+        // This thread's slice was never set by anyone: it is the kernel's default.
+        let base_slice_ns = sys::sched_getattr(0)?.slice_ns;
+        Ok(KernelActuator {
+            dry_run: journal.is_none(),
+            journal,
+            managed: HashMap::new(),
+            left_alone: HashMap::new(),
+            exceptions,
+            base_slice_ns,
+            self_pid: std::process::id(),
+            counters: ActCounters::default(),
+        })
+    }
+
+    pub fn set_exceptions(&mut self, exceptions: Vec<String>) {
+        self.exceptions = exceptions;
+    }
+
+    fn journal(&mut self, rec: Record) -> Result<(), ActError> {
+        if let Some(j) = self.journal.as_mut() {
+            j.append(&rec).map_err(|source| ActError::Sys {
+                op: "journal write",
+                tid: 0,
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn leave_alone(&mut self, tid: u32, start: u64, why: HandsOff) -> ActError {
+        tracing::info!(tid, ?why, "leaving thread alone");
+        self.counters.hands_off += 1;
+        self.left_alone.insert(tid, (start, why.clone()));
+        ActError::HandsOff { tid, why }
+    }
+
+    /// First contact with a thread: check it may be touched, record its original state.
+    fn take_charge(&mut self, pid: u32, tid: u32, why: &str) -> Result<Managed, ActError> {
+        let gone = |e: io::Error, op| {
+            if sys::is_esrch(&e) {
+                ActError::Gone { tid }
+            } else {
+                ActError::Sys { op, tid, source: e }
+            }
+        };
+        // Open the pidfd first: the stat read after it then describes the same thread.
+        let pidfd = sys::pidfd_open_thread(tid).ok();
+        let stat = sys::task_stat(pid, tid).map_err(|e| gone(e, "read /proc stat"))?;
+        if let Some((start, why)) = self.left_alone.get(&tid) {
+            if *start == stat.start {
+                return Err(ActError::HandsOff {
+                    tid,
+                    why: why.clone(),
+                });
+            }
+            self.left_alone.remove(&tid);
+        }
+        let proc_comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let proc_comm = proc_comm.trim_end();
+        let refusal = if stat.kernel_thread {
+            Some(HandsOff::KernelThread)
+        } else if pid == self.self_pid {
+            Some(HandsOff::Itself)
+        } else if stat.policy != sys::SCHED_NORMAL && stat.policy != sys::SCHED_BATCH {
+            Some(HandsOff::Policy {
+                policy: stat.policy,
+            })
+        } else if let Some(c) = self
+            .exceptions
+            .iter()
+            .find(|c| **c == stat.comm || **c == proc_comm)
+        {
+            Some(HandsOff::Exception { comm: c.clone() })
+        } else {
+            None
+        };
+        if let Some(r) = refusal {
+            return Err(self.leave_alone(tid, stat.start, r));
+        }
+        let orig = sys::sched_getattr(tid).map_err(|e| gone(e, "sched_getattr"))?;
+        let key = TaskKey {
+            pid,
+            tid,
+            start: stat.start,
+        };
+        self.journal(Record::Manage {
+            key,
+            comm: stat.comm.clone(),
+            orig,
+        })?;
+        Ok(Managed {
+            key,
+            comm: stat.comm,
+            orig,
+            applied_nice: orig.nice,
+            applied_slice_ns: orig.slice_ns,
+            pidfd,
+            why: why.to_string(),
+            since: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        })
+    }
+
+    /// The slice value that gives a thread back its original slice.
+    fn original_slice_arg(&self, orig: &Sched) -> u64 {
+        if orig.slice_ns == self.base_slice_ns {
+            0
+        } else {
+            orig.slice_ns
+        }
+    }
+
+    /// Checks the managed thread is alive and still has what appease gave it.
+    fn verify(&mut self, tid: u32) -> Result<(), ActError> {
+        let m = self.managed.get(&tid).expect("caller checked");
+        let alive = match &m.pidfd {
+            Some(fd) => sys::pidfd_alive(fd),
+            None => sys::task_stat(m.key.pid, tid).is_ok_and(|s| s.start == m.key.start),
+        };
+        if !alive {
+            return Err(ActError::Gone { tid });
+        }
+        let now = match sys::sched_getattr(tid) {
+            Ok(s) => s,
+            Err(e) if sys::is_esrch(&e) => return Err(ActError::Gone { tid }),
+            Err(source) => {
+                return Err(ActError::Sys {
+                    op: "sched_getattr",
+                    tid,
+                    source,
+                })
+            }
+        };
+        if self.dry_run {
+            return Ok(());
+        }
+        if now.nice != m.applied_nice || now.policy != m.orig.policy {
+            let (key, expected) = (m.key, m.applied_nice);
+            self.managed.remove(&tid);
+            self.journal(Record::Release { key })?;
+            return Err(self.leave_alone(
+                tid,
+                key.start,
+                HandsOff::ChangedByOther {
+                    expected,
+                    found: now.nice,
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    fn drop_gone(&mut self, tid: u32) -> ActError {
+        if let Some(m) = self.managed.remove(&tid) {
+            let _ignored_on_purpose = self.journal(Record::Release { key: m.key });
+        }
+        self.counters.gone += 1;
+        ActError::Gone { tid }
+    }
+
+    fn set(&mut self, tid: u32, nice: i32, slice_ns: u64) -> Result<(), ActError> {
+        let m = self.managed.get(&tid).expect("caller checked");
+        let (key, prev, rof) = (m.key, m.applied_nice, m.orig.reset_on_fork);
+        if !self.dry_run {
+            self.journal(Record::Apply {
+                key,
+                prev,
+                next: nice,
+                slice_ns,
+            })?;
+            if let Err(e) = sys::sched_set_fair(tid, nice, slice_ns, rof) {
+                if sys::is_esrch(&e) {
+                    return Err(self.drop_gone(tid));
+                }
+                self.counters.failures += 1;
+                return Err(ActError::Sys {
+                    op: "sched_setattr",
+                    tid,
+                    source: e,
+                });
+            }
+        }
+        let m = self.managed.get_mut(&tid).expect("caller checked");
+        m.applied_nice = nice;
+        m.applied_slice_ns = slice_ns;
+        Ok(())
+    }
+}
+
+impl Actuator for KernelActuator {
+    fn elevate(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        levels: u32,
+        slice: Option<Duration>,
+        why: &str,
+    ) -> Result<(), ActError> {
+        if !self.managed.contains_key(&tid) {
+            let m = self.take_charge(pid, tid, why)?;
+            self.managed.insert(tid, m);
+        } else if let Err(e) = self.verify(tid) {
+            return Err(match e {
+                ActError::Gone { tid } => self.drop_gone(tid),
+                other => other,
+            });
+        }
+        let m = &self.managed[&tid];
+        let nice = elevated_nice(m.orig.nice, levels);
+        let slice_ns = match slice {
+            Some(s) => s.as_nanos() as u64,
+            None => self.original_slice_arg(&m.orig),
+        };
+        if nice == m.applied_nice && slice_ns == m.applied_slice_ns {
+            return Ok(());
+        }
+        self.set(tid, nice, slice_ns)?;
+        self.counters.changes += 1;
+        let m = self.managed.get_mut(&tid).expect("present");
+        m.why = why.to_string();
+        tracing::debug!(pid, tid, comm = %m.comm, nice, original = m.orig.nice, why, dry_run = self.dry_run, "elevate");
+        Ok(())
+    }
+
+    fn restore(&mut self, tid: u32, why: &str) -> Result<(), ActError> {
+        if !self.managed.contains_key(&tid) {
+            return Ok(());
+        }
+        if let Err(e) = self.verify(tid) {
+            return Err(match e {
+                ActError::Gone { tid } => self.drop_gone(tid),
+                other => other,
+            });
+        }
+        let m = &self.managed[&tid];
+        let (orig, key) = (m.orig, m.key);
+        let slice = self.original_slice_arg(&orig);
+        self.set(tid, orig.nice, slice)?;
+        self.managed.remove(&tid);
+        self.journal(Record::Release { key })?;
+        self.counters.restores += 1;
+        tracing::debug!(tid, nice = orig.nice, why, "restore");
+        Ok(())
+    }
+
+    fn forget(&mut self, tid: u32) {
+        if let Some(m) = self.managed.remove(&tid) {
+            let _ignored_on_purpose = self.journal(Record::Release { key: m.key });
+        }
+        self.left_alone.remove(&tid);
+    }
+
+    fn restore_all(&mut self) -> RestoreReport {
+        let mut report = RestoreReport::default();
+        let tids: Vec<u32> = self.managed.keys().copied().collect();
+        for tid in tids {
+            match self.restore(tid, "shutdown") {
+                Ok(()) => report.restored += 1,
+                Err(ActError::Gone { .. }) => report.gone += 1,
+                Err(ActError::HandsOff { .. }) => report.left_alone += 1,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not restore thread");
+                    report.failed += 1;
+                }
+            }
+        }
+        if report.failed == 0 {
+            if let Some(j) = self.journal.take() {
+                if let Err(e) = j.remove_if_empty() {
+                    tracing::warn!(error = %e, "could not remove the journal");
+                }
+            }
+        }
+        report
+    }
+
+    fn audit(&mut self) -> Vec<u32> {
+        let tids: Vec<u32> = self.managed.keys().copied().collect();
+        let mut dropped = Vec::new();
+        for tid in tids {
+            match self.verify(tid) {
+                Ok(()) => {}
+                Err(ActError::Gone { tid }) => {
+                    self.drop_gone(tid);
+                    dropped.push(tid);
+                }
+                Err(_) => dropped.push(tid),
+            }
+        }
+        dropped
+    }
+
+    fn managed(&self) -> Vec<ManagedView> {
+        let mut v: Vec<_> = self
+            .managed
+            .values()
+            .map(|m| ManagedView {
+                pid: m.key.pid,
+                tid: m.key.tid,
+                comm: m.comm.clone(),
+                class: "latency",
+                nice: m.applied_nice,
+                original_nice: m.orig.nice,
+                slice_ns: m.applied_slice_ns,
+                why: m.why.clone(),
+                since: m.since,
+            })
+            .collect();
+        v.sort_by_key(|m| (m.pid, m.tid));
+        v
+    }
+}
+
+/// Undoes what a journal in `dir` records (after a crash): each thread that is still the
+/// same thread and still has a nice appease gave it goes back to its original state.
+pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
+    let mut journal = Journal::open(dir)?;
+    let base_slice_ns = sys::sched_getattr(0)?.slice_ns;
+    let mut report = RestoreReport::default();
+    let pending: Vec<Pending> = journal.pending().cloned().collect();
+    for p in pending {
+        let same = sys::task_stat(p.key.pid, p.key.tid).is_ok_and(|s| s.start == p.key.start);
+        let now = if same {
+            sys::sched_getattr(p.key.tid).ok()
+        } else {
+            None
+        };
+        match now {
+            None => report.gone += 1,
+            Some(now) if !p.ours.contains(&now.nice) || now.policy != p.orig.policy => {
+                tracing::info!(
+                    tid = p.key.tid,
+                    nice = now.nice,
+                    "changed by someone else since; left alone"
+                );
+                report.left_alone += 1;
+            }
+            Some(_) => {
+                let slice = if p.orig.slice_ns == base_slice_ns {
+                    0
+                } else {
+                    p.orig.slice_ns
+                };
+                match sys::sched_set_fair(p.key.tid, p.orig.nice, slice, p.orig.reset_on_fork) {
+                    Ok(()) => report.restored += 1,
+                    Err(e) if sys::is_esrch(&e) => report.gone += 1,
+                    Err(e) => {
+                        tracing::warn!(tid = p.key.tid, error = %e, "restore failed");
+                        report.failed += 1;
+                        continue;
+                    }
+                }
+            }
+        }
+        journal.append(&Record::Release { key: p.key })?;
+    }
+    journal.remove_if_empty()?;
+    Ok(report)
+}

@@ -1,1 +1,334 @@
+//! appease's configuration. The default is `config/default.toml`, embedded in the binary;
+//! a file of the user's overrides any subset of its keys. Unknown keys, bad types and
+//! impossible values are errors naming the file, line and column.
 
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use appease_policy::{Budget, ElevationParams, Ladder, Step};
+use serde::de::{Deserializer, Error as _};
+use serde::Deserialize;
+
+/// The default configuration, as shipped in the repository.
+pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
+/// The 2010 paper's RBPE script settings (seeds/004 Table 1).
+pub const RBPE_CLASSIC_TOML: &str = include_str!("../../../config/rbpe-classic.toml");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config {origin}: {message}")]
+    Invalid { origin: String, message: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub probe: ProbeSection,
+    pub elevation: ElevationSection,
+    pub hands_off: HandsOffSection,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbeSection {
+    #[serde(deserialize_with = "positive_ms")]
+    pub min_gap_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ElevationSection {
+    pub enabled: bool,
+    #[serde(deserialize_with = "positive_ms")]
+    pub tick_ms: u64,
+    #[serde(deserialize_with = "percent")]
+    pub min_psi_pct: f64,
+    #[serde(deserialize_with = "slice_us")]
+    pub slice_us: u64,
+    #[serde(deserialize_with = "positive_ms")]
+    pub forget_after_ms: u64,
+    pub budget: BudgetSection,
+    #[serde(deserialize_with = "ladder")]
+    pub ladder: Ladder,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetSection {
+    #[serde(deserialize_with = "share")]
+    pub cpu_share: f64,
+    #[serde(deserialize_with = "positive_ms")]
+    pub burst_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HandsOffSection {
+    #[serde(deserialize_with = "comms")]
+    pub comms: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepToml {
+    from_runnable_per_cpu: f64,
+    unix_nice: i32,
+    inet_nice: i32,
+    decay_ms: u64,
+}
+
+fn ladder<'de, D: Deserializer<'de>>(d: D) -> Result<Ladder, D::Error> {
+    let steps = Vec::<StepToml>::deserialize(d)?;
+    Ladder::new(
+        steps
+            .into_iter()
+            .map(|s| Step {
+                from_runnable_per_cpu: s.from_runnable_per_cpu,
+                unix_nice: s.unix_nice,
+                inet_nice: s.inet_nice,
+                decay: Duration::from_millis(s.decay_ms),
+            })
+            .collect(),
+    )
+    .map_err(|e| D::Error::custom(format!("impossible ladder: {e}")))
+}
+
+fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let v = u64::deserialize(d)?;
+    if v == 0 || v > 3_600_000 {
+        return Err(D::Error::custom(format!("{v} ms is outside 1..=3600000")));
+    }
+    Ok(v)
+}
+
+fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    if !(0.0..=100.0).contains(&v) {
+        return Err(D::Error::custom(format!(
+            "{v} is not a percentage in 0..=100"
+        )));
+    }
+    Ok(v)
+}
+
+fn share<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    if !(v > 0.0 && v <= 1.0) {
+        return Err(D::Error::custom(format!(
+            "{v} is not a share of one CPU in (0, 1]"
+        )));
+    }
+    Ok(v)
+}
+
+fn slice_us<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let v = u64::deserialize(d)?;
+    // The kernel accepts custom slices of 0.1..=100 ms.
+    if v != 0 && !(100..=100_000).contains(&v) {
+        return Err(D::Error::custom(format!(
+            "{v} µs is outside the kernel's slice range 100..=100000 (0 keeps the default slice)"
+        )));
+    }
+    Ok(v)
+}
+
+fn comms<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let v = Vec::<String>::deserialize(d)?;
+    for c in &v {
+        if c.is_empty() || c.len() > 15 {
+            return Err(D::Error::custom(format!(
+                "comm name {c:?} must be 1 to 15 bytes (the kernel truncates command names to 15)"
+            )));
+        }
+    }
+    Ok(v)
+}
+
+impl Default for ProbeSection {
+    fn default() -> Self {
+        ProbeSection { min_gap_ms: 20 }
+    }
+}
+
+impl Default for BudgetSection {
+    fn default() -> Self {
+        BudgetSection {
+            cpu_share: 0.5,
+            burst_ms: 250,
+        }
+    }
+}
+
+impl Default for ElevationSection {
+    fn default() -> Self {
+        let step = |from, unix_nice, inet_nice, ms| Step {
+            from_runnable_per_cpu: from,
+            unix_nice,
+            inet_nice,
+            decay: Duration::from_millis(ms),
+        };
+        ElevationSection {
+            enabled: true,
+            tick_ms: 20,
+            min_psi_pct: 1.0,
+            slice_us: 500,
+            forget_after_ms: 10_000,
+            budget: BudgetSection::default(),
+            ladder: Ladder::new(vec![
+                step(0.0, 0, 0, 0),
+                step(1.0, -3, -2, 100),
+                step(1.5, -5, -3, 150),
+                step(2.0, -8, -5, 200),
+                step(3.0, -12, -8, 250),
+                step(4.0, -15, -10, 300),
+            ])
+            .expect("the default ladder is valid"),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            probe: ProbeSection::default(),
+            elevation: ElevationSection::default(),
+            hands_off: HandsOffSection::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names it in errors (a path, or "(embedded default)").
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Invalid {
+            origin: origin.to_string(),
+            message: describe(&e, text),
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// The embedded default configuration.
+    pub fn embedded() -> Self {
+        Self::parse(DEFAULT_TOML, "(embedded default)")
+            .expect("the embedded default config is valid")
+    }
+
+    pub fn elevation_params(&self) -> ElevationParams {
+        let e = &self.elevation;
+        ElevationParams {
+            ladder: e.ladder.clone(),
+            min_psi_pct: e.min_psi_pct,
+            budget: Budget {
+                cpu_share: e.budget.cpu_share,
+                burst: Duration::from_millis(e.budget.burst_ms),
+            },
+            slice: (e.slice_us > 0).then(|| Duration::from_micros(e.slice_us)),
+            forget_after: Duration::from_millis(e.forget_after_ms),
+        }
+    }
+}
+
+/// "line L, column C: message" from toml's error and the source text.
+fn describe(e: &toml::de::Error, text: &str) -> String {
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("line {line}, column {col}: {}", e.message().trim_end())
+        }
+        None => e.message().trim_end().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_parses_and_matches_the_code_defaults() {
+        assert_eq!(Config::embedded(), Config::default());
+        assert_eq!(Config::parse("", "empty").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn rbpe_classic_is_table1() {
+        let c = Config::parse(RBPE_CLASSIC_TOML, "rbpe").unwrap();
+        assert_eq!(c.elevation.ladder, Ladder::rbpe_table1());
+        assert_eq!(c.elevation_params().slice, None);
+    }
+
+    #[test]
+    fn a_partial_file_overrides_only_its_keys() {
+        let c = Config::parse(
+            "[elevation]\nslice_us = 0\n[elevation.budget]\ncpu_share = 0.8\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(c.elevation.slice_us, 0);
+        assert_eq!(c.elevation.budget.cpu_share, 0.8);
+        assert_eq!(c.elevation.budget.burst_ms, 250);
+        assert_eq!(c.elevation.ladder, Config::default().elevation.ladder);
+    }
+
+    fn err(text: &str) -> String {
+        Config::parse(text, "test.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_position() {
+        let e = err("[elevation]\nenabled = true\nslice_ms = 3\n");
+        assert!(
+            e.contains("test.toml") && e.contains("line 3, column 1") && e.contains("slice_ms"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn malformed_values_are_located() {
+        let e = err("[probe]\nmin_gap_ms = \"soon\"\n");
+        assert!(
+            e.contains("line 2, column 14") && e.contains("invalid type"),
+            "{e}"
+        );
+        let e = err("[probe\n");
+        assert!(e.contains("line 1"), "{e}");
+        let e = err("[elevation.budget]\ncpu_share = 1.5\n");
+        assert!(e.contains("line 2") && e.contains("(0, 1]"), "{e}");
+        let e = err("[elevation]\nslice_us = 5\n");
+        assert!(e.contains("100..=100000"), "{e}");
+        let e = err("[hands_off]\ncomms = [\"a-very-long-command-name\"]\n");
+        assert!(e.contains("15"), "{e}");
+    }
+
+    #[test]
+    fn impossible_ladders_are_config_errors() {
+        let decreasing = "[[elevation.ladder]]\nfrom_runnable_per_cpu = 0.0\nunix_nice = 0\ninet_nice = 0\ndecay_ms = 0\n\
+                          [[elevation.ladder]]\nfrom_runnable_per_cpu = 2.0\nunix_nice = -2\ninet_nice = -1\ndecay_ms = 100\n\
+                          [[elevation.ladder]]\nfrom_runnable_per_cpu = 1.0\nunix_nice = -4\ninet_nice = -2\ndecay_ms = 100\n";
+        let e = err(decreasing);
+        assert!(
+            e.contains("impossible ladder")
+                && e.contains("step 2")
+                && e.contains("must be greater"),
+            "{e}"
+        );
+        assert!(e.contains("line "), "{e}");
+        let out_of_range = "[[elevation.ladder]]\nfrom_runnable_per_cpu = 0.0\nunix_nice = -21\ninet_nice = 0\ndecay_ms = 100\n";
+        let e = err(out_of_range);
+        assert!(e.contains("-21") && e.contains("-20..=19"), "{e}");
+    }
+}

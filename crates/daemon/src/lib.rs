@@ -1,1 +1,356 @@
+//! The daemon: one event loop owns all state. Probe events and load readings go into
+//! the pure policy; its decisions go to the actuator; everything is put back on exit.
 
+pub mod host;
+pub mod lock;
+pub mod status;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use appease_actuator::{
+    restore_journal, ActError, Actuator, Journal, KernelActuator, RestoreReport,
+};
+use appease_config::Config;
+use appease_policy::{Decision, ElevationPolicy, LoadTracker, Source};
+use appease_probe::{monotonic_ns, Event, Family, Probe, ProbeConfig, ProbeStorage};
+use hdrhistogram::Histogram;
+
+pub use lock::RunLock;
+use status::{LatencyView, LoadView, ProbeView, Status, ThreadStatus};
+
+/// Where the journal, lock and status live. `APPEASE_RUN_DIR` overrides it (tests,
+/// or a second instance watching a separate set of machines' worth of state).
+pub fn run_dir() -> PathBuf {
+    std::env::var_os("APPEASE_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/appease"))
+}
+
+pub struct DaemonOptions {
+    pub config: Config,
+    /// Where the config came from, for status and reloads (None: embedded default).
+    pub config_path: Option<PathBuf>,
+    pub dry_run: bool,
+    pub run_dir: PathBuf,
+}
+
+/// Signals the daemon reacts to, set by signal handlers.
+#[derive(Clone, Default)]
+pub struct Controls {
+    pub shutdown: Arc<AtomicBool>,
+    pub reload: Arc<AtomicBool>,
+}
+
+/// Checks what the daemon needs before anything is changed.
+pub fn preflight() -> Result<()> {
+    if !host::is_root() {
+        bail!(
+            "appease daemon needs root: it loads BPF programs and changes other processes' priorities \
+             (run it as root, e.g. with sudo)"
+        );
+    }
+    Ok(())
+}
+
+/// Undoes what an earlier daemon left (after a crash). Needs the run lock.
+pub fn restore_leftovers(dir: &Path) -> Result<RestoreReport> {
+    restore_journal(dir).with_context(|| format!("restoring from the journal in {}", dir.display()))
+}
+
+pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
+    preflight()?;
+    let _lock = RunLock::acquire(&opts.run_dir)?;
+    Status::remove(&opts.run_dir); // a crashed daemon's, if any
+    let leftovers = restore_leftovers(&opts.run_dir)?;
+    if leftovers != RestoreReport::default() {
+        tracing::warn!(?leftovers, "restored what a previous daemon left behind");
+    }
+    host::raise_nofile_limit();
+    host::prioritize_self();
+
+    let mut storage = ProbeStorage::uninit();
+    let probe_cfg = ProbeConfig {
+        min_gap: Duration::from_millis(opts.config.probe.min_gap_ms),
+        ignore_pid: Some(std::process::id()),
+    };
+    let probe = Probe::load(&probe_cfg, &mut storage).context("starting the request probe")?;
+
+    let journal = if opts.dry_run {
+        None
+    } else {
+        Some(
+            Journal::open(&opts.run_dir)
+                .with_context(|| format!("opening the journal in {}", opts.run_dir.display()))?,
+        )
+    };
+    let actuator = KernelActuator::new(journal, opts.config.hands_off.comms.clone())
+        .context("starting the actuator")?;
+    let mut daemon = Daemon::new(opts, probe, actuator);
+    tracing::info!(
+        pid = std::process::id(),
+        cpus = daemon.cpus,
+        dry_run = daemon.opts.dry_run,
+        config = %daemon.config_origin(),
+        "appease daemon running"
+    );
+    // Whatever ends the loop (signal, error, panic), every change is put back.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        daemon.event_loop(&controls)
+    }));
+    let report = daemon.actuator.restore_all();
+    Status::remove(&daemon.opts.run_dir);
+    tracing::info!(?report, "restored every thread appease changed; exiting");
+    match result {
+        Ok(r) => r,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+struct Daemon<'obj> {
+    opts: DaemonOptions,
+    probe: Probe<'obj>,
+    actuator: KernelActuator,
+    policy: ElevationPolicy,
+    load: LoadTracker,
+    cpus: usize,
+    started: u64,
+    latency_us: Histogram<u64>,
+    tick: Duration,
+    events: Vec<Event>,
+}
+
+impl<'obj> Daemon<'obj> {
+    fn new(opts: DaemonOptions, probe: Probe<'obj>, actuator: KernelActuator) -> Self {
+        let cpus = host::cpus();
+        Daemon {
+            policy: ElevationPolicy::new(opts.config.elevation_params()),
+            tick: Duration::from_millis(opts.config.elevation.tick_ms),
+            opts,
+            probe,
+            actuator,
+            load: LoadTracker::new(cpus),
+            cpus,
+            started: unix_now(),
+            latency_us: Histogram::new_with_bounds(1, 60_000_000, 2)
+                .expect("valid histogram bounds"),
+            events: Vec::with_capacity(256),
+        }
+    }
+
+    fn config_origin(&self) -> String {
+        self.opts
+            .config_path
+            .as_ref()
+            .map_or("(embedded default)".to_string(), |p| {
+                p.display().to_string()
+            })
+    }
+
+    fn event_loop(&mut self, controls: &Controls) -> Result<()> {
+        let mut next_tick = monotonic_ns();
+        let mut next_status = next_tick;
+        while !controls.shutdown.load(Ordering::Relaxed) {
+            if controls.reload.swap(false, Ordering::Relaxed) {
+                self.reload();
+            }
+            let now = monotonic_ns();
+            let wait = Duration::from_nanos(next_tick.saturating_sub(now));
+            let mut events = std::mem::take(&mut self.events);
+            self.probe.poll(wait, |e| events.push(e))?;
+            for e in events.drain(..) {
+                self.on_event(e);
+            }
+            self.events = events;
+            let now = monotonic_ns();
+            if now >= next_tick {
+                self.on_tick(now);
+                next_tick = now + self.tick.as_nanos() as u64;
+            }
+            if now >= next_status {
+                for tid in self.actuator.audit() {
+                    self.policy.forget(tid);
+                }
+                self.write_status();
+                next_status = now + 1_000_000_000;
+            }
+        }
+        Ok(())
+    }
+
+    fn reload(&mut self) {
+        let Some(path) = self.opts.config_path.clone() else {
+            tracing::info!("reload requested; the embedded default config is unchanged");
+            return;
+        };
+        match Config::load(&path) {
+            Ok(cfg) => {
+                self.policy.set_params(cfg.elevation_params());
+                self.actuator.set_exceptions(cfg.hands_off.comms.clone());
+                self.tick = Duration::from_millis(cfg.elevation.tick_ms);
+                if cfg.probe != self.opts.config.probe {
+                    tracing::warn!("[probe] settings take effect at the next start");
+                }
+                self.opts.config = cfg;
+                tracing::info!(config = %path.display(), "config reloaded");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "config reload failed; keeping the last good config")
+            }
+        }
+    }
+
+    fn on_event(&mut self, e: Event) {
+        match e {
+            Event::Request {
+                ts_ns,
+                cpu_ns,
+                pid,
+                tid,
+                family,
+                ..
+            } => {
+                if !self.opts.config.elevation.enabled {
+                    return;
+                }
+                let source = match family {
+                    Family::Unix => Source::Unix,
+                    Family::Inet | Family::Inet6 => Source::Network,
+                    Family::Other(_) => return,
+                };
+                if let Some(d) =
+                    self.policy
+                        .on_request(ts_ns, pid, tid, source, cpu_ns, self.load.current())
+                {
+                    if self.apply(d) {
+                        let us = monotonic_ns().saturating_sub(ts_ns) / 1000;
+                        let _saturates_instead = self.latency_us.record(us.max(1));
+                    }
+                }
+            }
+            Event::Exit { tid, .. } => {
+                self.policy.forget(tid);
+                self.actuator.forget(tid);
+            }
+            Event::Fork { .. } | Event::Exec { .. } => {}
+        }
+    }
+
+    fn on_tick(&mut self, now: u64) {
+        self.load.sample(
+            now,
+            host::runnable().unwrap_or(0),
+            host::psi_cpu_some_total_us(),
+        );
+        let decisions = self
+            .policy
+            .on_tick(now, appease_actuator::sys::thread_cpu_ns);
+        for d in decisions {
+            self.apply(d);
+        }
+    }
+
+    /// Applies one decision; true when the kernel state now matches it.
+    fn apply(&mut self, d: Decision) -> bool {
+        let (tid, result) = match d {
+            Decision::Elevate {
+                pid,
+                tid,
+                levels,
+                slice,
+                reason,
+            } => (
+                tid,
+                self.actuator
+                    .elevate(pid, tid, levels, slice, reason.as_str()),
+            ),
+            Decision::Restore { tid, reason, .. } => {
+                (tid, self.actuator.restore(tid, reason.as_str()))
+            }
+        };
+        match result {
+            Ok(()) => true,
+            Err(ActError::Gone { tid }) => {
+                tracing::debug!(tid, "thread gone");
+                self.policy.forget(tid);
+                false
+            }
+            Err(ActError::HandsOff { .. }) => {
+                self.policy.forget(tid);
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not apply decision");
+                false
+            }
+        }
+    }
+
+    fn write_status(&self) {
+        let load = self.load.current();
+        let params = self.policy.params();
+        let idx = load.ladder_index(params.min_psi_pct);
+        let step_no = params
+            .ladder
+            .steps()
+            .iter()
+            .rposition(|s| idx >= s.from_runnable_per_cpu)
+            .unwrap_or(0);
+        let step = &params.ladder.steps()[step_no];
+        let c = self.probe.counters();
+        let views = self.policy.view();
+        let threads = self
+            .actuator
+            .managed()
+            .into_iter()
+            .map(|m| {
+                let v = views.iter().find(|v| v.tid == m.tid);
+                let (levels, budget) = v.map_or((0, 0.0), |v| (v.levels, v.budget_ms));
+                ThreadStatus::new(m, levels, budget)
+            })
+            .collect();
+        let h = &self.latency_us;
+        let status = Status {
+            pid: std::process::id(),
+            started: self.started,
+            updated: unix_now(),
+            config: self.config_origin(),
+            dry_run: self.opts.dry_run,
+            cpus: self.cpus,
+            load: LoadView {
+                runnable_per_cpu: load.runnable_per_cpu,
+                psi_some_pct: load.psi_some_pct,
+                ladder_step: step_no,
+                unix_nice: step.unix_nice,
+                inet_nice: step.inet_nice,
+                decay_ms: step.decay.as_millis() as u64,
+            },
+            probe: ProbeView {
+                socket_reads: c.socket_reads,
+                request_events: c.requests,
+                lost_events: c.lost,
+            },
+            actuator: self.actuator.counters.into(),
+            elevation_latency_us: LatencyView {
+                count: h.len(),
+                p50: h.value_at_quantile(0.5),
+                p99: h.value_at_quantile(0.99),
+                max: h.max(),
+            },
+            watched: self.policy.tracked(),
+            threads,
+        };
+        if let Err(e) = status.write(&self.opts.run_dir) {
+            tracing::warn!(error = %e, "could not write the status file");
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

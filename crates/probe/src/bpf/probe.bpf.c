@@ -15,6 +15,9 @@
 char LICENSE[] SEC("license") = "GPL";
 
 #define MSG_PEEK 2
+#define AF_UNIX 1
+#define AF_INET 2
+#define AF_INET6 10
 #define PF_KTHREAD 0x00200000
 
 /* Set by user space before load. */
@@ -82,6 +85,10 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	struct task_struct *t = bpf_get_current_task_btf();
 	if ((t->flags & PF_KTHREAD) || (self_tgid && t->tgid == self_tgid))
 		return 0;
+	/* Customers arrive on UNIX and IP sockets; netlink and the like are not requests. */
+	u16 family = sk ? sk->__sk_common.skc_family : 0;
+	if (family != AF_UNIX && family != AF_INET && family != AF_INET6)
+		return 0;
 	count(APPEASE_CNT_SOCKET_READS);
 
 	u64 now = bpf_ktime_get_ns();
@@ -96,7 +103,7 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	if (!e)
 		return 0;
 	e->bytes = ret;
-	e->family = sk ? sk->__sk_common.skc_family : 0;
+	e->family = family;
 	bpf_ringbuf_submit(e, 0);
 	count(APPEASE_CNT_REQUESTS);
 	return 0;

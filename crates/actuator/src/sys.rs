@@ -1,0 +1,194 @@
+//! Thin, checked wrappers around the scheduling syscalls and /proc parsing.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+pub const SCHED_NORMAL: u32 = 0;
+pub const SCHED_FIFO: u32 = 1;
+pub const SCHED_RR: u32 = 2;
+pub const SCHED_BATCH: u32 = 3;
+pub const SCHED_IDLE: u32 = 5;
+pub const SCHED_DEADLINE: u32 = 6;
+
+const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
+const SCHED_FLAG_KEEP_POLICY: u64 = 0x08;
+const PF_KTHREAD: u64 = 0x0020_0000;
+const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
+
+/// The kernel's `struct sched_attr` (include/uapi/linux/sched/types.h), size VER1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct SchedAttr {
+    size: u32,
+    sched_policy: u32,
+    sched_flags: u64,
+    sched_nice: i32,
+    sched_priority: u32,
+    sched_runtime: u64,
+    sched_deadline: u64,
+    sched_period: u64,
+    sched_util_min: u32,
+    sched_util_max: u32,
+}
+
+/// What appease reads and writes of a thread's scheduling state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Sched {
+    pub policy: u32,
+    pub nice: i32,
+    /// EEVDF slice (sched_runtime) as the kernel reports it.
+    pub slice_ns: u64,
+    pub reset_on_fork: bool,
+}
+
+pub fn sched_getattr(tid: u32) -> io::Result<Sched> {
+    let mut a = SchedAttr::default();
+    // SAFETY: `a` is a valid, writable sched_attr of the size passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            tid as libc::pid_t,
+            &mut a as *mut SchedAttr,
+            std::mem::size_of::<SchedAttr>() as libc::c_uint,
+            0 as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Sched {
+        policy: a.sched_policy,
+        nice: a.sched_nice,
+        slice_ns: a.sched_runtime,
+        reset_on_fork: a.sched_flags & SCHED_FLAG_RESET_ON_FORK != 0,
+    })
+}
+
+/// Sets nice and slice of a fair-class thread in one call, keeping its policy.
+/// `slice_ns == 0` gives the kernel's default slice back.
+pub fn sched_set_fair(tid: u32, nice: i32, slice_ns: u64, reset_on_fork: bool) -> io::Result<()> {
+    let a = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        sched_flags: SCHED_FLAG_KEEP_POLICY
+            | if reset_on_fork {
+                SCHED_FLAG_RESET_ON_FORK
+            } else {
+                0
+            },
+        sched_nice: nice,
+        sched_runtime: slice_ns,
+        ..Default::default()
+    };
+    // SAFETY: `a` is a valid sched_attr whose size field matches.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setattr,
+            tid as libc::pid_t,
+            &a as *const SchedAttr,
+            0 as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A pidfd for one thread; it becomes readable when the thread exits.
+pub fn pidfd_open_thread(tid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; a non-negative result is a new fd we own.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::pid_t, PIDFD_THREAD) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+}
+
+/// True while the thread behind the pidfd has not exited.
+pub fn pidfd_alive(fd: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r == 0
+}
+
+/// Fields of /proc/PID/task/TID/stat that decide whether and how appease may touch a thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskStat {
+    pub comm: String,
+    pub kernel_thread: bool,
+    pub nice: i32,
+    /// Start time in clock ticks after boot: with the tid, a thread's identity.
+    pub start: u64,
+    pub policy: u32,
+}
+
+pub fn parse_stat(text: &str) -> Option<TaskStat> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_string();
+    let f: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    // f[0] is field 3 (state).
+    let field = |n: usize| f.get(n - 3).copied();
+    Some(TaskStat {
+        comm,
+        kernel_thread: field(9)?.parse::<u64>().ok()? & PF_KTHREAD != 0,
+        nice: field(19)?.parse().ok()?,
+        start: field(22)?.parse().ok()?,
+        policy: field(41)?.parse().ok()?,
+    })
+}
+
+pub fn task_stat(pid: u32, tid: u32) -> io::Result<TaskStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))?;
+    parse_stat(&text)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc stat"))
+}
+
+/// Total CPU time of a thread in ns (first field of schedstat).
+pub fn thread_cpu_ns(pid: u32, tid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+pub fn is_esrch(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ESRCH) || e.kind() == io::ErrorKind::NotFound
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_spaces_and_parens_in_comm() {
+        let line = "1234 (my (odd) srv) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 6 0 0 20 -5 3 0 98765 1000 200 \
+                    18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 3 0 0 0";
+        let s = parse_stat(line).unwrap();
+        assert_eq!(s.comm, "my (odd) srv");
+        assert_eq!(s.nice, -5);
+        assert_eq!(s.start, 98765);
+        assert_eq!(s.policy, 3);
+        assert!(!s.kernel_thread);
+    }
+
+    #[test]
+    fn reads_own_thread() {
+        // SAFETY: no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        let pid = std::process::id();
+        let s = task_stat(pid, tid).unwrap();
+        assert!(!s.kernel_thread);
+        let a = sched_getattr(tid).unwrap();
+        assert_eq!(a.nice, s.nice);
+        assert_eq!(a.policy, s.policy);
+        assert!(thread_cpu_ns(pid, tid).unwrap() > 0);
+        let fd = pidfd_open_thread(tid).unwrap();
+        assert!(pidfd_alive(&fd));
+    }
+}

@@ -1,0 +1,86 @@
+//! `appease status`: what the running daemon manages and why.
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Result};
+use appease_daemon::status::Status;
+use appease_daemon::RunLock;
+
+pub fn show(dir: &Path, json: bool) -> Result<()> {
+    let Some(pid) = RunLock::holder(dir) else {
+        let leftovers = appease_actuator::journal::read_pending(dir)
+            .map(|p| p.len())
+            .unwrap_or(0);
+        if leftovers > 0 {
+            bail!(
+                "appease daemon is not running, and its journal lists {leftovers} changed thread(s): run `appease restore`"
+            );
+        }
+        bail!(
+            "appease daemon is not running (no lock held in {})",
+            dir.display()
+        );
+    };
+    let status = Status::read(dir).map_err(|e| anyhow::anyhow!("daemon pid {pid} is running but its status is not readable yet ({e}); try again in a second"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+        return Ok(());
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    println!(
+        "appease daemon pid {}, up {}s, config {}{}",
+        status.pid,
+        now.saturating_sub(status.started),
+        status.config,
+        if status.dry_run {
+            " (dry run: nothing is changed)"
+        } else {
+            ""
+        }
+    );
+    let l = &status.load;
+    println!(
+        "load: {:.2} runnable/CPU on {} CPUs, CPU pressure {:.1} % -> ladder step {} (unix {}, inet {}, fade {} ms/level)",
+        l.runnable_per_cpu, status.cpus, l.psi_some_pct, l.ladder_step, l.unix_nice, l.inet_nice, l.decay_ms
+    );
+    println!(
+        "probe: {} socket reads, {} request events, {} lost",
+        status.probe.socket_reads, status.probe.request_events, status.probe.lost_events
+    );
+    let lat = &status.elevation_latency_us;
+    println!(
+        "read -> elevation: p50 {} us, p99 {} us, max {} us ({} elevations); {} changes, {} restores, {} left alone",
+        lat.p50, lat.p99, lat.max, lat.count, status.actuator.changes, status.actuator.restores, status.actuator.hands_off
+    );
+    println!(
+        "{} thread(s) watched, {} changed:",
+        status.watched,
+        status.threads.len()
+    );
+    if status.threads.is_empty() {
+        return Ok(());
+    }
+    println!(
+        "{:>7} {:>7} {:<16} {:<8} {:>5} {:>5} {:>7} {:>9}  {:<16} {}",
+        "PID", "TID", "COMM", "CLASS", "NICE", "ORIG", "SLICE", "BUDGET", "WHY", "SINCE"
+    );
+    for t in &status.threads {
+        println!(
+            "{:>7} {:>7} {:<16} {:<8} {:>5} {:>5} {:>5}us {:>7.0}ms  {:<16} {}s ago",
+            t.pid,
+            t.tid,
+            t.comm,
+            t.class,
+            t.nice,
+            t.original_nice,
+            t.slice_us,
+            t.budget_ms,
+            t.why,
+            now.saturating_sub(t.since)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,621 @@
+//! End to end on the real kernel: the `appease` binary, real BPF, real sockets, real
+//! priorities. Needs root (CI runs as root); each test says so and skips otherwise.
+//! Tests run one at a time (they share the machine's CPUs and the daemon's lock).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const BIN: &str = env!("CARGO_BIN_EXE_appease");
+
+/// Short fades so the tests run in seconds; otherwise the default's shape.
+const TEST_CONFIG: &str = r#"
+[elevation]
+tick_ms = 10
+[elevation.budget]
+cpu_share = 0.5
+burst_ms = 200
+[[elevation.ladder]]
+from_runnable_per_cpu = 0.0
+unix_nice = 0
+inet_nice = 0
+decay_ms = 0
+[[elevation.ladder]]
+from_runnable_per_cpu = 1.0
+unix_nice = -8
+inet_nice = -4
+decay_ms = 50
+"#;
+
+fn serial() -> Option<MutexGuard<'static, ()>> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to load BPF and change priorities (CI runs as root)");
+        return None;
+    }
+    Some(SERIAL.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+fn gettid() -> u32 {
+    // SAFETY: no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+fn nice_of(tid: u32) -> i32 {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{}/task/{tid}/stat", std::process::id())).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 1..];
+    after.split_whitespace().nth(16).unwrap().parse().unwrap()
+}
+
+fn set_nice(tid: u32, nice: i32) {
+    // SAFETY: plain syscall on a thread of ours.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
+    assert_eq!(r, 0, "setpriority");
+}
+
+/// Busy-loops until this thread has used `d` of CPU.
+fn spin_cpu(d: Duration) {
+    let cpu = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    };
+    let end = cpu() + d;
+    while cpu() < end {
+        std::hint::spin_loop();
+    }
+}
+
+/// Polls `f` every 5 ms until it holds; returns how long that took, or None on timeout.
+fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return Some(start.elapsed());
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("appease-e2e-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// CPU soakers: plain shell busy loops, ended by pid.
+struct Soakers(Vec<Child>);
+
+impl Soakers {
+    fn start(n: usize) -> Self {
+        Soakers(
+            (0..n)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Soakers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn appease(run_dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("APPEASE_RUN_DIR", run_dir)
+        .output()
+        .unwrap()
+}
+
+struct Daemon {
+    child: Option<Child>,
+    run_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(run_dir: &Path, config: &Path) -> Self {
+        let log = run_dir.join(format!(
+            "daemon-{}.log",
+            Instant::now().elapsed().as_nanos()
+        ));
+        let child = Command::new(BIN)
+            .args(["daemon", "--log", "debug", "--config"])
+            .arg(config)
+            .env("APPEASE_RUN_DIR", run_dir)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let d = Daemon {
+            child: Some(child),
+            run_dir: run_dir.to_path_buf(),
+            log,
+        };
+        let pid = d.child.as_ref().unwrap().id();
+        let ready = wait_for(Duration::from_secs(10), || {
+            std::fs::read(d.run_dir.join("status.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .is_some_and(|v| v["pid"] == pid)
+        });
+        assert!(ready.is_some(), "daemon did not start: {}", d.log_text());
+        d
+    }
+
+    /// The last lines of the daemon's log, for failure messages.
+    fn log_text(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.contains("libbpf")).collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    fn signal(&mut self, sig: i32) -> std::process::ExitStatus {
+        let mut c = self.child.take().unwrap();
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(c.id() as i32, sig) };
+        c.wait().unwrap()
+    }
+
+    fn status_json(&self) -> serde_json::Value {
+        let out = appease(&self.run_dir, &["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.signal(libc::SIGTERM);
+        }
+    }
+}
+
+/// A server thread answering one-byte requests after `cpu` of work, and a client
+/// sending one every `period` until stopped.
+struct Service {
+    server_tid: u32,
+    paused: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Service {
+    fn tcp(cpu: Duration, period: Duration) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = move || {
+            let s = TcpStream::connect(addr).unwrap();
+            s.set_nodelay(true).unwrap();
+            s
+        };
+        Self::start(move || listener.accept().unwrap().0, client, cpu, period)
+    }
+
+    fn unix(cpu: Duration, period: Duration) -> Self {
+        let (a, b) = UnixStream::pair().unwrap();
+        Self::start(move || b, move || a, cpu, period)
+    }
+
+    fn start<S, C>(
+        server: impl FnOnce() -> S + Send + 'static,
+        client: impl FnOnce() -> C + Send + 'static,
+        cpu: Duration,
+        period: Duration,
+    ) -> Self
+    where
+        S: Read + Write + 'static,
+        C: Read + Write + 'static,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let srv = thread::spawn(move || {
+            tx.send(gettid()).unwrap();
+            let mut s = server();
+            let mut b = [0u8; 1];
+            while s.read(&mut b).map(|n| n == 1).unwrap_or(false) {
+                spin_cpu(cpu);
+                if s.write_all(&b).is_err() {
+                    break;
+                }
+            }
+        });
+        let server_tid = rx.recv().unwrap();
+        let paused = Arc::new(AtomicBool::new(false));
+        let (st, pa) = (stop.clone(), paused.clone());
+        let cli = thread::spawn(move || {
+            let mut c = client();
+            let mut b = [0u8; 1];
+            while !st.load(Ordering::Relaxed) {
+                if !pa.load(Ordering::Relaxed)
+                    && (c.write_all(b"r").is_err() || c.read_exact(&mut b).is_err())
+                {
+                    break;
+                }
+                thread::sleep(period);
+            }
+            // Dropping the client ends the server's loop.
+        });
+        Service {
+            server_tid,
+            paused,
+            stop,
+            threads: vec![srv, cli],
+        }
+    }
+
+    /// Stops sending requests; the server thread stays alive but idle.
+    fn pause(&self) {
+        self.paused.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn servers_are_elevated_under_load_unix_more_and_fade_back() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("elevate");
+    let cfg = dir.file("test.toml", TEST_CONFIG);
+    let _soak = Soakers::start(4);
+    let daemon = Daemon::start(&dir.0, &cfg);
+
+    // Park the servers idle on the sockets until the daemon has seen the load.
+    thread::sleep(Duration::from_millis(1200));
+    let tcp = Service::tcp(Duration::from_millis(2), Duration::from_millis(20));
+    let unix = Service::unix(Duration::from_millis(2), Duration::from_millis(20));
+    let (t_tcp, t_unix) = (tcp.server_tid, unix.server_tid);
+    let took_tcp = wait_for(Duration::from_secs(1), || nice_of(t_tcp) < 0);
+    let took_unix = wait_for(Duration::from_secs(1), || nice_of(t_unix) < 0);
+    assert!(
+        took_tcp.is_some(),
+        "TCP server elevated within 1 s: {}",
+        daemon.log_text()
+    );
+    assert!(took_unix.is_some(), "UNIX server elevated within 1 s");
+    eprintln!("elevated after {took_tcp:?} (tcp) and {took_unix:?} (unix)");
+    assert_eq!(
+        nice_of(t_tcp),
+        -4,
+        "network request: the ladder's inet_nice"
+    );
+    assert_eq!(nice_of(t_unix), -8, "UNIX request elevates more: unix_nice");
+
+    // Status (rewritten every second) lists both with their original nice and why.
+    let mut st = daemon.status_json();
+    let listed = |st: &serde_json::Value, tid: u32| {
+        st["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["tid"] == tid)
+    };
+    let shown = wait_for(Duration::from_secs(3), || {
+        st = daemon.status_json();
+        listed(&st, t_tcp) && listed(&st, t_unix)
+    });
+    assert!(shown.is_some(), "{st}");
+    let threads = st["threads"].as_array().unwrap();
+    let row = |tid: u32| threads.iter().find(|t| t["tid"] == tid).cloned().unwrap();
+    assert_eq!(row(t_unix)["original_nice"], 0);
+    assert_eq!(row(t_unix)["class"], "latency");
+    assert_eq!(row(t_unix)["why"], "unix-request");
+    assert_eq!(row(t_tcp)["why"], "network-request");
+    assert_eq!(st["probe"]["lost_events"], 0);
+
+    // Requests stop: the elevation fades to the original nice (8 levels x 50 ms).
+    tcp.pause();
+    unix.pause();
+    let back = wait_for(Duration::from_secs(3), || {
+        nice_of(t_tcp) == 0 && nice_of(t_unix) == 0
+    });
+    assert!(back.is_some(), "both back to nice 0 after requests stop");
+    eprintln!("faded back after {back:?}");
+}
+
+#[test]
+fn sigterm_puts_every_thread_back() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("sigterm");
+    let cfg = dir.file("test.toml", TEST_CONFIG);
+    let _soak = Soakers::start(4);
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    thread::sleep(Duration::from_millis(1200));
+    let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(10));
+    assert!(wait_for(Duration::from_secs(2), || nice_of(unix.server_tid) < 0).is_some());
+    let status = daemon.signal(libc::SIGTERM);
+    assert!(status.success(), "clean exit on SIGTERM");
+    assert_eq!(
+        nice_of(unix.server_tid),
+        0,
+        "restored on SIGTERM while still receiving requests"
+    );
+    assert!(
+        !dir.0.join("journal.jsonl").exists(),
+        "nothing left to undo"
+    );
+}
+
+#[test]
+fn a_spinning_cheater_loses_its_elevation() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("cheater");
+    let cfg = dir.file("test.toml", TEST_CONFIG);
+    // With the cheater, 3 spinners on 2 CPUs: about 1.5 runnable per CPU.
+    let _soak = Soakers::start(2);
+    let daemon = Daemon::start(&dir.0, &cfg);
+    thread::sleep(Duration::from_millis(1200));
+
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let st = stop.clone();
+    let cheater = thread::spawn(move || {
+        tx.send(gettid()).unwrap();
+        let mut byte = [0u8; 1];
+        while !st.load(Ordering::Relaxed) {
+            let _ = b.read(&mut byte); // "a request"
+            spin_cpu(Duration::from_millis(4));
+        }
+    });
+    let tid = rx.recv().unwrap();
+    let feeder_stop = stop.clone();
+    let feeder = thread::spawn(move || {
+        while !feeder_stop.load(Ordering::Relaxed) {
+            let _ = a.write_all(b"x");
+            thread::sleep(Duration::from_millis(3));
+        }
+    });
+    assert!(
+        wait_for(Duration::from_secs(1), || nice_of(tid) < 0).is_some(),
+        "first elevated like any thread receiving requests"
+    );
+    // Its bucket (200 ms at half a CPU) runs dry within about half a second; after
+    // that it must stay at its own nice.
+    thread::sleep(Duration::from_millis(1000));
+    let mut elevated = 0;
+    let samples = 200;
+    for _ in 0..samples {
+        if nice_of(tid) < 0 {
+            elevated += 1;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let st = daemon.status_json();
+    stop.store(true, Ordering::Relaxed);
+    cheater.join().unwrap();
+    feeder.join().unwrap();
+    assert!(
+        elevated * 20 <= samples,
+        "cheater elevated in {elevated} of {samples} samples after its budget ran out; tid {tid}\n{}",
+        daemon.log_text()
+    );
+    assert!(st["actuator"]["restores"].as_u64().unwrap() >= 1, "{st}");
+}
+
+#[test]
+fn kill_9_then_restore_and_restarted_daemon_bring_threads_back() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("kill9");
+    let cfg = dir.file("test.toml", TEST_CONFIG);
+    let _soak = Soakers::start(4);
+
+    // 1. kill -9 during elevation, then `appease restore`.
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    thread::sleep(Duration::from_millis(1200));
+    let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(10));
+    let tcp = Service::tcp(Duration::from_millis(1), Duration::from_millis(10));
+    let both_elevated = || nice_of(unix.server_tid) < 0 && nice_of(tcp.server_tid) < 0;
+    assert!(wait_for(Duration::from_secs(2), both_elevated).is_some());
+    daemon.signal(libc::SIGKILL);
+    assert!(
+        both_elevated(),
+        "a killed daemon restores nothing by itself"
+    );
+    assert!(
+        dir.0.join("journal.jsonl").exists(),
+        "the journal survives the crash"
+    );
+    let out = appease(&dir.0, &["restore"]);
+    assert!(
+        out.status.success(),
+        "restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(nice_of(unix.server_tid), 0);
+    assert_eq!(nice_of(tcp.server_tid), 0);
+    // The two servers, and the clients, which receive answers on sockets too.
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let restored: u32 = said
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(restored >= 2, "{said}");
+
+    // 2. kill -9 again, then a new daemon puts them back when it starts.
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    assert!(wait_for(Duration::from_secs(3), both_elevated).is_some());
+    daemon.signal(libc::SIGKILL);
+    unix.pause();
+    tcp.pause();
+    assert!(both_elevated());
+    let daemon = Daemon::start(&dir.0, &cfg);
+    assert_eq!(
+        nice_of(unix.server_tid),
+        0,
+        "restored at daemon start: {}",
+        daemon.log_text()
+    );
+    assert_eq!(nice_of(tcp.server_tid), 0);
+}
+
+#[test]
+fn a_thread_reniced_by_hand_is_left_alone() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("renice");
+    let cfg = dir.file("test.toml", TEST_CONFIG);
+    let _soak = Soakers::start(4);
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    thread::sleep(Duration::from_millis(1200));
+    let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(10));
+    let tid = unix.server_tid;
+    assert!(wait_for(Duration::from_secs(2), || nice_of(tid) < 0).is_some());
+    set_nice(tid, 5);
+    // Requests keep coming; fades and re-elevations would have changed it by now.
+    thread::sleep(Duration::from_millis(1000));
+    assert_eq!(nice_of(tid), 5, "appease does not fight the operator");
+    let mut st = daemon.status_json();
+    let noticed = wait_for(Duration::from_secs(3), || {
+        st = daemon.status_json();
+        st["actuator"]["hands_off"].as_u64().unwrap() >= 1
+            && !st["threads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["tid"] == tid)
+    });
+    assert!(noticed.is_some(), "status says it is left alone: {st}");
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(nice_of(tid), 5, "and does not 'restore' it on exit either");
+}
+
+#[test]
+fn bad_config_is_one_clear_error_and_changes_nothing() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("badcfg");
+    let cases = [
+        ("unknown.toml", "[elevation]\nslice_ms = 3\n", "line 2, column 1"),
+        ("malformed.toml", "[probe]\nmin_gap_ms = -3\n", "line 2"),
+        (
+            "ladder.toml",
+            "[[elevation.ladder]]\nfrom_runnable_per_cpu = 0.0\nunix_nice = -30\ninet_nice = 0\ndecay_ms = 10\n",
+            "outside -20..=19",
+        ),
+    ];
+    for (name, text, expect) in cases {
+        let path = dir.file(name, text);
+        for args in [
+            vec!["check-config", path.to_str().unwrap()],
+            vec!["daemon", "--config", path.to_str().unwrap()],
+        ] {
+            let out = appease(&dir.0, &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{args:?} must fail");
+            assert!(
+                err.contains(name) && err.contains(expect),
+                "{args:?}: {err}"
+            );
+            assert_eq!(
+                err.lines().filter(|l| l.contains("error")).count(),
+                1,
+                "one error: {err}"
+            );
+        }
+    }
+    assert!(!dir.0.join("journal.jsonl").exists(), "nothing was changed");
+    let out = appease(&dir.0, &["check-config", "/nonexistent/appease.toml"]);
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("cannot read config file /nonexistent/appease.toml"));
+    let good = dir.file("good.toml", appease_config_default());
+    assert!(appease(&dir.0, &["check-config", good.to_str().unwrap()])
+        .status
+        .success());
+}
+
+fn appease_config_default() -> &'static str {
+    include_str!("../../../config/default.toml")
+}
+
+#[test]
+fn no_root_or_no_bpf_capability_is_a_clear_error() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("noroot");
+    std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    // Not root at all.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            BIN,
+            "daemon",
+        ])
+        .env("APPEASE_RUN_DIR", &dir.0)
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv (util-linux) runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("needs root"), "{err}");
+    // Root, but without the capabilities BPF needs.
+    let out = Command::new("setpriv")
+        .args([
+            "--inh-caps=-all",
+            "--bounding-set=-bpf,-perfmon,-sys_admin",
+            BIN,
+            "daemon",
+        ])
+        .env("APPEASE_RUN_DIR", &dir.0)
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "must fail without CAP_BPF: {err}");
+    assert!(
+        err.contains("BPF probe") && err.contains("CAP_BPF"),
+        "{err}"
+    );
+    assert!(!dir.0.join("journal.jsonl").exists(), "nothing was changed");
+}

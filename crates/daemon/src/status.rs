@@ -1,0 +1,128 @@
+//! The daemon's status, written atomically to the run directory for `appease status`.
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use appease_actuator::{ActCounters, ManagedView};
+use serde::{Deserialize, Serialize};
+
+pub const FILE: &str = "status.json";
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Status {
+    pub pid: u32,
+    /// Seconds since the epoch.
+    pub started: u64,
+    pub updated: u64,
+    pub config: String,
+    pub dry_run: bool,
+    pub cpus: usize,
+    pub load: LoadView,
+    pub probe: ProbeView,
+    pub actuator: ActuatorView,
+    pub elevation_latency_us: LatencyView,
+    /// Threads under watch for their CPU budget (elevated or recently so).
+    pub watched: usize,
+    pub threads: Vec<ThreadStatus>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LoadView {
+    pub runnable_per_cpu: f64,
+    pub psi_some_pct: f64,
+    pub ladder_step: usize,
+    pub unix_nice: i32,
+    pub inet_nice: i32,
+    pub decay_ms: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ProbeView {
+    pub socket_reads: u64,
+    pub request_events: u64,
+    pub lost_events: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ActuatorView {
+    pub changes: u64,
+    pub restores: u64,
+    pub gone: u64,
+    pub hands_off: u64,
+    pub failures: u64,
+}
+
+impl From<ActCounters> for ActuatorView {
+    fn from(c: ActCounters) -> Self {
+        ActuatorView {
+            changes: c.changes,
+            restores: c.restores,
+            gone: c.gone,
+            hands_off: c.hands_off,
+            failures: c.failures,
+        }
+    }
+}
+
+/// Time from a request's socket read (in the kernel) to its elevation being applied.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LatencyView {
+    pub count: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ThreadStatus {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub class: String,
+    pub nice: i32,
+    pub original_nice: i32,
+    pub levels: u32,
+    pub slice_us: u64,
+    pub budget_ms: f64,
+    pub why: String,
+    pub since: u64,
+}
+
+impl ThreadStatus {
+    pub fn new(m: ManagedView, levels: u32, budget_ms: f64) -> Self {
+        ThreadStatus {
+            pid: m.pid,
+            tid: m.tid,
+            comm: m.comm,
+            class: m.class.to_string(),
+            nice: m.nice,
+            original_nice: m.original_nice,
+            levels,
+            slice_us: m.slice_ns / 1000,
+            budget_ms,
+            why: m.why,
+            since: m.since,
+        }
+    }
+}
+
+impl Status {
+    pub fn write(&self, dir: &Path) -> io::Result<()> {
+        let tmp = dir.join(format!("{FILE}.tmp"));
+        fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(self).map_err(io::Error::other)?,
+        )?;
+        fs::rename(tmp, dir.join(FILE))
+    }
+
+    pub fn read(dir: &Path) -> io::Result<Self> {
+        let bytes = fs::read(dir.join(FILE))?;
+        serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+
+    pub fn remove(dir: &Path) {
+        let _missing_is_fine = fs::remove_file(dir.join(FILE));
+    }
+}
