@@ -50,10 +50,19 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
         "probe: {} socket reads, {} request events, {} lost",
         status.probe.socket_reads, status.probe.request_events, status.probe.lost_events
     );
-    let lat = &status.elevation_latency_us;
+    let (lat, def) = (
+        &status.elevation_latency_us,
+        &status.deferred_elevation_latency_us,
+    );
     println!(
-        "read -> elevation: p50 {} us, p99 {} us, max {} us ({} elevations); {} changes, {} restores, {} left alone",
-        lat.p50, lat.p99, lat.max, lat.count, status.actuator.changes, status.actuator.restores, status.actuator.hands_off
+        "read -> elevation: p50 {} us, p99 {} us, max {} us ({} elevations); \
+         {} more from already busy threads, read at the next tick (p99 {} us)",
+        lat.p50, lat.p99, lat.max, lat.count, def.count, def.p99
+    );
+    let a = &status.actuator;
+    println!(
+        "changes: {} applied, {} restored, {} left alone, {} failed",
+        a.changes, a.restores, a.hands_off, a.failures
     );
     println!(
         "{} thread(s) watched, {} changed:",

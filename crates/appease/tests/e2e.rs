@@ -5,16 +5,16 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-const BIN: &str = env!("CARGO_BIN_EXE_appease");
+mod support;
+use support::*;
 
 /// Short fades so the tests run in seconds; otherwise the default's shape.
 const TEST_CONFIG: &str = r#"
@@ -44,11 +44,6 @@ fn serial() -> Option<MutexGuard<'static, ()>> {
     Some(SERIAL.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
-fn gettid() -> u32 {
-    // SAFETY: no preconditions.
-    unsafe { libc::gettid() as u32 }
-}
-
 fn nice_of(tid: u32) -> i32 {
     let stat =
         std::fs::read_to_string(format!("/proc/{}/task/{tid}/stat", std::process::id())).unwrap();
@@ -60,160 +55,6 @@ fn set_nice(tid: u32, nice: i32) {
     // SAFETY: plain syscall on a thread of ours.
     let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
     assert_eq!(r, 0, "setpriority");
-}
-
-/// Busy-loops until this thread has used `d` of CPU.
-fn spin_cpu(d: Duration) {
-    let cpu = || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: valid timespec.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-    };
-    let end = cpu() + d;
-    while cpu() < end {
-        std::hint::spin_loop();
-    }
-}
-
-/// Polls `f` every 5 ms until it holds; returns how long that took, or None on timeout.
-fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if f() {
-            return Some(start.elapsed());
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
-    None
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("appease-e2e-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn file(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// CPU soakers: plain shell busy loops, ended by pid.
-struct Soakers(Vec<Child>);
-
-impl Soakers {
-    fn start(n: usize) -> Self {
-        Soakers(
-            (0..n)
-                .map(|_| {
-                    Command::new("sh")
-                        .args(["-c", "while :; do :; done"])
-                        .spawn()
-                        .unwrap()
-                })
-                .collect(),
-        )
-    }
-}
-
-impl Drop for Soakers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn appease(run_dir: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("APPEASE_RUN_DIR", run_dir)
-        .output()
-        .unwrap()
-}
-
-struct Daemon {
-    child: Option<Child>,
-    run_dir: PathBuf,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(run_dir: &Path, config: &Path) -> Self {
-        let log = run_dir.join(format!(
-            "daemon-{}.log",
-            Instant::now().elapsed().as_nanos()
-        ));
-        let child = Command::new(BIN)
-            .args(["daemon", "--log", "debug", "--config"])
-            .arg(config)
-            .env("APPEASE_RUN_DIR", run_dir)
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let d = Daemon {
-            child: Some(child),
-            run_dir: run_dir.to_path_buf(),
-            log,
-        };
-        let pid = d.child.as_ref().unwrap().id();
-        let ready = wait_for(Duration::from_secs(10), || {
-            std::fs::read(d.run_dir.join("status.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .is_some_and(|v| v["pid"] == pid)
-        });
-        assert!(ready.is_some(), "daemon did not start: {}", d.log_text());
-        d
-    }
-
-    /// The last lines of the daemon's log, for failure messages.
-    fn log_text(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().filter(|l| !l.contains("libbpf")).collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    fn signal(&mut self, sig: i32) -> std::process::ExitStatus {
-        let mut c = self.child.take().unwrap();
-        // SAFETY: signalling our own child by pid.
-        unsafe { libc::kill(c.id() as i32, sig) };
-        c.wait().unwrap()
-    }
-
-    fn status_json(&self) -> serde_json::Value {
-        let out = appease(&self.run_dir, &["status", "--json"]);
-        assert!(
-            out.status.success(),
-            "status: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            self.signal(libc::SIGTERM);
-        }
-    }
 }
 
 /// A server thread answering one-byte requests after `cpu` of work, and a client

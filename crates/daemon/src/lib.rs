@@ -20,6 +20,11 @@ use appease_probe::{monotonic_ns, Event, Family, Probe, ProbeConfig, ProbeStorag
 use hdrhistogram::Histogram;
 
 pub use lock::RunLock;
+
+/// Load is sampled this often; it is smoothed over a second anyway.
+const LOAD_SAMPLE_NS: u64 = 100_000_000;
+/// Tick period while nothing is elevated (forgetting idle threads only).
+const IDLE_TICK_NS: u64 = 100_000_000;
 use status::{LatencyView, LoadView, ProbeView, Status, ThreadStatus};
 
 /// Where the journal, lock and status live. `APPEASE_RUN_DIR` overrides it (tests,
@@ -119,6 +124,7 @@ struct Daemon<'obj> {
     cpus: usize,
     started: u64,
     latency_us: Histogram<u64>,
+    deferred_latency_us: Histogram<u64>,
     tick: Duration,
     events: Vec<Event>,
 }
@@ -135,8 +141,8 @@ impl<'obj> Daemon<'obj> {
             load: LoadTracker::new(cpus),
             cpus,
             started: unix_now(),
-            latency_us: Histogram::new_with_bounds(1, 60_000_000, 2)
-                .expect("valid histogram bounds"),
+            latency_us: latency_histogram(),
+            deferred_latency_us: latency_histogram(),
             events: Vec::with_capacity(256),
         }
     }
@@ -151,14 +157,17 @@ impl<'obj> Daemon<'obj> {
     }
 
     fn event_loop(&mut self, controls: &Controls) -> Result<()> {
-        let mut next_tick = monotonic_ns();
-        let mut next_status = next_tick;
+        let start = monotonic_ns();
+        let (mut next_tick, mut next_load, mut next_status) = (start, start, start);
         while !controls.shutdown.load(Ordering::Relaxed) {
             if controls.reload.swap(false, Ordering::Relaxed) {
                 self.reload();
             }
             let now = monotonic_ns();
-            let wait = Duration::from_nanos(next_tick.saturating_sub(now));
+            let due = next_tick.min(next_load).min(next_status);
+            // The ring buffer waits in whole milliseconds: round up, or the last
+            // fraction of a millisecond before each deadline would spin.
+            let wait = Duration::from_millis(due.saturating_sub(now).div_ceil(1_000_000));
             let mut events = std::mem::take(&mut self.events);
             self.probe.poll(wait, |e| events.push(e))?;
             for e in events.drain(..) {
@@ -166,9 +175,21 @@ impl<'obj> Daemon<'obj> {
             }
             self.events = events;
             let now = monotonic_ns();
+            if now >= next_load {
+                self.sample_load(now);
+                next_load = now + LOAD_SAMPLE_NS;
+            }
             if now >= next_tick {
                 self.on_tick(now);
-                next_tick = now + self.tick.as_nanos() as u64;
+            }
+            // Decay needs fine ticks only while something is elevated.
+            let tick = if self.policy.any_elevated() {
+                self.tick.as_nanos() as u64
+            } else {
+                IDLE_TICK_NS
+            };
+            if now >= next_tick || next_tick > now + tick {
+                next_tick = now + tick;
             }
             if now >= next_status {
                 for tid in self.actuator.audit() {
@@ -211,6 +232,7 @@ impl<'obj> Daemon<'obj> {
                 pid,
                 tid,
                 family,
+                woke,
                 ..
             } => {
                 if !self.opts.config.elevation.enabled {
@@ -227,7 +249,12 @@ impl<'obj> Daemon<'obj> {
                 {
                     if self.apply(d) {
                         let us = monotonic_ns().saturating_sub(ts_ns) / 1000;
-                        let _saturates_instead = self.latency_us.record(us.max(1));
+                        let h = if woke {
+                            &mut self.latency_us
+                        } else {
+                            &mut self.deferred_latency_us
+                        };
+                        let _saturates_instead = h.record(us.max(1));
                     }
                 }
             }
@@ -239,12 +266,13 @@ impl<'obj> Daemon<'obj> {
         }
     }
 
+    fn sample_load(&mut self, now: u64) {
+        let runnable = host::runnable().unwrap_or(0);
+        self.load
+            .sample(now, runnable, host::psi_cpu_some_total_us());
+    }
+
     fn on_tick(&mut self, now: u64) {
-        self.load.sample(
-            now,
-            host::runnable().unwrap_or(0),
-            host::psi_cpu_some_total_us(),
-        );
         let decisions = self
             .policy
             .on_tick(now, appease_actuator::sys::thread_cpu_ns);
@@ -312,7 +340,6 @@ impl<'obj> Daemon<'obj> {
                 ThreadStatus::new(m, levels, budget)
             })
             .collect();
-        let h = &self.latency_us;
         let status = Status {
             pid: std::process::id(),
             started: self.started,
@@ -334,18 +361,27 @@ impl<'obj> Daemon<'obj> {
                 lost_events: c.lost,
             },
             actuator: self.actuator.counters.into(),
-            elevation_latency_us: LatencyView {
-                count: h.len(),
-                p50: h.value_at_quantile(0.5),
-                p99: h.value_at_quantile(0.99),
-                max: h.max(),
-            },
+            elevation_latency_us: latency_view(&self.latency_us),
+            deferred_elevation_latency_us: latency_view(&self.deferred_latency_us),
             watched: self.policy.tracked(),
             threads,
         };
         if let Err(e) = status.write(&self.opts.run_dir) {
             tracing::warn!(error = %e, "could not write the status file");
         }
+    }
+}
+
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid histogram bounds")
+}
+
+fn latency_view(h: &Histogram<u64>) -> LatencyView {
+    LatencyView {
+        count: h.len(),
+        p50: h.value_at_quantile(0.5),
+        p99: h.value_at_quantile(0.99),
+        max: h.max(),
     }
 }
 

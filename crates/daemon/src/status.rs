@@ -21,7 +21,11 @@ pub struct Status {
     pub load: LoadView,
     pub probe: ProbeView,
     pub actuator: ActuatorView,
+    /// Read -> elevation applied, for requests that woke the daemon at once (the first
+    /// of a burst: the latency that matters).
     pub elevation_latency_us: LatencyView,
+    /// The same for requests of threads already busy, read at the next tick.
+    pub deferred_elevation_latency_us: LatencyView,
     /// Threads under watch for their CPU budget (elevated or recently so).
     pub watched: usize,
     pub threads: Vec<ThreadStatus>,

@@ -13,6 +13,10 @@ use std::time::Duration;
 
 use crate::{Ladder, Load, Nanos};
 
+/// An elevated thread's CPU time is re-read when the last reading (from a request
+/// event or an earlier read) is older than this.
+pub const CPU_REFRESH_NS: u64 = 100_000_000;
+
 /// Where a request came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -188,8 +192,10 @@ impl ElevationPolicy {
         })
     }
 
-    /// Periodic step: decay, budget, forgetting. `cpu_of(tid)` gives a thread's total
-    /// CPU time, or None when the thread is gone.
+    /// Periodic step: decay, budget, forgetting. `cpu_of(pid, tid)` gives a thread's
+    /// total CPU time, or None when the thread is gone; it is asked only for elevated
+    /// threads whose CPU time is not known from the last CPU_REFRESH_NS (request events
+    /// carry it), so the caller's reads stay few.
     pub fn on_tick(
         &mut self,
         now: Nanos,
@@ -202,10 +208,12 @@ impl ElevationPolicy {
         let mut out = Vec::new();
         self.threads.retain(|&tid, t| {
             let pid = t.pid;
-            let Some(cpu) = cpu_of(pid, tid) else {
-                return false; // gone: nothing to restore
-            };
-            account(t, now, cpu, share, burst);
+            if t.levels > 0 && now.saturating_sub(t.budget_at) >= CPU_REFRESH_NS {
+                let Some(cpu) = cpu_of(pid, tid) else {
+                    return false; // gone: nothing to restore
+                };
+                account(t, now, cpu, share, burst);
+            }
             if t.levels > 0 && t.exhausted {
                 t.levels = 0;
                 out.push(Decision::Restore {
@@ -259,6 +267,11 @@ impl ElevationPolicy {
             .collect();
         v.sort_by_key(|t| (t.pid, t.tid));
         v
+    }
+
+    /// True while some thread is elevated (decay needs ticks).
+    pub fn any_elevated(&self) -> bool {
+        self.threads.values().any(|t| t.levels > 0)
     }
 
     pub fn levels(&self, tid: u32) -> u32 {
@@ -456,7 +469,8 @@ mod tests {
     fn exhausted_thread_recovers_once_it_stops_burning() {
         let mut p = ElevationPolicy::new(params());
         p.on_request(0, 1, 1, Source::Unix, 0, load(2.0));
-        let d = p.on_tick(50 * MS, |_, _| Some(600 * MS));
+        // 600 ms of CPU within the first 100 ms (several threads' worth: a clear overrun).
+        let d = p.on_tick(100 * MS, |_, _| Some(600 * MS));
         assert_eq!(
             d,
             vec![Decision::Restore {
@@ -466,10 +480,10 @@ mod tests {
             }]
         );
         assert_eq!(
-            p.on_request(60 * MS, 1, 1, Source::Unix, 600 * MS, load(2.0)),
+            p.on_request(110 * MS, 1, 1, Source::Unix, 600 * MS, load(2.0)),
             None
         );
-        // Idle from then on: the bucket (clamped at -200 ms) refills at 0.5/s to full in 0.8 s.
+        // Idle from then on: the bucket (clamped at -200 ms) refills at 0.5/s to full in 0.8 s, at 900 ms.
         assert_eq!(
             p.on_request(700 * MS, 1, 1, Source::Unix, 600 * MS, load(2.0)),
             None
@@ -484,8 +498,18 @@ mod tests {
         let mut p = ElevationPolicy::new(params());
         p.on_request(0, 1, 1, Source::Unix, 0, load(2.0));
         p.on_request(0, 2, 2, Source::Unix, 0, load(2.0));
-        let d = p.on_tick(10 * MS, |_, tid| (tid == 1).then_some(0));
-        assert!(d.is_empty(), "a vanished thread needs no restore");
+        let d = p.on_tick(10 * MS, |_, _| {
+            panic!("CPU time known from the request events")
+        });
+        assert!(d.is_empty());
+        let d = p.on_tick(100 * MS, |_, tid| (tid == 1).then_some(0));
+        assert!(
+            d.iter().all(|d| !matches!(
+                d,
+                Decision::Restore { tid: 2, .. } | Decision::Elevate { tid: 2, .. }
+            )),
+            "a vanished thread needs no restore: {d:?}"
+        );
         assert_eq!(p.tracked(), 1);
         p.on_tick(20 * MS * 1000, |_, _| Some(0));
         assert_eq!(p.tracked(), 0, "faded and idle for forget_after");

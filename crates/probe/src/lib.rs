@@ -70,6 +70,9 @@ pub enum Event {
         tid: u32,
         family: Family,
         bytes: u32,
+        /// Delivered at once (first request after a quiet spell) rather than at the
+        /// reader's next poll (a thread already busy with requests).
+        woke: bool,
         comm: String,
     },
     Fork {
@@ -103,7 +106,8 @@ pub struct Counters {
 
 #[derive(Clone, Debug)]
 pub struct ProbeConfig {
-    /// At most one request event per thread per this period.
+    /// At most one request event per thread per this period. The first request after
+    /// twice this much quiet wakes the reader at once; later ones wait for its next poll.
     pub min_gap: Duration,
     /// Requests received by this process are not reported (the daemon's own sockets).
     pub ignore_pid: Option<u32>,
@@ -141,6 +145,7 @@ impl<'obj> Probe<'obj> {
             .as_deref_mut()
             .expect("probe has rodata");
         rodata.min_gap_ns = cfg.min_gap.as_nanos().min(u64::MAX as u128) as u64;
+        rodata.wake_after_ns = 2 * rodata.min_gap_ns;
         rodata.self_tgid = cfg.ignore_pid.unwrap_or(0);
         let mut skel = open.load().map_err(bpf("load"))?;
         skel.attach().map_err(bpf("attach"))?;
@@ -173,6 +178,11 @@ impl<'obj> Probe<'obj> {
                 })
             }
         }
+        // Events submitted without a wakeup are not reported by epoll: drain them too.
+        self.ring.consume().map_err(|source| ProbeError::Bpf {
+            stage: "consume the events of",
+            source,
+        })?;
         let mut q = self.queue.borrow_mut();
         while let Some(ev) = q.pop_front() {
             f(ev);
@@ -228,6 +238,7 @@ fn decode(data: &[u8]) -> Option<Event> {
             tid: raw.tid,
             family: Family::from_raw(raw.family),
             bytes: raw.bytes.max(0) as u32,
+            woke: raw.woke != 0,
             comm: comm(&raw.comm),
         },
         2 => Event::Fork {

@@ -25,6 +25,7 @@ struct appease_event {
 	unsigned int ppid;         /* FORK: parent's thread group id */
 	int bytes;                 /* REQUEST: bytes received */
 	unsigned int family;       /* REQUEST: AF_UNIX, AF_INET, AF_INET6, ... */
+	unsigned int woke;         /* REQUEST: 1 if it woke the reader (first after a quiet spell) */
 	char comm[16];
 };
 

@@ -22,6 +22,9 @@ char LICENSE[] SEC("license") = "GPL";
 
 /* Set by user space before load. */
 const volatile u64 min_gap_ns = 20 * 1000 * 1000;
+/* A request after this much quiet wakes the daemon at once; requests of a thread that
+ * is already busy are read at the daemon's next tick (fewer wakeups under load). */
+const volatile u64 wake_after_ns = 40 * 1000 * 1000;
 const volatile u32 self_tgid = 0;
 
 /* Makes the event type visible in the skeleton's BTF. */
@@ -73,6 +76,7 @@ static __always_inline struct appease_event *reserve(struct task_struct *t, u32 
 	e->ppid = 0;
 	e->bytes = 0;
 	e->family = 0;
+	e->woke = 0;
 	bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), t->comm);
 	return e;
 }
@@ -95,7 +99,8 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	struct thread_state *st = bpf_task_storage_get(&threads, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!st)
 		return 0;
-	if (st->last_request_ns && now - st->last_request_ns < min_gap_ns)
+	u64 quiet = st->last_request_ns ? now - st->last_request_ns : ~0ULL;
+	if (quiet < min_gap_ns)
 		return 0;
 	st->last_request_ns = now;
 
@@ -104,7 +109,8 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 		return 0;
 	e->bytes = ret;
 	e->family = family;
-	bpf_ringbuf_submit(e, 0);
+	e->woke = quiet >= wake_after_ns;
+	bpf_ringbuf_submit(e, e->woke ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 	count(APPEASE_CNT_REQUESTS);
 	return 0;
 }
