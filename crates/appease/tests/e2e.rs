@@ -460,3 +460,46 @@ fn no_root_or_no_bpf_capability_is_a_clear_error() {
     );
     assert!(!dir.0.join("journal.jsonl").exists(), "nothing was changed");
 }
+
+#[test]
+fn dry_run_decides_and_reports_but_changes_nothing() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("dryrun");
+    let cfg = dir.file("test.toml", TEST_CONFIG);
+    let _soak = Soakers::start(4);
+    let log = dir.0.join("dry.log");
+    let mut child = Command::new(BIN)
+        .args(["daemon", "--dry-run", "--log", "debug", "--config"])
+        .arg(&cfg)
+        .env("APPEASE_RUN_DIR", &dir.0)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_millis(1200));
+    let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(10));
+    let tid = unix.server_tid;
+    let mut st = serde_json::Value::Null;
+    let decided = wait_for(Duration::from_secs(3), || {
+        let out = appease(&dir.0, &["status", "--json"]);
+        st = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        st["threads"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["tid"] == tid && t["nice"] == -8))
+    });
+    assert!(
+        decided.is_some(),
+        "status shows the elevation it would make: {st}"
+    );
+    assert_eq!(st["dry_run"], true);
+    for _ in 0..50 {
+        assert_eq!(nice_of(tid), 0, "dry run changes nothing");
+        thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert!(child.wait().unwrap().success(), "SIGINT ends it cleanly");
+    assert!(
+        !dir.0.join("journal.jsonl").exists(),
+        "a dry run journals nothing"
+    );
+}
