@@ -187,7 +187,14 @@ mod tests {
         let a = sched_getattr(tid).unwrap();
         assert_eq!(a.nice, s.nice);
         assert_eq!(a.policy, s.policy);
-        assert!(thread_cpu_ns(pid, tid).unwrap() > 0);
+        let before = thread_cpu_ns(pid, tid).unwrap();
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_millis(5) {
+            std::hint::spin_loop();
+        }
+        // A context switch (the read syscall itself) makes the kernel account the time.
+        std::thread::yield_now();
+        assert!(thread_cpu_ns(pid, tid).unwrap() > before);
         let fd = pidfd_open_thread(tid).unwrap();
         assert!(pidfd_alive(&fd));
     }
