@@ -1,0 +1,258 @@
+//! One interface over the two CPU cgroup layouts:
+//! - v1: the `cpu` controller mounted on its own (`/sys/fs/cgroup/cpu`), `cpu.shares`
+//!   (1024 = default) and `cpu.idle`;
+//! - v2: the unified hierarchy with the `cpu` controller enabled (`/sys/fs/cgroup`),
+//!   `cpu.weight` (100 = default) and `cpu.idle`.
+//!
+//! Paths handed in and out are relative to the hierarchy's root and start with `/`,
+//! as in /proc/PID/cgroup. appease's own groups sit at the top of the hierarchy:
+//! the kernel compares idle-ness between siblings, so an idle group nested under a
+//! non-idle parent would not protect what runs beside that parent.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("no usable CPU cgroup hierarchy: neither {V1_CPU}/cpu.shares nor a cgroup v2 root with the cpu controller ({V2_ROOT}/cgroup.controllers)")]
+    NoCpuController,
+    #[error("the CPU cgroup hierarchy at {root} has no cpu.idle (needs Linux 5.15 or newer)")]
+    NoIdleSupport { root: PathBuf },
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("invalid group name {0:?}: one path component of letters, digits, '.', '-' or '_'")]
+    BadName(String),
+}
+
+impl CgroupError {
+    /// The task or group vanished under us: log and skip, never fatal.
+    pub fn is_gone(&self) -> bool {
+        const ESRCH: i32 = 3;
+        matches!(self, CgroupError::Io { source, .. }
+            if source.raw_os_error() == Some(ESRCH) || source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+const V1_CPU: &str = "/sys/fs/cgroup/cpu";
+const V2_ROOT: &str = "/sys/fs/cgroup";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+#[derive(Clone, Debug)]
+pub struct Cgroups {
+    version: Version,
+    root: PathBuf,
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CgroupError + 'a {
+    move |source| CgroupError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Cgroups {
+    /// Finds the CPU hierarchy of this host: v1's cpu controller if mounted on its
+    /// own, otherwise a v2 root with the cpu controller available.
+    pub fn detect() -> Result<Self, CgroupError> {
+        let v1 = Path::new(V1_CPU);
+        if v1.join("cpu.shares").exists() {
+            return Self::at(Version::V1, v1);
+        }
+        let v2 = Path::new(V2_ROOT);
+        let controllers = fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+        if controllers.split_whitespace().any(|c| c == "cpu") {
+            return Self::at(Version::V2, v2);
+        }
+        Err(CgroupError::NoCpuController)
+    }
+
+    /// A hierarchy at a given root (tests, unusual mounts).
+    pub fn at(version: Version, root: &Path) -> Result<Self, CgroupError> {
+        let cg = Cgroups {
+            version,
+            root: root.to_path_buf(),
+        };
+        if version == Version::V2 {
+            // Children only get cpu.* files when the root delegates the controller.
+            let ctl = root.join("cgroup.subtree_control");
+            let enabled = fs::read_to_string(&ctl).unwrap_or_default();
+            if !enabled.split_whitespace().any(|c| c == "cpu") {
+                fs::write(&ctl, "+cpu").map_err(io_err("enabling the cpu controller in", &ctl))?;
+            }
+        }
+        Ok(cg)
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn dir(&self, group: &str) -> PathBuf {
+        self.root.join(group.trim_start_matches('/'))
+    }
+
+    /// The group `pid` is in, in this hierarchy (e.g. "/" or "/system.slice/x.service").
+    pub fn group_of(&self, pid: u32) -> Result<String, CgroupError> {
+        let path = PathBuf::from(format!("/proc/{pid}/cgroup"));
+        let text = fs::read_to_string(&path).map_err(io_err("reading", &path))?;
+        parse_proc_cgroup(&text, self.version).ok_or_else(|| CgroupError::Io {
+            op: "finding the cpu controller in",
+            path,
+            source: io::Error::new(io::ErrorKind::InvalidData, "no cpu line"),
+        })
+    }
+
+    /// Creates a top-level group `/name` (if missing) with the given settings.
+    pub fn ensure_top_group(
+        &self,
+        name: &str,
+        idle: bool,
+        weight: u32,
+    ) -> Result<String, CgroupError> {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(CgroupError::BadName(name.to_string()));
+        }
+        let group = format!("/{name}");
+        let dir = self.dir(&group);
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("creating", &dir)(e)),
+        }
+        if !dir.join("cpu.idle").exists() {
+            let _best_effort = fs::remove_dir(&dir);
+            return Err(CgroupError::NoIdleSupport {
+                root: self.root.clone(),
+            });
+        }
+        self.set_weight(&group, weight)?;
+        self.set_idle(&group, idle)?;
+        Ok(group)
+    }
+
+    /// cpu.idle = 1 makes the group's tasks run only when nothing non-idle beside it wants the CPU.
+    pub fn set_idle(&self, group: &str, idle: bool) -> Result<(), CgroupError> {
+        let f = self.dir(group).join("cpu.idle");
+        fs::write(&f, if idle { "1" } else { "0" }).map_err(io_err("writing", &f))
+    }
+
+    /// Weight on v2's scale (1..=10000, default 100); v1 shares are weight × 1024 / 100.
+    pub fn set_weight(&self, group: &str, weight: u32) -> Result<(), CgroupError> {
+        let weight = weight.clamp(1, 10_000);
+        let (file, value) = match self.version {
+            Version::V1 => ("cpu.shares", (weight as u64 * 1024 / 100).max(2)),
+            Version::V2 => ("cpu.weight", weight as u64),
+        };
+        let f = self.dir(group).join(file);
+        fs::write(&f, value.to_string()).map_err(io_err("writing", &f))
+    }
+
+    pub fn idle(&self, group: &str) -> Result<bool, CgroupError> {
+        let f = self.dir(group).join("cpu.idle");
+        let v = fs::read_to_string(&f).map_err(io_err("reading", &f))?;
+        Ok(v.trim() == "1")
+    }
+
+    /// Moves a whole process (all its threads) into `group`.
+    pub fn move_process(&self, pid: u32, group: &str) -> Result<(), CgroupError> {
+        let f = self.dir(group).join("cgroup.procs");
+        fs::write(&f, pid.to_string()).map_err(io_err("moving a process into", &f))
+    }
+
+    /// Processes in `group` (not in its children).
+    pub fn processes(&self, group: &str) -> Result<Vec<u32>, CgroupError> {
+        let f = self.dir(group).join("cgroup.procs");
+        let text = fs::read_to_string(&f).map_err(io_err("reading", &f))?;
+        Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+
+    pub fn exists(&self, group: &str) -> bool {
+        self.dir(group).is_dir()
+    }
+
+    /// Removes an (empty) group; a missing group is fine.
+    pub fn remove(&self, group: &str) -> Result<(), CgroupError> {
+        let dir = self.dir(group);
+        match fs::remove_dir(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("removing", &dir)(e)),
+        }
+    }
+}
+
+/// The cpu hierarchy's path from /proc/PID/cgroup text.
+pub fn parse_proc_cgroup(text: &str, version: Version) -> Option<String> {
+    text.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let wanted = match version {
+            Version::V1 => controllers.split(',').any(|c| c == "cpu"),
+            Version::V2 => id == "0" && controllers.is_empty(),
+        };
+        wanted.then(|| path.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V1_TEXT: &str = "9:name=systemd:/\n2:cpuacct:/\n1:cpu:/appease.batch\n0::/\n";
+    const V1_JOINT: &str = "4:cpu,cpuacct:/user.slice\n0::/user.slice/session-1.scope\n";
+    const V2_TEXT: &str = "0::/system.slice/nginx.service\n";
+
+    #[test]
+    fn finds_the_cpu_hierarchy_path() {
+        assert_eq!(
+            parse_proc_cgroup(V1_TEXT, Version::V1).as_deref(),
+            Some("/appease.batch")
+        );
+        assert_eq!(
+            parse_proc_cgroup(V1_JOINT, Version::V1).as_deref(),
+            Some("/user.slice")
+        );
+        assert_eq!(
+            parse_proc_cgroup(V2_TEXT, Version::V2).as_deref(),
+            Some("/system.slice/nginx.service")
+        );
+        assert_eq!(parse_proc_cgroup("", Version::V2), None);
+    }
+
+    #[test]
+    fn rejects_names_that_are_not_one_component() {
+        let cg = Cgroups {
+            version: Version::V1,
+            root: std::env::temp_dir(),
+        };
+        for bad in ["", "../x", "a/b", "a b"] {
+            assert!(
+                matches!(
+                    cg.ensure_top_group(bad, true, 100),
+                    Err(CgroupError::BadName(_))
+                ),
+                "{bad}"
+            );
+        }
+    }
+}
