@@ -205,14 +205,11 @@ impl KernelActuator {
             Some(HandsOff::Policy {
                 policy: stat.policy,
             })
-        } else if let Some(c) = self
-            .exceptions
-            .iter()
-            .find(|c| **c == stat.comm || **c == proc_comm)
-        {
-            Some(HandsOff::Exception { comm: c.clone() })
         } else {
-            None
+            self.exceptions
+                .iter()
+                .find(|c| **c == stat.comm || **c == proc_comm)
+                .map(|c| HandsOff::Exception { comm: c.clone() })
         };
         if let Some(r) = refusal {
             return Err(self.leave_alone(tid, stat.start, r));

@@ -2,6 +2,7 @@
 //! 1. time from a request's socket read (in the kernel) to its elevation being applied,
 //!    p50/p99, with 2 soakers per CPU, from the daemon's own histogram;
 //! 2. the daemon's CPU use at 10k and 50k requests/s (embedded default config).
+//!
 //! Run: `cargo bench -p appease --bench daemon`.
 
 #[path = "../tests/support/mod.rs"]

@@ -73,8 +73,8 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:>7} {:>7} {:<16} {:<8} {:>5} {:>5} {:>7} {:>9}  {:<16} {}",
-        "PID", "TID", "COMM", "CLASS", "NICE", "ORIG", "SLICE", "BUDGET", "WHY", "SINCE"
+        "{:>7} {:>7} {:<16} {:<8} {:>5} {:>5} {:>7} {:>9}  {:<16} SINCE",
+        "PID", "TID", "COMM", "CLASS", "NICE", "ORIG", "SLICE", "BUDGET", "WHY"
     );
     for t in &status.threads {
         println!(

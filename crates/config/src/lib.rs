@@ -28,6 +28,7 @@ pub enum ConfigError {
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+#[derive(Default)]
 pub struct Config {
     pub probe: ProbeSection,
     pub elevation: ElevationSection,
@@ -189,16 +190,6 @@ impl Default for ElevationSection {
                 step(4.0, -15, -10, 300),
             ])
             .expect("the default ladder is valid"),
-        }
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            probe: ProbeSection::default(),
-            elevation: ElevationSection::default(),
-            hands_off: HandsOffSection::default(),
         }
     }
 }

@@ -99,8 +99,11 @@ impl Ladder {
             }
             if index > 0 {
                 let p = &steps[index - 1];
-                // NaN fails this comparison too.
-                if !(s.from_runnable_per_cpu > p.from_runnable_per_cpu) {
+                // NaN is not greater either.
+                if s.from_runnable_per_cpu
+                    .partial_cmp(&p.from_runnable_per_cpu)
+                    != Some(std::cmp::Ordering::Greater)
+                {
                     return Err(LadderError::NotIncreasing {
                         index,
                         from: s.from_runnable_per_cpu,
