@@ -1,6 +1,7 @@
 //! appease's policy: pure functions and state machines. No I/O and no clock of its own
 //! (time is an input), so the daemon, the tests and the simulator run the same code.
 
+pub mod batch;
 pub mod elevation;
 pub mod ladder;
 pub mod load;

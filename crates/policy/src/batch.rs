@@ -1,0 +1,583 @@
+//! Batch demotion: process trees that soak CPU and answer no requests go to the idle
+//! group; a tree that starts answering requests comes back.
+//!
+//! Fed with periodic snapshots of the process table. A tree is the subtree under the
+//! highest ancestor whose descendants account for the CPU use: a `make` and its
+//! compilers, not the shell that started it. Interactive shells, terminals, session
+//! managers, the service manager and kernel threads are never demoted, and nothing above
+//! them is considered.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use crate::Nanos;
+
+/// One process as the scan sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcSample {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    /// Start time (clock ticks after boot): with the pid, the process's identity.
+    pub start: u64,
+    /// CPU time of the process and of its reaped children (utime+stime+cutime+cstime), ns.
+    pub cpu_ns: u64,
+    pub kernel_thread: bool,
+    pub session_leader: bool,
+    pub has_tty: bool,
+}
+
+/// A class forced by a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Class {
+    /// Goes to the idle group at once, whatever it does.
+    Batch,
+    /// Never demoted.
+    Latency,
+    /// Never demoted, never elevated specially: left to the kernel.
+    Normal,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchParams {
+    /// CPUs a tree must use on average to count as a soaker ...
+    pub min_cpus: f64,
+    /// ... for at least this long, without a request.
+    pub after: Duration,
+    /// A tree any of whose processes received a request this recently is not demoted.
+    pub request_memory: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum BatchDecision {
+    /// Move these processes (the tree under `root`) to the idle group.
+    Demote {
+        root: u32,
+        members: Vec<u32>,
+        cpus: f64,
+        why: &'static str,
+    },
+    /// Move the tree under `root` back where its processes came from.
+    Promote { root: u32, members: Vec<u32> },
+}
+
+/// Names that are never batch and that a tree never climbs past.
+const PROTECTED: &[&str] = &[
+    "systemd",
+    "init",
+    "sshd",
+    "login",
+    "su",
+    "sudo",
+    "tmux",
+    "tmux: server",
+    "screen",
+    "SCREEN",
+    "agetty",
+    "getty",
+    "cron",
+    "crond",
+    "atd",
+    "dbus-daemon",
+    "containerd-shim",
+    "conmon",
+    "runc",
+    "xterm",
+    "gnome-terminal-",
+    "konsole",
+    "kitty",
+    "alacritty",
+    "wezterm-gui",
+    "foot",
+    "appease",
+];
+const SHELLS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "fish", "ksh", "tcsh", "csh", "mksh", "ash",
+];
+
+/// Never demoted, and the climb to a tree's root stops below it.
+pub fn protected(p: &ProcSample) -> bool {
+    p.kernel_thread
+        || p.pid <= 2
+        || p.ppid == 2
+        || PROTECTED.contains(&p.comm.as_str())
+        // A shell is interactive when it leads a session or has a terminal; a shell
+        // running a script (`sh -c 'while :; do :; done'`) is like any other program.
+        || (SHELLS.contains(&p.comm.as_str()) && (p.session_leader || p.has_tty))
+}
+
+#[derive(Clone, Debug)]
+struct Demoted {
+    start: u64,
+    at: Nanos,
+    members: HashSet<u32>,
+}
+
+pub struct BatchClassifier {
+    params: BatchParams,
+    /// pid -> (start, cpu_ns) at the previous scan.
+    prev: HashMap<u32, (u64, u64)>,
+    prev_at: Option<Nanos>,
+    /// Candidate roots -> (start, since when heavy).
+    heavy_since: HashMap<u32, (u64, Nanos)>,
+    demoted: HashMap<u32, Demoted>,
+}
+
+impl BatchClassifier {
+    pub fn new(params: BatchParams) -> Self {
+        BatchClassifier {
+            params,
+            prev: HashMap::new(),
+            prev_at: None,
+            heavy_since: HashMap::new(),
+            demoted: HashMap::new(),
+        }
+    }
+
+    pub fn set_params(&mut self, params: BatchParams) {
+        self.params = params;
+    }
+
+    /// Roots of the trees currently demoted.
+    pub fn demoted_roots(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.demoted.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The demoted tree `pid` belongs to, if any.
+    pub fn tree_of(&self, pid: u32) -> Option<u32> {
+        self.demoted
+            .iter()
+            .find(|(_, d)| d.members.contains(&pid))
+            .map(|(&root, _)| root)
+    }
+
+    /// The actuator could not demote (or promote) a tree: forget it.
+    pub fn forget(&mut self, root: u32) {
+        self.demoted.remove(&root);
+        self.heavy_since.remove(&root);
+    }
+
+    /// One scan. `last_request(pid)` is when any thread of `pid` last received a request;
+    /// `forced(p)` is the class a rule gives `p`.
+    pub fn on_scan(
+        &mut self,
+        now: Nanos,
+        procs: &[ProcSample],
+        last_request: impl Fn(u32) -> Option<Nanos>,
+        forced: impl Fn(&ProcSample) -> Option<Class>,
+    ) -> Vec<BatchDecision> {
+        let by_pid: HashMap<u32, &ProcSample> = procs.iter().map(|p| (p.pid, p)).collect();
+        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+        for p in procs {
+            if p.ppid != p.pid {
+                children.entry(p.ppid).or_default().push(p.pid);
+            }
+        }
+        let subtree = |root: u32| -> Vec<u32> {
+            let mut out = vec![root];
+            let mut i = 0;
+            while i < out.len() {
+                if let Some(c) = children.get(&out[i]) {
+                    out.extend(c.iter().copied());
+                }
+                i += 1;
+            }
+            out
+        };
+
+        // CPU rate of each process since the last scan, in CPUs.
+        let dt = self.prev_at.map(|t| now.saturating_sub(t) as f64);
+        let mut rate: HashMap<u32, f64> = HashMap::new();
+        if let Some(dt) = dt.filter(|&d| d > 0.0) {
+            for p in procs {
+                let used = match self.prev.get(&p.pid) {
+                    Some(&(start, cpu)) if start == p.start => p.cpu_ns.saturating_sub(cpu),
+                    _ => p.cpu_ns, // born since the last scan
+                };
+                rate.insert(p.pid, used as f64 / dt);
+            }
+        }
+        self.prev = procs.iter().map(|p| (p.pid, (p.start, p.cpu_ns))).collect();
+        self.prev_at = Some(now);
+
+        let memory = self.params.request_memory.as_nanos() as u64;
+        let recently_asked =
+            |pid: u32| last_request(pid).is_some_and(|t| now.saturating_sub(t) < memory);
+        let tree_rate = |root: u32| {
+            subtree(root)
+                .iter()
+                .map(|p| rate.get(p).unwrap_or(&0.0))
+                .sum::<f64>()
+        };
+        let tree_asked = |root: u32| subtree(root).into_iter().any(&recently_asked);
+        let exempt = |p: &ProcSample| {
+            protected(p) || matches!(forced(p), Some(Class::Latency | Class::Normal))
+        };
+
+        let mut out = Vec::new();
+
+        // Promotion: a demoted tree in which a process received a request since.
+        let mut promote = Vec::new();
+        for (&root, d) in &mut self.demoted {
+            // Keep membership current: processes forked in the tree since.
+            if by_pid.get(&root).is_some_and(|p| p.start == d.start) {
+                d.members.extend(subtree(root));
+            }
+            d.members.retain(|pid| by_pid.contains_key(pid));
+            let asked = d
+                .members
+                .iter()
+                .any(|&pid| last_request(pid).is_some_and(|t| t > d.at));
+            if asked || d.members.is_empty() {
+                promote.push(root);
+            }
+        }
+        for root in promote {
+            let d = self.demoted.remove(&root).expect("present");
+            if !d.members.is_empty() {
+                let mut members: Vec<u32> = d.members.into_iter().collect();
+                members.sort_unstable();
+                out.push(BatchDecision::Promote { root, members });
+            }
+        }
+        let in_batch: HashSet<u32> = self
+            .demoted
+            .values()
+            .flat_map(|d| d.members.iter().copied())
+            .collect();
+
+        // Roots of heavy trees: climb from each heavy process to its highest eligible ancestor.
+        let mut roots: HashMap<u32, (f64, &'static str)> = HashMap::new();
+        for p in procs {
+            if in_batch.contains(&p.pid) || exempt(p) {
+                continue;
+            }
+            if forced(p) == Some(Class::Batch) {
+                roots.insert(p.pid, (tree_rate(p.pid), "rule"));
+                continue;
+            }
+            if dt.is_none() || rate.get(&p.pid).copied().unwrap_or(0.0) <= 0.0 {
+                continue; // only climb from processes that use CPU themselves
+            }
+            let mut root = p.pid;
+            if tree_asked(root) {
+                continue;
+            }
+            while let Some(parent) = by_pid.get(&by_pid[&root].ppid) {
+                if parent.pid == root
+                    || exempt(parent)
+                    || in_batch.contains(&parent.pid)
+                    || tree_asked(parent.pid)
+                {
+                    break;
+                }
+                root = parent.pid;
+            }
+            let r = tree_rate(root);
+            if r >= self.params.min_cpus {
+                roots.insert(root, (r, "cpu-soaker"));
+            }
+        }
+        // A root inside another root's tree belongs to that tree.
+        let nested: HashSet<u32> = roots
+            .keys()
+            .flat_map(|&r| subtree(r).into_iter().skip(1))
+            .filter(|pid| roots.contains_key(pid))
+            .collect();
+
+        let after = self.params.after.as_nanos() as u64;
+        let mut still_heavy = HashMap::new();
+        let mut sorted: Vec<_> = roots
+            .into_iter()
+            .filter(|(r, _)| !nested.contains(r))
+            .collect();
+        sorted.sort_by_key(|(r, _)| *r);
+        for (root, (cpus, why)) in sorted {
+            let start = by_pid[&root].start;
+            let since = match self.heavy_since.get(&root) {
+                Some(&(s, t)) if s == start => t,
+                _ => now,
+            };
+            if why == "rule" || now.saturating_sub(since) >= after {
+                let members = subtree(root);
+                self.demoted.insert(
+                    root,
+                    Demoted {
+                        start,
+                        at: now,
+                        members: members.iter().copied().collect(),
+                    },
+                );
+                out.push(BatchDecision::Demote {
+                    root,
+                    members,
+                    cpus,
+                    why,
+                });
+            } else {
+                still_heavy.insert(root, (start, since));
+            }
+        }
+        self.heavy_since = still_heavy;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn p(pid: u32, ppid: u32, comm: &str, cpu_s: f64) -> ProcSample {
+        ProcSample {
+            pid,
+            ppid,
+            comm: comm.into(),
+            start: pid as u64,
+            cpu_ns: (cpu_s * 1e9) as u64,
+            kernel_thread: false,
+            session_leader: false,
+            has_tty: false,
+        }
+    }
+
+    fn params() -> BatchParams {
+        BatchParams {
+            min_cpus: 0.8,
+            after: Duration::from_secs(3),
+            request_memory: Duration::from_secs(60),
+        }
+    }
+
+    fn interactive_shell(pid: u32, ppid: u32) -> ProcSample {
+        ProcSample {
+            session_leader: true,
+            has_tty: true,
+            ..p(pid, ppid, "bash", 0.0)
+        }
+    }
+
+    /// Runs scans once a second; `cpu(t, pid)` gives each process's cumulative CPU seconds.
+    fn run(
+        c: &mut BatchClassifier,
+        secs: u64,
+        procs: impl Fn(u64) -> Vec<ProcSample>,
+        asked: impl Fn(u32) -> Option<Nanos> + Copy,
+    ) -> Vec<(u64, BatchDecision)> {
+        let mut out = vec![];
+        for t in 0..=secs {
+            for d in c.on_scan(t * S, &procs(t), asked, |_| None) {
+                out.push((t, d));
+            }
+        }
+        out
+    }
+
+    fn none(_: u32) -> Option<Nanos> {
+        None
+    }
+
+    #[test]
+    fn make_and_its_compilers_are_one_tree_under_the_shell() {
+        let mut c = BatchClassifier::new(params());
+        // shell 10 -> make 20 -> cc 21, cc 22 (each a CPU); make itself idle.
+        let procs = |t: u64| {
+            let t = t as f64;
+            vec![
+                p(1, 0, "systemd", 0.0),
+                interactive_shell(10, 1),
+                p(20, 10, "make", 0.01 * t),
+                p(21, 20, "cc1", 0.9 * t),
+                p(22, 20, "cc1", 0.9 * t),
+            ]
+        };
+        let d = run(&mut c, 5, procs, none);
+        assert_eq!(d.len(), 1, "{d:?}");
+        let (
+            t,
+            BatchDecision::Demote {
+                root,
+                members,
+                cpus,
+                ..
+            },
+        ) = &d[0]
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!(
+            (*t, *root),
+            (4, 20),
+            "demoted after 3 s of soaking, counted from the first rate"
+        );
+        assert_eq!(members, &vec![20, 21, 22]);
+        assert!((cpus - 1.81).abs() < 0.01);
+        assert_eq!(c.tree_of(21), Some(20));
+    }
+
+    #[test]
+    fn a_server_answering_requests_is_never_demoted() {
+        let mut c = BatchClassifier::new(params());
+        let procs = |t: u64| {
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(30, 1, "postgres", 1.0 * t as f64),
+            ]
+        };
+        let asked = |pid: u32| (pid == 30).then_some(0);
+        assert!(run(&mut c, 10, procs, asked).is_empty());
+    }
+
+    #[test]
+    fn soakers_beside_a_server_in_one_process_tree_are_demoted_alone() {
+        let mut c = BatchClassifier::new(params());
+        // A test harness (40) that serves requests and spawned two plain soakers.
+        let procs = |t: u64| {
+            let t = t as f64;
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(40, 1, "harness", 0.1 * t),
+                p(41, 40, "sh", 1.0 * t),
+                p(42, 40, "sh", 1.0 * t),
+            ]
+        };
+        let asked = |pid: u32| (pid == 40).then_some(0);
+        let d = run(&mut c, 4, procs, asked);
+        let roots: Vec<u32> = d
+            .iter()
+            .filter_map(|(_, d)| match d {
+                BatchDecision::Demote { root, .. } => Some(*root),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(roots, vec![41, 42]);
+    }
+
+    #[test]
+    fn light_or_short_bursts_are_not_batch() {
+        let mut c = BatchClassifier::new(params());
+        let light = |t: u64| vec![p(1, 0, "systemd", 0.0), p(50, 1, "indexer", 0.5 * t as f64)];
+        assert!(
+            run(&mut c, 10, light, none).is_empty(),
+            "half a CPU is below min_cpus"
+        );
+        let mut c = BatchClassifier::new(params());
+        // Two seconds of soaking, then idle: never sustained for 3 s.
+        let burst = |t: u64| vec![p(1, 0, "systemd", 0.0), p(51, 1, "x", t.min(2) as f64)];
+        assert!(run(&mut c, 10, burst, none).is_empty());
+    }
+
+    #[test]
+    fn interactive_shells_and_the_service_manager_are_never_roots() {
+        let mut c = BatchClassifier::new(params());
+        // The soaking loop runs in the interactive shell itself.
+        let procs = |t: u64| {
+            vec![
+                p(1, 0, "systemd", 0.0),
+                ProcSample {
+                    cpu_ns: t * S,
+                    ..interactive_shell(10, 1)
+                },
+            ]
+        };
+        assert!(run(&mut c, 10, procs, none).is_empty());
+    }
+
+    #[test]
+    fn a_demoted_tree_that_starts_answering_requests_is_promoted() {
+        let mut c = BatchClassifier::new(params());
+        let procs = |t: u64| {
+            let t = t as f64;
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(60, 1, "worker", t),
+                p(61, 60, "child", t),
+            ]
+        };
+        let d = run(&mut c, 4, procs, none);
+        assert!(matches!(
+            d[..],
+            [(4, BatchDecision::Demote { root: 60, .. })]
+        ));
+        // At 6 s the child receives a request.
+        let asked = |pid: u32| (pid == 61).then_some(6 * S);
+        let d = c.on_scan(7 * S, &procs(7), asked, |_| None);
+        assert_eq!(
+            d,
+            vec![BatchDecision::Promote {
+                root: 60,
+                members: vec![60, 61]
+            }]
+        );
+        // It answered recently: not demoted again while request_memory lasts.
+        for t in 8..20 {
+            assert!(c.on_scan(t * S, &procs(t), asked, |_| None).is_empty());
+        }
+    }
+
+    #[test]
+    fn children_forked_after_demotion_join_the_tree() {
+        let mut c = BatchClassifier::new(params());
+        let procs = |t: u64| {
+            let mut v = vec![p(1, 0, "systemd", 0.0), p(70, 1, "make", t as f64)];
+            if t >= 6 {
+                v.push(p(71, 70, "cc1", (t - 6) as f64));
+            }
+            v
+        };
+        let d = run(&mut c, 7, procs, none);
+        assert_eq!(
+            d.len(),
+            1,
+            "the child joins silently (born in the group): {d:?}"
+        );
+        assert_eq!(c.tree_of(71), Some(70));
+    }
+
+    #[test]
+    fn rules_force_a_class() {
+        let mut c = BatchClassifier::new(params());
+        let procs = |t: u64| {
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(80, 1, "ffmpeg", 0.1 * t as f64),
+                p(81, 1, "postgres", 2.0 * t as f64),
+            ]
+        };
+        let forced = |p: &ProcSample| match p.comm.as_str() {
+            "ffmpeg" => Some(Class::Batch),
+            "postgres" => Some(Class::Latency),
+            _ => None,
+        };
+        let mut d = vec![];
+        for t in 0..10 {
+            d.extend(c.on_scan(t * S, &procs(t), none, forced));
+        }
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(matches!(
+            &d[0],
+            BatchDecision::Demote {
+                root: 80,
+                why: "rule",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn protection_rules() {
+        assert!(protected(&p(1, 0, "anything", 0.0)));
+        assert!(protected(&p(300, 2, "kworker/0:1", 0.0)));
+        assert!(protected(&p(300, 1, "sshd", 0.0)));
+        assert!(protected(&interactive_shell(300, 1)));
+        assert!(
+            !protected(&p(300, 1, "sh", 0.0)),
+            "a script's shell is an ordinary program"
+        );
+        assert!(!protected(&p(300, 1, "make", 0.0)));
+    }
+}
