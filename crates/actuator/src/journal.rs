@@ -2,7 +2,7 @@
 //! so a restarted daemon or `appease restore` can undo what a crashed daemon left.
 //! One JSON object per line; live entries are rewritten compactly when it grows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -41,6 +41,45 @@ pub enum Record {
     },
     /// The thread is back to `orig`, gone, or handed off: nothing to undo.
     Release { key: TaskKey },
+    /// appease is about to create this cgroup (a path in the CPU hierarchy).
+    Group { path: String },
+    /// The group is removed.
+    GroupRemoved { path: String },
+    /// appease is about to move a process (key.tid = key.pid) from one cgroup to another.
+    Move {
+        key: TaskKey,
+        from: String,
+        to: String,
+    },
+    /// The process is back in `from`, or gone: nothing to undo.
+    Return { key: TaskKey },
+}
+
+/// A process move that must be undone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingMove {
+    pub key: TaskKey,
+    pub from: String,
+    pub to: String,
+}
+
+/// Everything the journal says must be undone.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JournalState {
+    pub threads: BTreeMap<TaskKey, Pending>,
+    pub moves: BTreeMap<TaskKey, PendingMove>,
+    pub groups: BTreeSet<String>,
+}
+
+impl JournalState {
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty() && self.moves.is_empty() && self.groups.is_empty()
+    }
+
+    /// How many changes are pending (threads, processes, groups).
+    pub fn len(&self) -> usize {
+        self.threads.len() + self.moves.len() + self.groups.len()
+    }
 }
 
 /// What the journal says must be undone for one thread.
@@ -58,7 +97,7 @@ pub struct Journal {
     dir: PathBuf,
     file: File,
     bytes: u64,
-    live: BTreeMap<TaskKey, Pending>,
+    live: JournalState,
 }
 
 impl Journal {
@@ -101,15 +140,30 @@ impl Journal {
         Ok(())
     }
 
-    pub fn pending(&self) -> impl Iterator<Item = &Pending> {
-        self.live.values()
+    pub fn state(&self) -> &JournalState {
+        &self.live
     }
 
     /// Rewrites the journal with only the live entries (atomic rename).
     fn compact(&mut self) -> io::Result<()> {
         let tmp = self.dir.join(format!("{FILE}.tmp"));
         let mut out = String::new();
-        for p in self.live.values() {
+        let mut line = |rec: &Record| -> io::Result<()> {
+            out.push_str(&serde_json::to_string(rec).map_err(io::Error::other)?);
+            out.push('\n');
+            Ok(())
+        };
+        for path in &self.live.groups {
+            line(&Record::Group { path: path.clone() })?;
+        }
+        for m in self.live.moves.values() {
+            line(&Record::Move {
+                key: m.key,
+                from: m.from.clone(),
+                to: m.to.clone(),
+            })?;
+        }
+        for p in self.live.threads.values() {
             for rec in [
                 Record::Manage {
                     key: p.key,
@@ -123,8 +177,7 @@ impl Journal {
                     slice_ns: 0,
                 },
             ] {
-                out.push_str(&serde_json::to_string(&rec).map_err(io::Error::other)?);
-                out.push('\n');
+                line(&rec)?;
             }
         }
         fs::write(&tmp, &out)?;
@@ -146,10 +199,10 @@ impl Journal {
     }
 }
 
-fn apply(live: &mut BTreeMap<TaskKey, Pending>, rec: Record) {
+fn apply(live: &mut JournalState, rec: Record) {
     match rec {
         Record::Manage { key, comm, orig } => {
-            live.insert(
+            live.threads.insert(
                 key,
                 Pending {
                     key,
@@ -162,25 +215,39 @@ fn apply(live: &mut BTreeMap<TaskKey, Pending>, rec: Record) {
         Record::Apply {
             key, prev, next, ..
         } => {
-            if let Some(p) = live.get_mut(&key) {
+            if let Some(p) = live.threads.get_mut(&key) {
                 p.ours = vec![prev, next];
             }
         }
         Record::Release { key } => {
-            live.remove(&key);
+            live.threads.remove(&key);
+        }
+        Record::Group { path } => {
+            live.groups.insert(path);
+        }
+        Record::GroupRemoved { path } => {
+            live.groups.remove(&path);
+        }
+        Record::Move { key, from, to } => {
+            // A second move of the same process keeps the first origin.
+            let from = live.moves.get(&key).map_or(from, |m| m.from.clone());
+            live.moves.insert(key, PendingMove { key, from, to });
+        }
+        Record::Return { key } => {
+            live.moves.remove(&key);
         }
     }
 }
 
 /// Reads what a journal in `dir` says must be undone. A torn last line (crash while
 /// writing) is ignored; it described a change that was not yet made.
-pub fn read_pending(dir: &Path) -> io::Result<BTreeMap<TaskKey, Pending>> {
+pub fn read_pending(dir: &Path) -> io::Result<JournalState> {
     let text = match fs::read_to_string(dir.join(FILE)) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e),
     };
-    let mut live = BTreeMap::new();
+    let mut live = JournalState::default();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -265,12 +332,12 @@ mod tests {
             .open(dir.join(FILE))
             .unwrap();
         f.write_all(b"{\"op\":\"apply\",\"key\":{\"pi").unwrap();
-        let live = read_pending(&dir).unwrap();
+        let live = read_pending(&dir).unwrap().threads;
         assert_eq!(live.len(), 1);
         let p = &live[&key(2)];
         assert_eq!((p.orig.nice, p.ours.clone()), (3, vec![-2, 0]));
         let j = Journal::open(&dir).unwrap();
-        assert_eq!(j.pending().count(), 1);
+        assert_eq!(j.state().threads.len(), 1);
         j.remove_if_empty().unwrap();
         assert!(dir.join(FILE).exists(), "kept while something is pending");
         fs::remove_dir_all(&dir).unwrap();
@@ -299,7 +366,7 @@ mod tests {
             }
         }
         assert!(fs::metadata(dir.join(FILE)).unwrap().len() < COMPACT_AT_BYTES);
-        let live = read_pending(&dir).unwrap();
+        let live = read_pending(&dir).unwrap().threads;
         assert_eq!(live.keys().copied().collect::<Vec<_>>(), vec![key(7)]);
         assert_eq!(live[&key(7)].ours, vec![0, -3]);
         drop(j);
@@ -307,6 +374,59 @@ mod tests {
         j.append(&Record::Release { key: key(7) }).unwrap();
         j.remove_if_empty().unwrap();
         assert!(!dir.join(FILE).exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn moves_and_groups_replay_and_compact() {
+        let dir = tmpdir("moves");
+        let mut j = Journal::open(&dir).unwrap();
+        j.append(&Record::Group {
+            path: "/appease.batch".into(),
+        })
+        .unwrap();
+        j.append(&Record::Move {
+            key: key(5),
+            from: "/".into(),
+            to: "/appease.batch".into(),
+        })
+        .unwrap();
+        // Moved again (say promoted then demoted): the first origin is what counts.
+        j.append(&Record::Move {
+            key: key(5),
+            from: "/appease.batch".into(),
+            to: "/appease.batch".into(),
+        })
+        .unwrap();
+        j.append(&Record::Move {
+            key: key(6),
+            from: "/a".into(),
+            to: "/appease.batch".into(),
+        })
+        .unwrap();
+        j.append(&Record::Return { key: key(6) }).unwrap();
+        drop(j);
+        let st = read_pending(&dir).unwrap();
+        assert_eq!(
+            st.groups.iter().cloned().collect::<Vec<_>>(),
+            vec!["/appease.batch".to_string()]
+        );
+        assert_eq!(st.moves.len(), 1);
+        assert_eq!(st.moves[&key(5)].from, "/");
+        let mut j = Journal::open(&dir).unwrap();
+        j.compact().unwrap();
+        assert_eq!(
+            read_pending(&dir).unwrap(),
+            st,
+            "compaction keeps moves and groups"
+        );
+        j.append(&Record::Return { key: key(5) }).unwrap();
+        j.append(&Record::GroupRemoved {
+            path: "/appease.batch".into(),
+        })
+        .unwrap();
+        assert!(j.state().is_empty());
+        j.remove_if_empty().unwrap();
         fs::remove_dir_all(&dir).unwrap();
     }
 }

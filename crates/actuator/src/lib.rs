@@ -3,6 +3,7 @@
 //! idle-class tasks, kernel threads, appease itself, configured exceptions, threads whose
 //! priority someone else changed after appease did), and a recycled tid is never touched.
 
+pub mod groups;
 pub mod journal;
 pub mod sys;
 
@@ -15,7 +16,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use appease_policy::elevated_nice;
 use serde::Serialize;
 
-pub use journal::{Journal, Pending, Record, TaskKey};
+pub use groups::{BatchGroup, MovedView};
+pub use journal::{Journal, JournalState, Pending, PendingMove, Record, TaskKey};
 use sys::Sched;
 
 /// Why appease leaves a thread alone.
@@ -44,6 +46,10 @@ pub enum ActError {
     Gone { tid: u32 },
     #[error("thread {tid} is left alone: {why:?}")]
     HandsOff { tid: u32, why: HandsOff },
+    #[error("no CPU cgroup hierarchy to move processes in")]
+    NoCgroups,
+    #[error(transparent)]
+    Cgroup(#[from] appease_cgroup::CgroupError),
     #[error("{op} on thread {tid} failed: {source}")]
     Sys {
         op: &'static str,
@@ -99,6 +105,10 @@ pub trait Actuator {
     /// changed by someone else and now left alone).
     fn audit(&mut self) -> Vec<u32>;
     fn managed(&self) -> Vec<ManagedView>;
+    /// Moves a process tree into the idle group; returns how many processes moved.
+    fn demote(&mut self, root: u32, members: &[u32], why: &str) -> Result<usize, ActError>;
+    /// Moves a demoted tree back; returns how many processes moved.
+    fn promote(&mut self, root: u32, members: &[u32]) -> Result<usize, ActError>;
 }
 
 struct Managed {
@@ -120,6 +130,8 @@ pub struct ActCounters {
     pub gone: u64,
     pub hands_off: u64,
     pub failures: u64,
+    pub demotions: u64,
+    pub promotions: u64,
 }
 
 /// Changes the real kernel's state (or, in dry-run mode, only says what it would do).
@@ -132,6 +144,7 @@ pub struct KernelActuator {
     base_slice_ns: u64,
     self_pid: u32,
     dry_run: bool,
+    batch: Option<BatchGroup>,
     pub counters: ActCounters,
 }
 
@@ -148,8 +161,15 @@ impl KernelActuator {
             exceptions,
             base_slice_ns,
             self_pid: std::process::id(),
+            batch: None,
             counters: ActCounters::default(),
         })
+    }
+
+    /// Enables demotion into an idle group.
+    pub fn with_batch_group(mut self, group: BatchGroup) -> Self {
+        self.batch = Some(group);
+        self
     }
 
     pub fn set_exceptions(&mut self, exceptions: Vec<String>) {
@@ -402,6 +422,7 @@ impl Actuator for KernelActuator {
                 }
             }
         }
+        self.restore_groups(&mut report);
         if report.failed == 0 {
             if let Some(j) = self.journal.take() {
                 if let Err(e) = j.remove_if_empty() {
@@ -426,6 +447,14 @@ impl Actuator for KernelActuator {
             }
         }
         dropped
+    }
+
+    fn demote(&mut self, root: u32, members: &[u32], why: &str) -> Result<usize, ActError> {
+        KernelActuator::demote(self, root, members, why)
+    }
+
+    fn promote(&mut self, root: u32, members: &[u32]) -> Result<usize, ActError> {
+        KernelActuator::promote(self, root, members)
     }
 
     fn managed(&self) -> Vec<ManagedView> {
@@ -455,7 +484,7 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
     let mut journal = Journal::open(dir)?;
     let base_slice_ns = sys::sched_getattr(0)?.slice_ns;
     let mut report = RestoreReport::default();
-    let pending: Vec<Pending> = journal.pending().cloned().collect();
+    let pending: Vec<Pending> = journal.state().threads.values().cloned().collect();
     for p in pending {
         let same = sys::task_stat(p.key.pid, p.key.tid).is_ok_and(|s| s.start == p.key.start);
         let now = if same {
@@ -491,6 +520,10 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
             }
         }
         journal.append(&Record::Release { key: p.key })?;
+    }
+    let state = journal.state().clone();
+    for rec in groups::restore_journal_groups(&state, &mut report) {
+        journal.append(&rec)?;
     }
     journal.remove_if_empty()?;
     Ok(report)

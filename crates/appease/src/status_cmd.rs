@@ -69,8 +69,14 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
         status.watched,
         status.threads.len()
     );
+    print_threads(&status, now);
+    print_processes(&status, now);
+    Ok(())
+}
+
+fn print_threads(status: &Status, now: u64) {
     if status.threads.is_empty() {
-        return Ok(());
+        return;
     }
     println!(
         "{:>7} {:>7} {:<16} {:<8} {:>5} {:>5} {:>7} {:>9}  {:<16} SINCE",
@@ -91,5 +97,34 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
             now.saturating_sub(t.since)
         );
     }
-    Ok(())
+}
+
+fn print_processes(status: &Status, now: u64) {
+    let a = &status.actuator;
+    println!(
+        "{} process(es) in the idle group ({} demoted, {} promoted so far)",
+        status.processes.len(),
+        a.demotions,
+        a.promotions
+    );
+    if status.processes.is_empty() {
+        return;
+    }
+    println!(
+        "{:>7} {:<16} {:<6} {:<16} {:<24} {:>7}  {:<32} SINCE",
+        "PID", "COMM", "CLASS", "GROUP", "FROM", "TREE", "WHY"
+    );
+    for p in &status.processes {
+        println!(
+            "{:>7} {:<16} {:<6} {:<16} {:<24} {:>7}  {:<32} {}s ago",
+            p.pid,
+            p.comm,
+            p.class,
+            p.group,
+            p.original_group,
+            p.tree,
+            p.why,
+            now.saturating_sub(p.since)
+        );
+    }
 }

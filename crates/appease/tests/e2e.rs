@@ -16,8 +16,11 @@ static SERIAL: Mutex<()> = Mutex::new(());
 mod support;
 use support::*;
 
-/// Short fades so the tests run in seconds; otherwise the default's shape.
+/// Short fades so the tests run in seconds; otherwise the default's shape. Batch
+/// demotion is off: these tests need the soakers competing at nice 0.
 const TEST_CONFIG: &str = r#"
+[batch]
+enabled = false
 [elevation]
 tick_ms = 10
 [elevation.budget]
@@ -504,4 +507,226 @@ fn dry_run_decides_and_reports_but_changes_nothing() {
         !dir.0.join("journal.jsonl").exists(),
         "a dry run journals nothing"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Batch demotion to the idle group.
+
+fn batch_config(group: &str) -> String {
+    format!(
+        r#"
+[batch]
+group = "{group}"
+after_ms = 2000
+scan_ms = 200
+"#
+    )
+}
+
+fn cpu_cgroup(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    appease_cgroup::parse_proc_cgroup(&text, appease_cgroup::Version::V1)
+        .or_else(|| appease_cgroup::parse_proc_cgroup(&text, appease_cgroup::Version::V2))
+}
+
+fn children_of(ppid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|t| {
+                    t[t.rfind(')')? + 1..]
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<u32>()
+                        .ok()
+                })
+                == Some(ppid)
+        })
+        .collect()
+}
+
+/// A soaker in a new session (no terminal, as under CI even when the tests run from
+/// a terminal), which forks a `sleep` child on SIGUSR1.
+fn forking_soaker() -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "trap 'sleep 60 &' USR1; while :; do :; done"]);
+    // SAFETY: setsid is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap()
+}
+
+#[test]
+fn soakers_go_to_the_idle_group_with_their_children_servers_never_and_all_come_back() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("batch");
+    let group = format!("appease-e2e-{}", std::process::id());
+    let cfg = dir.file("batch.toml", &batch_config(&group));
+    let home = cpu_cgroup(std::process::id()).unwrap();
+    let mut soakers = Soakers(vec![forking_soaker(), forking_soaker()]);
+    let pids: Vec<u32> = soakers.0.iter().map(|c| c.id()).collect();
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    // A busy server in this process: 4 ms of CPU per request every 5 ms.
+    let server = Service::tcp(Duration::from_millis(4), Duration::from_millis(5));
+
+    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    let took = wait_for(Duration::from_secs(8), || pids.iter().all(|&p| in_group(p)));
+    assert!(took.is_some(), "soakers demoted: {}", daemon.log_text());
+    eprintln!("soakers demoted after {took:?} (after_ms = 2000)");
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    assert!(cg.idle(&format!("/{group}")).unwrap(), "the group is idle");
+
+    // A child forked after demotion is born in the group.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pids[0] as i32, libc::SIGUSR1) };
+    let mut kids = vec![];
+    assert!(wait_for(Duration::from_secs(3), || {
+        kids = children_of(pids[0]);
+        !kids.is_empty()
+    })
+    .is_some());
+    assert!(
+        kids.iter().all(|&k| in_group(k)),
+        "children born in the idle group"
+    );
+
+    // The server's process was never moved.
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        cpu_cgroup(std::process::id()).unwrap(),
+        home,
+        "a server answering requests stays"
+    );
+    let mut st = daemon.status_json();
+    let listed = wait_for(Duration::from_secs(3), || {
+        st = daemon.status_json();
+        let pids_listed: Vec<u64> = st["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pid"].as_u64().unwrap())
+            .collect();
+        pids.iter().all(|p| pids_listed.contains(&(*p as u64)))
+    });
+    assert!(listed.is_some(), "status lists the demoted: {st}");
+    assert_eq!(st["processes"][0]["class"], "batch");
+
+    // Stop: everything back where it was, the group gone.
+    drop(server);
+    assert!(daemon.signal(libc::SIGTERM).success());
+    for &p in pids.iter().chain(&kids) {
+        assert_eq!(
+            cpu_cgroup(p).unwrap(),
+            home,
+            "pid {p} back in its original group"
+        );
+    }
+    assert!(
+        !cg.exists(&format!("/{group}")),
+        "the idle group is removed"
+    );
+    for k in kids {
+        // SAFETY: ending the sleep our soaker started.
+        unsafe { libc::kill(k as i32, libc::SIGKILL) };
+    }
+    soakers.0.iter_mut().for_each(|c| drop(c.kill()));
+}
+
+#[test]
+fn a_demoted_soaker_that_starts_answering_requests_is_promoted() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("promote");
+    let group = format!("appease-e2e-p{}", std::process::id());
+    let cfg = dir.file("batch.toml", &batch_config(&group));
+    let home = cpu_cgroup(std::process::id()).unwrap();
+    let (mut a, b) = UnixStream::pair().unwrap();
+    // A forked copy of this process that spins and, every 20 ms, takes whatever is
+    // waiting on its socket: a request once the test starts sending.
+    // SAFETY: the child only spins, calls recv and _exit: async-signal-safe.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        use std::os::fd::AsRawFd;
+        let fd = b.as_raw_fd();
+        let mut buf = [0u8; 64];
+        loop {
+            spin_cpu(Duration::from_millis(20));
+            // SAFETY: valid buffer; non-blocking receive.
+            unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        }
+    }
+    let child = child as u32;
+    let _reap = KillOnDrop(child);
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    assert!(
+        wait_for(Duration::from_secs(8), || in_group(child)).is_some(),
+        "demoted first"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let feeder = thread::spawn(move || {
+        while !st.load(Ordering::Relaxed) {
+            let _ = a.write_all(b"q");
+            thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let took = wait_for(Duration::from_secs(3), || {
+        cpu_cgroup(child).as_deref() == Some(home.as_str())
+    });
+    stop.store(true, Ordering::Relaxed);
+    feeder.join().unwrap();
+    assert!(
+        took.is_some(),
+        "promoted once it answers requests: {}",
+        daemon.log_text()
+    );
+    eprintln!("promoted {took:?} after requests started");
+    let mut status = daemon.status_json();
+    let counted = wait_for(Duration::from_secs(3), || {
+        status = daemon.status_json();
+        status["actuator"]["promotions"].as_u64().unwrap() >= 1
+    });
+    assert!(counted.is_some(), "{status}");
+    daemon.signal(libc::SIGTERM);
+}
+
+#[test]
+fn kill_9_with_demoted_soakers_then_restore_moves_them_back() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("batch-kill9");
+    let group = format!("appease-e2e-k{}", std::process::id());
+    let cfg = dir.file("batch.toml", &batch_config(&group));
+    let home = cpu_cgroup(std::process::id()).unwrap();
+    let soakers = Soakers(vec![forking_soaker()]);
+    let pid = soakers.0[0].id();
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    let in_group = || cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    assert!(wait_for(Duration::from_secs(8), in_group).is_some());
+    daemon.signal(libc::SIGKILL);
+    assert!(in_group(), "still demoted after the crash");
+    let out = appease(&dir.0, &["restore"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(cpu_cgroup(pid).unwrap(), home);
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    assert!(!cg.exists(&format!("/{group}")), "group removed by restore");
+}
+
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: ending and reaping our own forked child.
+        unsafe {
+            libc::kill(self.0 as i32, libc::SIGKILL);
+            libc::waitpid(self.0 as i32, std::ptr::null_mut(), 0);
+        }
+    }
 }

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use appease_policy::batch::{BatchParams, Class};
 use appease_policy::{Budget, ElevationParams, Ladder, Step};
 use serde::de::{Deserializer, Error as _};
 use serde::Deserialize;
@@ -32,7 +33,46 @@ pub enum ConfigError {
 pub struct Config {
     pub probe: ProbeSection,
     pub elevation: ElevationSection,
+    pub batch: BatchSection,
     pub hands_off: HandsOffSection,
+    #[serde(rename = "rule", deserialize_with = "rules")]
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchSection {
+    pub enabled: bool,
+    /// Top-level CPU cgroup the idle class lives in.
+    #[serde(deserialize_with = "group_name")]
+    pub group: String,
+    /// CPUs a process tree must use on average ...
+    #[serde(deserialize_with = "cpus")]
+    pub min_cpus: f64,
+    /// ... for this long, with no request, to be demoted.
+    #[serde(deserialize_with = "positive_ms")]
+    pub after_ms: u64,
+    /// A tree that received a request this recently is never demoted.
+    #[serde(deserialize_with = "positive_ms")]
+    pub request_memory_ms: u64,
+    /// How often the process table is scanned.
+    #[serde(deserialize_with = "positive_ms")]
+    pub scan_ms: u64,
+}
+
+/// Forces a class on the processes it matches; every given field must match.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Process name as in /proc/PID/comm (the executable's name, at most 15 bytes).
+    pub comm: Option<String>,
+    /// The process's CPU cgroup path starts with this (e.g. "/system.slice/backup").
+    pub cgroup: Option<String>,
+    /// User name or numeric uid.
+    pub user: Option<String>,
+    /// systemd unit, e.g. "postgresql.service" (matched against the cgroup path).
+    pub unit: Option<String>,
+    pub class: Class,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -151,6 +191,116 @@ fn comms<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     Ok(v)
 }
 
+fn cpus<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    if !(v > 0.0 && v <= 1024.0) {
+        return Err(D::Error::custom(format!(
+            "{v} is not a CPU count in (0, 1024]"
+        )));
+    }
+    Ok(v)
+}
+
+fn group_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let v = String::deserialize(d)?;
+    let ok = !v.is_empty()
+        && !v.starts_with('.')
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !ok {
+        return Err(D::Error::custom(format!(
+            "group {v:?} must be one top-level cgroup name (letters, digits, '.', '-', '_')"
+        )));
+    }
+    Ok(v)
+}
+
+fn rules<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Rule>, D::Error> {
+    let rules = Vec::<Rule>::deserialize(d)?;
+    for (i, r) in rules.iter().enumerate() {
+        if r.comm.is_none() && r.cgroup.is_none() && r.user.is_none() && r.unit.is_none() {
+            return Err(D::Error::custom(format!(
+                "rule {i}: give at least one of comm, cgroup, user, unit to match"
+            )));
+        }
+        if let Some(c) = &r.comm {
+            if c.is_empty() || c.len() > 15 {
+                return Err(D::Error::custom(format!(
+                    "rule {i}: comm {c:?} must be 1 to 15 bytes"
+                )));
+            }
+        }
+        if let Some(c) = &r.cgroup {
+            if !c.starts_with('/') || c.contains("..") {
+                return Err(D::Error::custom(format!(
+                    "rule {i}: cgroup {c:?} must be an absolute path in the CPU hierarchy, \
+                     like /system.slice/backup.service"
+                )));
+            }
+        }
+        if let Some(u) = &r.user {
+            if u.parse::<u32>().is_err() && uid_of(u).is_none() {
+                return Err(D::Error::custom(format!("rule {i}: unknown user {u:?}")));
+            }
+        }
+    }
+    Ok(rules)
+}
+
+/// The uid of a user name, from /etc/passwd.
+pub fn uid_of(name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string("/etc/passwd").ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.split(':');
+        if f.next()? != name {
+            return None;
+        }
+        f.nth(1)?.parse().ok()
+    })
+}
+
+impl Rule {
+    /// Whether a process with these attributes matches every field the rule gives.
+    pub fn matches(&self, comm: &str, cgroup: Option<&str>, uid: Option<u32>) -> bool {
+        let user_ok = self.user.as_ref().is_none_or(|u| {
+            let want = u.parse::<u32>().ok().or_else(|| uid_of(u));
+            want.is_some() && want == uid
+        });
+        let cgroup_ok = self.cgroup.as_ref().is_none_or(|c| {
+            let c = c.trim_end_matches('/');
+            cgroup.is_some_and(|g| g == c || g.starts_with(&format!("{c}/")))
+        });
+        let unit_ok = self
+            .unit
+            .as_ref()
+            .is_none_or(|u| cgroup.is_some_and(|g| g.split('/').any(|part| part == u)));
+        self.comm.as_ref().is_none_or(|c| c == comm) && user_ok && cgroup_ok && unit_ok
+    }
+
+    /// True when matching needs the process's cgroup.
+    pub fn needs_cgroup(&self) -> bool {
+        self.cgroup.is_some() || self.unit.is_some()
+    }
+
+    /// True when matching needs the process's owner.
+    pub fn needs_uid(&self) -> bool {
+        self.user.is_some()
+    }
+}
+
+impl Default for BatchSection {
+    fn default() -> Self {
+        BatchSection {
+            enabled: true,
+            group: "appease.batch".into(),
+            min_cpus: 0.8,
+            after_ms: 5000,
+            request_memory_ms: 60_000,
+            scan_ms: 1000,
+        }
+    }
+}
+
 impl Default for ProbeSection {
     fn default() -> Self {
         ProbeSection { min_gap_ms: 20 }
@@ -215,6 +365,27 @@ impl Config {
     pub fn embedded() -> Self {
         Self::parse(DEFAULT_TOML, "(embedded default)")
             .expect("the embedded default config is valid")
+    }
+
+    pub fn batch_params(&self) -> BatchParams {
+        BatchParams {
+            min_cpus: self.batch.min_cpus,
+            after: Duration::from_millis(self.batch.after_ms),
+            request_memory: Duration::from_millis(self.batch.request_memory_ms),
+        }
+    }
+
+    /// The class the first matching rule forces, if any.
+    pub fn forced_class(
+        &self,
+        comm: &str,
+        cgroup: Option<&str>,
+        uid: Option<u32>,
+    ) -> Option<Class> {
+        self.rules
+            .iter()
+            .find(|r| r.matches(comm, cgroup, uid))
+            .map(|r| r.class)
     }
 
     pub fn elevation_params(&self) -> ElevationParams {
@@ -303,6 +474,63 @@ mod tests {
         assert!(e.contains("100..=100000"), "{e}");
         let e = err("[hands_off]\ncomms = [\"a-very-long-command-name\"]\n");
         assert!(e.contains("15"), "{e}");
+    }
+
+    #[test]
+    fn rules_force_classes() {
+        let text = r#"
+[[rule]]
+comm = "ffmpeg"
+class = "batch"
+
+[[rule]]
+unit = "postgresql.service"
+class = "latency"
+
+[[rule]]
+user = "root"
+cgroup = "/backup"
+class = "batch"
+"#;
+        let c = Config::parse(text, "r.toml").unwrap();
+        let pg = Some("/system.slice/postgresql.service");
+        assert_eq!(c.forced_class("ffmpeg", None, None), Some(Class::Batch));
+        assert_eq!(
+            c.forced_class("postgres", pg, Some(108)),
+            Some(Class::Latency)
+        );
+        assert_eq!(
+            c.forced_class("tar", Some("/backup/nightly"), Some(0)),
+            Some(Class::Batch)
+        );
+        assert_eq!(
+            c.forced_class("tar", Some("/backups"), Some(0)),
+            None,
+            "a path prefix"
+        );
+        assert_eq!(
+            c.forced_class("tar", Some("/backup"), Some(1000)),
+            None,
+            "all fields match"
+        );
+        assert_eq!(c.forced_class("nginx", None, None), None);
+    }
+
+    #[test]
+    fn bad_rules_are_located_errors() {
+        let e = err("[[rule]]\ncomm = \"ffmpeg\"\nclass = \"bulk\"\n");
+        assert!(
+            e.contains("line 3") && e.contains("unknown variant `bulk`"),
+            "{e}"
+        );
+        let e = err("[[rule]]\nclass = \"batch\"\n");
+        assert!(e.contains("at least one of"), "{e}");
+        let e = err("[[rule]]\ncgroup = \"system.slice\"\nclass = \"batch\"\n");
+        assert!(e.contains("absolute path"), "{e}");
+        let e = err("[[rule]]\nuser = \"no-such-user-here\"\nclass = \"batch\"\n");
+        assert!(e.contains("unknown user"), "{e}");
+        let e = err("[batch]\ngroup = \"a/b\"\n");
+        assert!(e.contains("one top-level cgroup name"), "{e}");
     }
 
     #[test]

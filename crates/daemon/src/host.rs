@@ -1,6 +1,11 @@
 //! Readings of the host: CPU count, runnable tasks, CPU pressure, privileges.
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+use appease_policy::batch::ProcSample;
+
+const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// Online CPUs.
 pub fn cpus() -> usize {
@@ -68,9 +73,90 @@ pub fn prioritize_self() {
     }
 }
 
+/// Every process, from /proc/PID/stat.
+pub fn scan_processes() -> Vec<ProcSample> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let name = e.ok()?.file_name();
+        let pid: u32 = name.to_str()?.parse().ok()?;
+        let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        parse_proc_stat(&text, hz)
+    })
+    .collect()
+}
+
+pub fn parse_proc_stat(text: &str, hz: u64) -> Option<ProcSample> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let pid = text.get(..open)?.trim().parse().ok()?;
+    let comm = text.get(open + 1..close)?.to_string();
+    let f: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    let field = |n: usize| -> Option<u64> { f.get(n - 3)?.parse().ok() };
+    let ticks = field(14)? + field(15)? + field(16)? + field(17)?;
+    Some(ProcSample {
+        pid,
+        ppid: field(4)? as u32,
+        comm,
+        start: field(22)?,
+        cpu_ns: ticks * (1_000_000_000 / hz),
+        wait_ns: 0,
+        kernel_thread: field(9)? & PF_KTHREAD != 0,
+        has_tty: field(7)? != 0,
+    })
+}
+
+/// The process's path in the CPU cgroup hierarchy (v1 cpu controller, else v2).
+pub fn cpu_cgroup_of(pid: u32) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    appease_cgroup::parse_proc_cgroup(&text, appease_cgroup::Version::V1)
+        .or_else(|| appease_cgroup::parse_proc_cgroup(&text, appease_cgroup::Version::V2))
+}
+
+/// Sum over a process's threads of the time spent runnable but waiting (schedstat run_delay).
+pub fn wait_ns_of(pid: u32) -> Option<u64> {
+    let dir = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0u64;
+    for e in dir.flatten() {
+        let path = e.path().join("schedstat");
+        if let Ok(text) = fs::read_to_string(path) {
+            total += text
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Some(total)
+}
+
+/// Owner of a process.
+pub fn uid_of_process(pid: u32) -> Option<u32> {
+    fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_a_process_line() {
+        let line = "4242 (cc1 (x)) R 4200 4200 4100 34816 4242 4194304 100 0 0 0 150 50 10 20 20 0 1 0 98765 1000 200 \
+                    18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
+        let p = parse_proc_stat(line, 100).unwrap();
+        assert_eq!(
+            (p.pid, p.ppid, p.comm.as_str(), p.start),
+            (4242, 4200, "cc1 (x)", 98765)
+        );
+        assert_eq!(p.cpu_ns, 230 * 10_000_000);
+        assert!(!p.kernel_thread && p.has_tty);
+        let me = scan_processes();
+        assert!(me.iter().any(|p| p.pid == std::process::id()));
+        assert!(me.iter().any(|p| p.pid == 1));
+    }
 
     #[test]
     fn parses_kernel_formats() {

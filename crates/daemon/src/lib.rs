@@ -1,6 +1,7 @@
 //! The daemon: one event loop owns all state. Probe events and load readings go into
 //! the pure policy; its decisions go to the actuator; everything is put back on exit.
 
+pub mod batch;
 pub mod host;
 pub mod lock;
 pub mod status;
@@ -92,8 +93,22 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
                 .with_context(|| format!("opening the journal in {}", opts.run_dir.display()))?,
         )
     };
-    let actuator = KernelActuator::new(journal, opts.config.hands_off.comms.clone())
+    let mut actuator = KernelActuator::new(journal, opts.config.hands_off.comms.clone())
         .context("starting the actuator")?;
+    if opts.config.batch.enabled {
+        match appease_cgroup::Cgroups::detect() {
+            Ok(cg) => {
+                tracing::info!(hierarchy = %cg.root().display(), version = ?cg.version(), group = %opts.config.batch.group, "batch demotion on");
+                actuator = actuator.with_batch_group(appease_actuator::BatchGroup::new(
+                    cg,
+                    &opts.config.batch.group,
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "batch demotion off: no usable CPU cgroup hierarchy")
+            }
+        }
+    }
     let mut daemon = Daemon::new(opts, probe, actuator);
     tracing::info!(
         pid = std::process::id(),
@@ -127,11 +142,17 @@ struct Daemon<'obj> {
     deferred_latency_us: Histogram<u64>,
     tick: Duration,
     events: Vec<Event>,
+    batch: Option<batch::BatchManager>,
 }
 
 impl<'obj> Daemon<'obj> {
     fn new(opts: DaemonOptions, probe: Probe<'obj>, actuator: KernelActuator) -> Self {
         let cpus = host::cpus();
+        let batch = opts
+            .config
+            .batch
+            .enabled
+            .then(|| batch::BatchManager::new(&opts.config));
         Daemon {
             policy: ElevationPolicy::new(opts.config.elevation_params()),
             tick: Duration::from_millis(opts.config.elevation.tick_ms),
@@ -144,6 +165,7 @@ impl<'obj> Daemon<'obj> {
             latency_us: latency_histogram(),
             deferred_latency_us: latency_histogram(),
             events: Vec::with_capacity(256),
+            batch,
         }
     }
 
@@ -164,7 +186,8 @@ impl<'obj> Daemon<'obj> {
                 self.reload();
             }
             let now = monotonic_ns();
-            let due = next_tick.min(next_load).min(next_status);
+            let next_scan = self.batch.as_ref().map_or(u64::MAX, |b| b.next_scan());
+            let due = next_tick.min(next_load).min(next_status).min(next_scan);
             // The ring buffer waits in whole milliseconds: round up, or the last
             // fraction of a millisecond before each deadline would spin.
             let wait = Duration::from_millis(due.saturating_sub(now).div_ceil(1_000_000));
@@ -191,6 +214,11 @@ impl<'obj> Daemon<'obj> {
             if now >= next_tick || next_tick > now + tick {
                 next_tick = now + tick;
             }
+            if now >= next_scan {
+                if let Some(b) = self.batch.as_mut() {
+                    b.scan(now, &self.opts.config, &mut self.actuator);
+                }
+            }
             if now >= next_status {
                 for tid in self.actuator.audit() {
                     self.policy.forget(tid);
@@ -215,6 +243,14 @@ impl<'obj> Daemon<'obj> {
                 if cfg.probe != self.opts.config.probe {
                     tracing::warn!("[probe] settings take effect at the next start");
                 }
+                if cfg.batch.enabled != self.opts.config.batch.enabled
+                    || cfg.batch.group != self.opts.config.batch.group
+                {
+                    tracing::warn!("[batch] enabled and group take effect at the next start");
+                }
+                if let Some(b) = self.batch.as_mut() {
+                    b.set_config(&cfg);
+                }
                 self.opts.config = cfg;
                 tracing::info!(config = %path.display(), "config reloaded");
             }
@@ -235,6 +271,9 @@ impl<'obj> Daemon<'obj> {
                 woke,
                 ..
             } => {
+                if let Some(b) = self.batch.as_mut() {
+                    b.on_request(pid, ts_ns);
+                }
                 if !self.opts.config.elevation.enabled {
                     return;
                 }
@@ -258,9 +297,14 @@ impl<'obj> Daemon<'obj> {
                     }
                 }
             }
-            Event::Exit { tid, .. } => {
+            Event::Exit { pid, tid, .. } => {
                 self.policy.forget(tid);
                 self.actuator.forget(tid);
+                if pid == tid {
+                    if let Some(b) = self.batch.as_mut() {
+                        b.on_process_exit(pid);
+                    }
+                }
             }
             Event::Fork { .. } | Event::Exec { .. } => {}
         }
@@ -365,6 +409,7 @@ impl<'obj> Daemon<'obj> {
             deferred_elevation_latency_us: latency_view(&self.deferred_latency_us),
             watched: self.policy.tracked(),
             threads,
+            processes: self.actuator.moved(),
         };
         if let Err(e) = status.write(&self.opts.run_dir) {
             tracing::warn!(error = %e, "could not write the status file");

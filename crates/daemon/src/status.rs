@@ -4,7 +4,7 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-use appease_actuator::{ActCounters, ManagedView};
+use appease_actuator::{ActCounters, ManagedView, MovedView};
 use serde::{Deserialize, Serialize};
 
 pub const FILE: &str = "status.json";
@@ -29,7 +29,12 @@ pub struct Status {
     /// Threads under watch for their CPU budget (elevated or recently so).
     pub watched: usize,
     pub threads: Vec<ThreadStatus>,
+    /// Processes in the idle group: pid, comm, class, group, original group, tree, why, since.
+    #[serde(default)]
+    pub processes: Vec<ProcessStatus>,
 }
+
+pub type ProcessStatus = MovedView;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LoadView {
@@ -55,6 +60,10 @@ pub struct ActuatorView {
     pub gone: u64,
     pub hands_off: u64,
     pub failures: u64,
+    #[serde(default)]
+    pub demotions: u64,
+    #[serde(default)]
+    pub promotions: u64,
 }
 
 impl From<ActCounters> for ActuatorView {
@@ -65,6 +74,8 @@ impl From<ActCounters> for ActuatorView {
             gone: c.gone,
             hands_off: c.hands_off,
             failures: c.failures,
+            demotions: c.demotions,
+            promotions: c.promotions,
         }
     }
 }

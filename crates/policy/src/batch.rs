@@ -22,8 +22,12 @@ pub struct ProcSample {
     pub start: u64,
     /// CPU time of the process and of its reaped children (utime+stime+cutime+cstime), ns.
     pub cpu_ns: u64,
+    /// Time its threads spent runnable but waiting for a CPU (schedstat run_delay), ns.
+    /// With `cpu_ns` this is the process's demand: a soaker that gets a quarter of a CPU
+    /// on a crowded machine still wants a whole one.
+    pub wait_ns: u64,
     pub kernel_thread: bool,
-    pub session_leader: bool,
+    /// Has a controlling terminal.
     pub has_tty: bool,
 }
 
@@ -41,7 +45,7 @@ pub enum Class {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchParams {
-    /// CPUs a tree must use on average to count as a soaker ...
+    /// CPUs a tree must want on average (running or waiting to run) to count as a soaker ...
     pub min_cpus: f64,
     /// ... for at least this long, without a request.
     pub after: Duration,
@@ -102,9 +106,9 @@ pub fn protected(p: &ProcSample) -> bool {
         || p.pid <= 2
         || p.ppid == 2
         || PROTECTED.contains(&p.comm.as_str())
-        // A shell is interactive when it leads a session or has a terminal; a shell
-        // running a script (`sh -c 'while :; do :; done'`) is like any other program.
-        || (SHELLS.contains(&p.comm.as_str()) && (p.session_leader || p.has_tty))
+        // A shell with a terminal is interactive; one without (a script, `ssh host cmd`,
+        // `sh -c 'while :; do :; done'` in a service) is like any other program.
+        || (SHELLS.contains(&p.comm.as_str()) && p.has_tty)
 }
 
 #[derive(Clone, Debug)]
@@ -116,7 +120,7 @@ struct Demoted {
 
 pub struct BatchClassifier {
     params: BatchParams,
-    /// pid -> (start, cpu_ns) at the previous scan.
+    /// pid -> (start, cpu_ns + wait_ns) at the previous scan.
     prev: HashMap<u32, (u64, u64)>,
     prev_at: Option<Nanos>,
     /// Candidate roots -> (start, since when heavy).
@@ -188,19 +192,23 @@ impl BatchClassifier {
             out
         };
 
-        // CPU rate of each process since the last scan, in CPUs.
+        // CPU demand of each process since the last scan, in CPUs.
         let dt = self.prev_at.map(|t| now.saturating_sub(t) as f64);
         let mut rate: HashMap<u32, f64> = HashMap::new();
         if let Some(dt) = dt.filter(|&d| d > 0.0) {
             for p in procs {
+                let busy = p.cpu_ns + p.wait_ns;
                 let used = match self.prev.get(&p.pid) {
-                    Some(&(start, cpu)) if start == p.start => p.cpu_ns.saturating_sub(cpu),
-                    _ => p.cpu_ns, // born since the last scan
+                    Some(&(start, before)) if start == p.start => busy.saturating_sub(before),
+                    _ => busy, // born since the last scan
                 };
                 rate.insert(p.pid, used as f64 / dt);
             }
         }
-        self.prev = procs.iter().map(|p| (p.pid, (p.start, p.cpu_ns))).collect();
+        self.prev = procs
+            .iter()
+            .map(|p| (p.pid, (p.start, p.cpu_ns + p.wait_ns)))
+            .collect();
         self.prev_at = Some(now);
 
         let memory = self.params.request_memory.as_nanos() as u64;
@@ -339,8 +347,8 @@ mod tests {
             comm: comm.into(),
             start: pid as u64,
             cpu_ns: (cpu_s * 1e9) as u64,
+            wait_ns: 0,
             kernel_thread: false,
-            session_leader: false,
             has_tty: false,
         }
     }
@@ -355,7 +363,6 @@ mod tests {
 
     fn interactive_shell(pid: u32, ppid: u32) -> ProcSample {
         ProcSample {
-            session_leader: true,
             has_tty: true,
             ..p(pid, ppid, "bash", 0.0)
         }
@@ -579,5 +586,23 @@ mod tests {
             "a script's shell is an ordinary program"
         );
         assert!(!protected(&p(300, 1, "make", 0.0)));
+    }
+
+    #[test]
+    fn demand_counts_waiting_so_crowded_soakers_still_qualify() {
+        let mut c = BatchClassifier::new(params());
+        // Eight soakers on two CPUs: each runs a quarter of the time, waits the rest.
+        let procs = |t: u64| {
+            let mut v = vec![p(1, 0, "systemd", 0.0)];
+            for pid in 100..108 {
+                v.push(ProcSample {
+                    wait_ns: (0.75 * t as f64 * 1e9) as u64,
+                    ..p(pid, 1, "soak", 0.25 * t as f64)
+                });
+            }
+            v
+        };
+        let d = run(&mut c, 4, procs, none);
+        assert_eq!(d.len(), 8, "{d:?}");
     }
 }

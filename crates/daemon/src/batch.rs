@@ -1,0 +1,128 @@
+//! The daemon's side of batch demotion: scans the process table, remembers who received
+//! requests, matches rules, and hands the classifier's decisions to the actuator.
+
+use std::collections::HashMap;
+
+use appease_actuator::{ActError, KernelActuator};
+use appease_config::Config;
+use appease_policy::batch::{BatchClassifier, BatchDecision, Class, ProcSample};
+
+use crate::host;
+
+pub struct BatchManager {
+    classifier: BatchClassifier,
+    /// pid -> when any of its threads last received a request.
+    last_request: HashMap<u32, u64>,
+    /// pid -> (start, cpu_ns, wait_ns) at the last scan: wait time is only re-read for
+    /// processes that ran since (reading every thread of every process would cost more).
+    seen: HashMap<u32, (u64, u64, u64)>,
+    next_scan: u64,
+}
+
+impl BatchManager {
+    pub fn new(cfg: &Config) -> Self {
+        BatchManager {
+            classifier: BatchClassifier::new(cfg.batch_params()),
+            last_request: HashMap::new(),
+            seen: HashMap::new(),
+            next_scan: 0,
+        }
+    }
+
+    pub fn set_config(&mut self, cfg: &Config) {
+        self.classifier.set_params(cfg.batch_params());
+    }
+
+    pub fn next_scan(&self) -> u64 {
+        self.next_scan
+    }
+
+    /// A request arrived; a demoted tree that receives one is scanned (and promoted) at once.
+    pub fn on_request(&mut self, pid: u32, ts_ns: u64) {
+        self.last_request.insert(pid, ts_ns);
+        if self.classifier.tree_of(pid).is_some() {
+            self.next_scan = 0;
+        }
+    }
+
+    pub fn on_process_exit(&mut self, pid: u32) {
+        self.last_request.remove(&pid);
+    }
+
+    pub fn scan(&mut self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
+        self.next_scan = now + cfg.batch.scan_ms * 1_000_000;
+        let mut procs = host::scan_processes();
+        for p in &mut procs {
+            p.wait_ns = match self.seen.get(&p.pid) {
+                Some(&(start, cpu, wait)) if start == p.start && cpu == p.cpu_ns => wait,
+                _ => host::wait_ns_of(p.pid).unwrap_or(0),
+            };
+        }
+        self.seen = procs
+            .iter()
+            .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))
+            .collect();
+        let forced = forced_classes(cfg, &procs);
+        let last = &self.last_request;
+        let decisions = self.classifier.on_scan(
+            now,
+            &procs,
+            |pid| last.get(&pid).copied(),
+            |p| forced.get(&p.pid).copied(),
+        );
+        for d in decisions {
+            match d {
+                BatchDecision::Demote {
+                    root,
+                    members,
+                    cpus,
+                    why,
+                } => {
+                    let why = format!("{why}: {cpus:.2} CPUs, no requests");
+                    match actuator.demote(root, &members, &why) {
+                        Ok(0) => self.classifier.forget(root), // all gone already
+                        Ok(_) => {}
+                        Err(e) => {
+                            log_failure(&e, root, "demote");
+                            self.classifier.forget(root);
+                        }
+                    }
+                }
+                BatchDecision::Promote { root, members } => {
+                    if let Err(e) = actuator.promote(root, &members) {
+                        log_failure(&e, root, "promote");
+                    }
+                }
+            }
+        }
+        // Requests of processes that are gone need not be remembered.
+        let alive: std::collections::HashSet<u32> = procs.iter().map(|p| p.pid).collect();
+        self.last_request.retain(|pid, _| alive.contains(pid));
+    }
+}
+
+fn log_failure(e: &ActError, root: u32, what: &str) {
+    match e {
+        ActError::Cgroup(c) if c.is_gone() => tracing::debug!(root, what, "tree or group vanished"),
+        _ => tracing::warn!(root, error = %e, "could not {what} process tree"),
+    }
+}
+
+/// Classes forced by the config's rules, for the processes they match.
+fn forced_classes(cfg: &Config, procs: &[ProcSample]) -> HashMap<u32, Class> {
+    if cfg.rules.is_empty() {
+        return HashMap::new();
+    }
+    let need_cgroup = cfg.rules.iter().any(|r| r.needs_cgroup());
+    let need_uid = cfg.rules.iter().any(|r| r.needs_uid());
+    procs
+        .iter()
+        .filter(|p| !p.kernel_thread)
+        .filter_map(|p| {
+            let cgroup = need_cgroup.then(|| host::cpu_cgroup_of(p.pid)).flatten();
+            let uid = need_uid.then(|| host::uid_of_process(p.pid)).flatten();
+            cfg.forced_class(&p.comm, cgroup.as_deref(), uid)
+                .map(|c| (p.pid, c))
+        })
+        .collect()
+}
