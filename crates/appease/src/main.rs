@@ -43,6 +43,44 @@ enum Command {
     },
     /// Check a config file and exit (0: valid).
     CheckConfig { file: PathBuf },
+    /// Run a real server under real batch load in every mode, side by side (root).
+    Bench {
+        /// synthetic (others: web, db, frames, pipeline, utilization, as they become available)
+        scenario: String,
+        /// A short run (5 s per mode) for CI and a first look.
+        #[arg(long)]
+        quick: bool,
+        /// Print the result as one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Also write result.json and result.csv into this directory.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Comma-separated subset of modes (default: all).
+        #[arg(long, value_delimiter = ',')]
+        modes: Vec<String>,
+        /// Batch jobs per CPU; several (e.g. 0,1,2,4,8) sweep.
+        #[arg(long, value_delimiter = ',', default_value = "4")]
+        load: Vec<f64>,
+        /// Daemon config for the appease mode (default: the embedded one).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Processes the bench starts (server, soakers).
+    #[command(hide = true)]
+    BenchWorker {
+        #[command(subcommand)]
+        worker: Worker,
+    },
+}
+
+#[derive(Subcommand)]
+enum Worker {
+    Server {
+        #[arg(long)]
+        cpu_ms: f64,
+    },
+    Soak,
 }
 
 fn main() -> ExitCode {
@@ -72,6 +110,32 @@ fn run(cmd: Command) -> Result<()> {
         Command::Daemon { config, dry_run } => daemon(config, dry_run),
         Command::Restore => restore(),
         Command::Status { json } => status_cmd::show(&appease_daemon::run_dir(), json),
+        Command::Bench {
+            scenario,
+            quick,
+            json,
+            out,
+            modes,
+            load,
+            config,
+        } => bench(
+            scenario,
+            BenchFlags {
+                quick,
+                json,
+                out,
+                modes,
+                load,
+                config,
+            },
+        ),
+        Command::BenchWorker { worker } => match worker {
+            Worker::Server { cpu_ms } => {
+                let cpu = std::time::Duration::from_secs_f64(cpu_ms / 1000.0);
+                Ok(appease_bench::worker::serve(cpu)?)
+            }
+            Worker::Soak => Ok(appease_bench::worker::soak()?),
+        },
         Command::CheckConfig { file } => {
             appease_config::Config::load(&file)?;
             println!("{}: ok", file.display());
@@ -119,6 +183,78 @@ fn restore() -> Result<()> {
             r.failed,
             dir.display()
         );
+    }
+    Ok(())
+}
+
+struct BenchFlags {
+    quick: bool,
+    json: bool,
+    out: Option<PathBuf>,
+    modes: Vec<String>,
+    load: Vec<f64>,
+    config: Option<PathBuf>,
+}
+
+fn bench(scenario: String, flags: BenchFlags) -> Result<()> {
+    let BenchFlags {
+        quick,
+        json,
+        out,
+        modes,
+        load,
+        config,
+    } = flags;
+    if let Some(c) = &config {
+        appease_config::Config::load(c)?;
+    }
+    let modes = if modes.is_empty() {
+        appease_bench::Mode::ALL.to_vec()
+    } else {
+        modes
+            .iter()
+            .map(|m| appease_bench::Mode::parse(m))
+            .collect::<Result<_>>()?
+    };
+    if let Some(bad) = load.iter().find(|l| !(**l >= 0.0 && **l <= 64.0)) {
+        anyhow::bail!("--load {bad}: batch jobs per CPU must be within 0..=64");
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let opts = appease_bench::Options {
+        scenario,
+        quick,
+        modes,
+        loads: load,
+        appease: std::env::current_exe().context("finding the appease binary")?,
+        config,
+        stop,
+    };
+    let results = appease_bench::run(&opts)?;
+    let value = match results.as_slice() {
+        [one] => serde_json::to_value(one)?,
+        many => serde_json::json!({
+            "scenario": many.first().map(|r| r.scenario.clone()),
+            "modes": many.first().map(|r| r.modes.clone()),
+            "sweep": many,
+        }),
+    };
+    if let Some(dir) = &out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(
+            dir.join("result.json"),
+            serde_json::to_string_pretty(&value)?,
+        )?;
+        std::fs::write(dir.join("result.csv"), appease_bench::report::csv(&results))?;
+    }
+    if json {
+        println!("{}", serde_json::to_string(&value)?);
+    } else {
+        for r in &results {
+            println!("{}", r.table());
+        }
     }
     Ok(())
 }

@@ -80,11 +80,17 @@ pub fn scan_processes() -> Vec<ProcSample> {
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
+    let uptime_ns = fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0, |s| (s * 1e9) as u64);
     dir.filter_map(|e| {
         let name = e.ok()?.file_name();
         let pid: u32 = name.to_str()?.parse().ok()?;
         let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        parse_proc_stat(&text, hz)
+        let mut p = parse_proc_stat(&text, hz)?;
+        p.age_ns = uptime_ns.saturating_sub(p.start * (1_000_000_000 / hz));
+        Some(p)
     })
     .collect()
 }
@@ -106,6 +112,7 @@ pub fn parse_proc_stat(text: &str, hz: u64) -> Option<ProcSample> {
         wait_ns: 0,
         kernel_thread: field(9)? & PF_KTHREAD != 0,
         has_tty: field(7)? != 0,
+        age_ns: 0,
     })
 }
 

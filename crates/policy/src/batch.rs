@@ -29,6 +29,8 @@ pub struct ProcSample {
     pub kernel_thread: bool,
     /// Has a controlling terminal.
     pub has_tty: bool,
+    /// How long the process has existed, ns.
+    pub age_ns: u64,
 }
 
 /// A class forced by a rule.
@@ -94,8 +96,10 @@ const PROTECTED: &[&str] = &[
     "alacritty",
     "wezterm-gui",
     "foot",
-    "appease",
 ];
+/// A subtree wanting less than this many CPUs counts as idle.
+const IDLE_CPUS: f64 = 0.05;
+
 const SHELLS: &[&str] = &[
     "sh", "bash", "dash", "zsh", "fish", "ksh", "tcsh", "csh", "mksh", "ash",
 ];
@@ -224,6 +228,19 @@ impl BatchClassifier {
         let exempt = |p: &ProcSample| {
             protected(p) || matches!(forced(p), Some(Class::Latency | Class::Normal))
         };
+        // A parent with an idle, long-lived child besides the busy branch (a server
+        // waiting for traffic beside a batch job) supervises mixed work: the batch tree
+        // ends below it. A make's children are busy, or too young to tell.
+        let after_ns = self.params.after.as_nanos() as u64;
+        let supervises_idle = |parent: u32, branch: u32| {
+            children.get(&parent).is_some_and(|kids| {
+                kids.iter().any(|&k| {
+                    k != branch
+                        && by_pid.get(&k).is_some_and(|c| c.age_ns >= after_ns)
+                        && tree_rate(k) < IDLE_CPUS
+                })
+            })
+        };
 
         let mut out = Vec::new();
 
@@ -279,6 +296,7 @@ impl BatchClassifier {
                     || exempt(parent)
                     || in_batch.contains(&parent.pid)
                     || tree_asked(parent.pid)
+                    || supervises_idle(parent.pid, root)
                 {
                     break;
                 }
@@ -350,6 +368,7 @@ mod tests {
             wait_ns: 0,
             kernel_thread: false,
             has_tty: false,
+            age_ns: 3600 * S,
         }
     }
 
@@ -604,5 +623,47 @@ mod tests {
         };
         let d = run(&mut c, 4, procs, none);
         assert_eq!(d.len(), 8, "{d:?}");
+    }
+
+    #[test]
+    fn a_supervisor_of_an_idle_server_and_a_soaker_is_not_the_root() {
+        let mut c = BatchClassifier::new(params());
+        // An unattended supervisor (no terminal) runs a server that has had no traffic
+        // yet and a soaker: only the soaker is batch.
+        let procs = |t: u64| {
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(90, 1, "supervisor", 0.0),
+                p(91, 90, "server", 0.0),
+                p(92, 90, "soak", t as f64),
+            ]
+        };
+        let d = run(&mut c, 4, procs, none);
+        assert!(
+            matches!(&d[..], [(_, BatchDecision::Demote { root: 92, .. })]),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn young_idle_children_do_not_stop_the_climb() {
+        let mut c = BatchClassifier::new(params());
+        // make with a busy compiler and a compiler just started.
+        let procs = |t: u64| {
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(95, 1, "make", 0.0),
+                p(96, 95, "cc1", t as f64),
+                ProcSample {
+                    age_ns: S / 10,
+                    ..p(97, 95, "cc1", 0.0)
+                },
+            ]
+        };
+        let d = run(&mut c, 4, procs, none);
+        assert!(
+            matches!(&d[..], [(_, BatchDecision::Demote { root: 95, .. })]),
+            "{d:?}"
+        );
     }
 }

@@ -1,0 +1,147 @@
+//! Open-loop load: requests go out on a fixed schedule whether or not earlier answers
+//! came back, and each latency is taken from the request's intended send time, so a
+//! slow server (or a starved client) cannot hide queueing.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use hdrhistogram::Histogram;
+
+pub struct ClientResult {
+    /// Response time in µs, from intended send time to the answer.
+    pub latency_us: Histogram<u64>,
+    /// Response time minus the CPU time the server spent on the request, µs
+    /// (seeds/004's unhappiness for a single customer with weight 1).
+    pub unhappiness_us: Histogram<u64>,
+    pub sent: u64,
+    pub answered: u64,
+    pub elapsed: Duration,
+}
+
+/// Raises the calling thread's priority (the client must not be what is starved) and
+/// gives it back when dropped.
+struct Latency {
+    tid: u32,
+    nice: i32,
+}
+
+impl Latency {
+    fn enter() -> Self {
+        // SAFETY: plain syscalls on the calling thread.
+        let tid = unsafe { libc::gettid() } as u32;
+        let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+        // SAFETY: as above.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, -10) } != 0 {
+            tracing::debug!("client runs at its own priority");
+        }
+        Latency { tid, nice }
+    }
+}
+
+impl Drop for Latency {
+    fn drop(&mut self) {
+        // SAFETY: restoring the calling thread's own nice.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, self.nice) };
+    }
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Sends `rate` requests/s to `addr` for `duration`, then waits up to `drain` for the
+/// last answers. `stop` ends the run early (Ctrl-C).
+pub fn open_loop(
+    addr: SocketAddr,
+    rate: f64,
+    duration: Duration,
+    drain: Duration,
+    stop: &Arc<AtomicBool>,
+) -> Result<ClientResult> {
+    let mut tx_sock =
+        TcpStream::connect(addr).with_context(|| format!("connecting to the server at {addr}"))?;
+    tx_sock.set_nodelay(true)?;
+    let mut rx_sock = tx_sock.try_clone()?;
+    rx_sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let (due_tx, due_rx) = mpsc::channel::<Instant>();
+    let start = Instant::now() + Duration::from_millis(20);
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let sent_count = Arc::new(AtomicU64::new(0));
+    let (sender_stop, sender_count) = (stop.clone(), sent_count.clone());
+
+    let sender = thread::spawn(move || -> Result<u64> {
+        let _prio = Latency::enter();
+        let mut sent = 0u64;
+        loop {
+            let due = start + period.mul_f64(sent as f64);
+            if due >= start + duration || sender_stop.load(Ordering::Relaxed) {
+                return Ok(sent);
+            }
+            let now = Instant::now();
+            if due > now {
+                thread::sleep(due - now);
+            }
+            // The send time goes first: the answer cannot overtake it.
+            due_tx.send(due).ok();
+            tx_sock.write_all(b"r").context("sending a request")?;
+            sent += 1;
+            sender_count.store(sent, Ordering::Release);
+        }
+    });
+
+    let _prio = Latency::enter();
+    let mut lat = hist();
+    let mut unhappy = hist();
+    let mut answered = 0u64;
+    let mut buf = [0u8; 8];
+    let mut filled = 0;
+    let mut last_answer = Instant::now();
+    loop {
+        let sending_done = sender.is_finished();
+        if sending_done && answered >= sent_count.load(Ordering::Acquire) {
+            break;
+        }
+        // Answers are 8 bytes; a read may return part of one.
+        match rx_sock.read(&mut buf[filled..]) {
+            Ok(0) => anyhow::bail!("the server closed the connection"),
+            Ok(n) if filled + n < buf.len() => filled += n,
+            Ok(_) => {
+                filled = 0;
+                let now = Instant::now();
+                let due = due_rx.recv().context("an answer without a request")?;
+                let cpu_us = u64::from_le_bytes(buf) / 1000;
+                let us = now.saturating_duration_since(due).as_micros() as u64;
+                let _clamped = lat.record(us.max(1));
+                let _clamped = unhappy.record(us.saturating_sub(cpu_us).max(1));
+                answered += 1;
+                last_answer = now;
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if (sending_done && last_answer.elapsed() > drain) || stop.load(Ordering::Relaxed) {
+                    break;
+                }
+            }
+            Err(e) => return Err(e).context("reading an answer"),
+        }
+    }
+    let sent = sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("the sender thread panicked"))??;
+    Ok(ClientResult {
+        latency_us: lat,
+        unhappiness_us: unhappy,
+        sent,
+        answered,
+        elapsed: start.elapsed(),
+    })
+}

@@ -1,0 +1,417 @@
+//! `appease bench`: real servers under real batch load, every alternative side by side
+//! in one run on the same machine.
+
+pub mod client;
+pub mod report;
+pub mod worker;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+pub use report::{ModeResult, ScenarioResult};
+
+/// How the batch load is handled in one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// No batch load at all: the reference.
+    Unloaded,
+    /// Batch load at nice 0, nothing managed.
+    Unmanaged,
+    BatchNice19,
+    BatchSchedIdle,
+    BatchCgroupIdle,
+    /// The daemon with the 2010 paper's Table 1 ladder, nice only, no demotion.
+    RbpeClassic,
+    /// The daemon with its default config and no rules.
+    Appease,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 7] = [
+        Mode::Unloaded,
+        Mode::Unmanaged,
+        Mode::BatchNice19,
+        Mode::BatchSchedIdle,
+        Mode::BatchCgroupIdle,
+        Mode::RbpeClassic,
+        Mode::Appease,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Unloaded => "unloaded",
+            Mode::Unmanaged => "unmanaged",
+            Mode::BatchNice19 => "batch-nice19",
+            Mode::BatchSchedIdle => "batch-sched-idle",
+            Mode::BatchCgroupIdle => "batch-cgroup-idle",
+            Mode::RbpeClassic => "rbpe-classic",
+            Mode::Appease => "appease",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .with_context(|| {
+                let names: Vec<_> = Mode::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown mode {s:?}; modes are {}", names.join(", "))
+            })
+    }
+}
+
+pub const SCENARIOS: &[&str] = &[
+    "synthetic",
+    "web",
+    "db",
+    "frames",
+    "pipeline",
+    "utilization",
+];
+
+pub struct Options {
+    pub scenario: String,
+    pub quick: bool,
+    pub modes: Vec<Mode>,
+    /// Batch jobs per CPU; several values sweep.
+    pub loads: Vec<f64>,
+    /// The `appease` binary (workers and daemon modes run it).
+    pub appease: PathBuf,
+    /// Config for the `appease` mode instead of the embedded default.
+    pub config: Option<PathBuf>,
+    /// Ctrl-C: stop measuring, clean up, report what was measured.
+    pub stop: Arc<AtomicBool>,
+}
+
+impl Options {
+    /// The idle group the appease mode's daemon uses, as it appears in /proc/PID/cgroup.
+    fn batch_group(&self) -> String {
+        let name = self
+            .config
+            .as_ref()
+            .and_then(|p| appease_config::Config::load(p).ok())
+            .map_or_else(|| "appease.batch".to_string(), |c| c.batch.group);
+        format!(":/{name}")
+    }
+}
+
+/// Parameters of the synthetic scenario (the DESIGN.md experiment by default).
+#[derive(Clone, Debug, Serialize)]
+pub struct Synthetic {
+    pub cpu_ms: f64,
+    pub rate_per_s: f64,
+    pub measure_s: f64,
+    pub warmup_s: f64,
+}
+
+pub fn run(opts: &Options) -> Result<Vec<ScenarioResult>> {
+    match opts.scenario.as_str() {
+        "synthetic" => {}
+        s if SCENARIOS.contains(&s) => {
+            bail!("scenario {s:?} is not implemented yet in this version; available: synthetic")
+        }
+        s => bail!(
+            "unknown scenario {s:?}; scenarios are {}",
+            SCENARIOS.join(", ")
+        ),
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("appease bench needs root: its modes change priorities, policies and cgroups");
+    }
+    let params = Synthetic {
+        cpu_ms: 5.0,
+        rate_per_s: 40.0,
+        measure_s: if opts.quick { 5.0 } else { 30.0 },
+        warmup_s: 1.0,
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut out = Vec::new();
+    for &load in &opts.loads {
+        let soakers = (load * cpus as f64).round() as usize;
+        let mut modes = Vec::new();
+        for &mode in &opts.modes {
+            if opts.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            eprintln!(
+                "[{}/{}] {} with {} soakers ({load} per CPU), {} s ...",
+                modes.len() + 1,
+                opts.modes.len(),
+                mode.name(),
+                if mode == Mode::Unloaded { 0 } else { soakers },
+                params.measure_s
+            );
+            modes.push(run_mode(opts, &params, mode, soakers)?);
+        }
+        out.push(ScenarioResult {
+            scenario: "synthetic".into(),
+            cpus,
+            load_per_cpu: load,
+            soakers,
+            params: params.clone(),
+            modes,
+        });
+    }
+    Ok(out)
+}
+
+/// Everything one run started; ended (by pid) and undone when dropped, on every path.
+#[derive(Default)]
+struct Run {
+    children: Vec<Child>,
+    daemon: Option<Child>,
+    cgroup: Option<(appease_cgroup::Cgroups, String)>,
+    tmp: Option<PathBuf>,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            // SAFETY: signalling our own child; it restores everything it changed.
+            unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+            let _exit_status_logged_by_daemon = d.wait();
+        }
+        for c in &mut self.children {
+            let _already_gone = c.kill();
+            let _reaped = c.wait();
+        }
+        if let Some((cg, group)) = self.cgroup.take() {
+            if let Err(e) = cg.remove(&group) {
+                tracing::warn!(error = %e, "could not remove the bench's cgroup {group}");
+            }
+        }
+        if let Some(dir) = self.tmp.take() {
+            // APPEASE_BENCH_KEEP=1 keeps the daemon's log and config for a look.
+            if std::env::var_os("APPEASE_BENCH_KEEP").is_none() {
+                let _best_effort = std::fs::remove_dir_all(dir);
+            } else {
+                eprintln!("    kept {}", dir.display());
+            }
+        }
+    }
+}
+
+fn spawn_worker(appease: &Path, args: &[&str]) -> Result<Child> {
+    Command::new(appease)
+        .arg("bench-worker")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {} bench-worker", appease.display()))
+}
+
+/// Busy and total jiffies from the first line of /proc/stat.
+fn cpu_jiffies() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = text
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result<ModeResult> {
+    let mut run = Run::default();
+    let tmp = std::env::temp_dir().join(format!("appease-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    run.tmp = Some(tmp.clone());
+
+    // The server.
+    let cpu_arg = p.cpu_ms.to_string();
+    let mut server = spawn_worker(&opts.appease, &["server", "--cpu-ms", &cpu_arg])?;
+    let port: u16 = {
+        let mut line = String::new();
+        BufReader::new(server.stdout.as_mut().expect("piped"))
+            .read_line(&mut line)
+            .context("reading the server's port")?;
+        line.trim()
+            .parse()
+            .context("the server did not report its port")?
+    };
+    run.children.push(server);
+
+    // The batch load.
+    let n = if mode == Mode::Unloaded { 0 } else { soakers };
+    let soak_start = Instant::now();
+    let mut soak_pids = Vec::new();
+    for _ in 0..n {
+        let c = spawn_worker(&opts.appease, &["soak"])?;
+        soak_pids.push(c.id());
+        run.children.push(c);
+    }
+    apply_mode(&mut run, opts, mode, &soak_pids, &tmp)?;
+
+    // Warm-up with traffic flowing, as on a real host: the daemon sees a server that
+    // answers requests. For `appease`, until it has demoted the soakers.
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let warm_stop = Arc::new(AtomicBool::new(false));
+    let warm = {
+        let (stop, rate) = (warm_stop.clone(), p.rate_per_s);
+        std::thread::spawn(move || {
+            client::open_loop(addr, rate, Duration::from_secs(3600), Duration::ZERO, &stop)
+        })
+    };
+    let settle = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(p.warmup_s));
+    if mode == Mode::Appease && !soak_pids.is_empty() {
+        let group = opts.batch_group();
+        let demoted = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|t| t.contains(&group))
+        };
+        let waited = wait_until(Duration::from_secs(30), || {
+            opts.stop.load(Ordering::Relaxed) || soak_pids.iter().all(|&p| demoted(p))
+        });
+        warm_stop.store(true, Ordering::Relaxed);
+        let _warmup_latencies_unused = warm.join();
+        waited.context("the daemon did not demote the soakers within 30 s")?;
+        eprintln!(
+            "    soakers demoted by the daemon {:.1} s after they started",
+            settle.elapsed().as_secs_f64()
+        );
+    } else {
+        warm_stop.store(true, Ordering::Relaxed);
+        let _warmup_latencies_unused = warm.join();
+    }
+
+    let (busy0, total0) = cpu_jiffies();
+    let result = client::open_loop(
+        ([127, 0, 0, 1], port).into(),
+        p.rate_per_s,
+        Duration::from_secs_f64(p.measure_s),
+        Duration::from_secs(3),
+        &opts.stop,
+    )?;
+    let (busy1, total1) = cpu_jiffies();
+    let util = 100.0 * (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64;
+
+    // Soakers report their work on SIGTERM.
+    let soak_time = soak_start.elapsed().as_secs_f64();
+    let mut units = 0u64;
+    for c in run
+        .children
+        .iter_mut()
+        .filter(|c| soak_pids.contains(&c.id()))
+    {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let mut s = String::new();
+        if let Some(out) = c.stdout.as_mut() {
+            let _partial_ok = out.read_to_string(&mut s);
+        }
+        units += s.trim().parse::<u64>().unwrap_or(0);
+        let _reaped = c.wait();
+    }
+    Ok(ModeResult::new(
+        mode,
+        &result,
+        units as f64 / soak_time,
+        util,
+    ))
+}
+
+fn apply_mode(
+    run: &mut Run,
+    opts: &Options,
+    mode: Mode,
+    soakers: &[u32],
+    tmp: &Path,
+) -> Result<()> {
+    match mode {
+        Mode::Unloaded | Mode::Unmanaged => {}
+        Mode::BatchNice19 => {
+            for &pid in soakers {
+                // SAFETY: changing our own children's priority; they end with the run.
+                if unsafe { libc::setpriority(libc::PRIO_PROCESS, pid, 19) } != 0 {
+                    bail!(
+                        "setpriority({pid}, 19): {}",
+                        std::io::Error::last_os_error()
+                    );
+                }
+            }
+        }
+        Mode::BatchSchedIdle => {
+            let param = libc::sched_param { sched_priority: 0 };
+            for &pid in soakers {
+                // SAFETY: as above.
+                if unsafe { libc::sched_setscheduler(pid as i32, libc::SCHED_IDLE, &param) } != 0 {
+                    bail!("SCHED_IDLE for {pid}: {}", std::io::Error::last_os_error());
+                }
+            }
+        }
+        Mode::BatchCgroupIdle => {
+            let cg = appease_cgroup::Cgroups::detect()?;
+            let name = format!("appease-bench-{}.idle", std::process::id());
+            let group = cg.ensure_top_group(&name, true, 100)?;
+            run.cgroup = Some((cg.clone(), group.clone()));
+            for &pid in soakers {
+                cg.move_process(pid, &group)?;
+            }
+        }
+        Mode::RbpeClassic | Mode::Appease => {
+            let cfg = tmp.join("daemon.toml");
+            let text = match (&opts.config, mode) {
+                (_, Mode::RbpeClassic) => appease_config_rbpe(),
+                (Some(path), _) => std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?,
+                (None, _) => String::new(),
+            };
+            std::fs::write(&cfg, text)?;
+            let run_dir = tmp.join("run");
+            let log = std::fs::File::create(tmp.join("daemon.log"))?;
+            let child = Command::new(&opts.appease)
+                .args(["daemon", "--log", "debug", "--config"])
+                .arg(&cfg)
+                .env("APPEASE_RUN_DIR", &run_dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("starting appease daemon")?;
+            let pid = child.id();
+            run.daemon = Some(child);
+            wait_until(Duration::from_secs(10), || {
+                std::fs::read_to_string(run_dir.join("status.json"))
+                    .is_ok_and(|s| s.contains(&format!("\"pid\": {pid}")))
+            })
+            .with_context(|| {
+                format!(
+                    "the daemon did not start; see {}",
+                    tmp.join("daemon.log").display()
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn appease_config_rbpe() -> String {
+    include_str!("../../../config/rbpe-classic.toml").to_string()
+}
+
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let t = Instant::now();
+    while t.elapsed() < timeout {
+        if f() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("timed out after {timeout:?}")
+}
