@@ -668,7 +668,8 @@ fn a_demoted_soaker_that_starts_answering_requests_is_promoted() {
     let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
     assert!(
         wait_for(Duration::from_secs(8), || in_group(child)).is_some(),
-        "demoted first"
+        "demoted first: {}",
+        daemon.log_text()
     );
     let stop = Arc::new(AtomicBool::new(false));
     let st = stop.clone();
@@ -709,7 +710,11 @@ fn kill_9_with_demoted_soakers_then_restore_moves_them_back() {
     let pid = soakers.0[0].id();
     let mut daemon = Daemon::start(&dir.0, &cfg);
     let in_group = || cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
-    assert!(wait_for(Duration::from_secs(8), in_group).is_some());
+    assert!(
+        wait_for(Duration::from_secs(8), in_group).is_some(),
+        "demoted: {}",
+        daemon.log_text()
+    );
     daemon.signal(libc::SIGKILL);
     assert!(in_group(), "still demoted after the crash");
     let out = appease(&dir.0, &["restore"]);
@@ -728,5 +733,75 @@ impl Drop for KillOnDrop {
             libc::kill(self.0 as i32, libc::SIGKILL);
             libc::waitpid(self.0 as i32, std::ptr::null_mut(), 0);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// appease bench
+
+#[test]
+fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
+    let Some(_g) = serial() else { return };
+    let out = Command::new(BIN)
+        .args(["bench", "synthetic", "--quick", "--json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bench failed");
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    assert_eq!(v["scenario"], "synthetic");
+    let modes = v["modes"].as_array().unwrap();
+    let names: Vec<&str> = modes.iter().map(|m| m["mode"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "unloaded",
+            "unmanaged",
+            "batch-nice19",
+            "batch-sched-idle",
+            "batch-cgroup-idle",
+            "rbpe-classic",
+            "appease"
+        ]
+    );
+    for m in modes {
+        for k in ["mean", "p50", "p90", "p99", "p999", "max"] {
+            assert!(m["latency_ms"][k].as_f64().unwrap() > 0.0, "{k} in {m}");
+        }
+        for k in ["requests", "batch_throughput", "cpu_util_pct"] {
+            assert!(m[k].is_number(), "{k} in {m}");
+        }
+        assert!(m["requests"].as_u64().unwrap() > 100, "{m}");
+    }
+    let get = |name: &str, k: &str| {
+        let m = modes.iter().find(|m| m["mode"] == name).unwrap();
+        m["latency_ms"][k].as_f64().unwrap()
+    };
+    // 8 soakers at nice 0 on 2 CPUs against a 5 ms request: several times slower.
+    assert!(
+        get("unmanaged", "mean") > 2.0 * get("unloaded", "mean"),
+        "{v}"
+    );
+    let unloaded_batch = modes[0]["batch_throughput"].as_f64().unwrap();
+    assert_eq!(unloaded_batch, 0.0, "no soakers when unloaded");
+}
+
+#[test]
+fn bench_rejects_unknown_scenarios_modes_and_loads() {
+    for (args, expect) in [
+        (vec!["bench", "nosuch"], "unknown scenario \"nosuch\""),
+        (
+            vec!["bench", "synthetic", "--modes", "fast"],
+            "unknown mode \"fast\"",
+        ),
+        (vec!["bench", "synthetic", "--load=-1"], "--load -1"),
+    ] {
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(expect),
+            "{args:?}: {err}"
+        );
     }
 }

@@ -99,6 +99,8 @@ const PROTECTED: &[&str] = &[
 ];
 /// A subtree wanting less than this many CPUs counts as idle.
 const IDLE_CPUS: f64 = 0.05;
+/// A process wanting at least this many CPUs is busy itself.
+const BUSY_CPUS: f64 = 0.1;
 
 const SHELLS: &[&str] = &[
     "sh", "bash", "dash", "zsh", "fish", "ksh", "tcsh", "csh", "mksh", "ash",
@@ -284,8 +286,10 @@ impl BatchClassifier {
                 roots.insert(p.pid, (tree_rate(p.pid), "rule"));
                 continue;
             }
-            if dt.is_none() || rate.get(&p.pid).copied().unwrap_or(0.0) <= 0.0 {
-                continue; // only climb from processes that use CPU themselves
+            // Only climb from processes that are busy themselves: a mostly idle parent
+            // that ran a little this scan must not move the tree's root around.
+            if dt.is_none() || rate.get(&p.pid).copied().unwrap_or(0.0) < BUSY_CPUS {
+                continue;
             }
             let mut root = p.pid;
             if tree_asked(root) {
@@ -323,10 +327,19 @@ impl BatchClassifier {
         sorted.sort_by_key(|(r, _)| *r);
         for (root, (cpus, why)) in sorted {
             let start = by_pid[&root].start;
-            let since = match self.heavy_since.get(&root) {
-                Some(&(s, t)) if s == start => t,
-                _ => now,
-            };
+            // The tree may have been found under another root before (a parent that
+            // came or went): its soaking started at the earliest of them.
+            let tree = subtree(root);
+            let since = self
+                .heavy_since
+                .iter()
+                .filter(|(&r, &(s, _))| {
+                    let same = by_pid.get(&r).is_some_and(|p| p.start == s);
+                    same && (tree.contains(&r) || subtree(r).contains(&root))
+                })
+                .map(|(_, &(_, t))| t)
+                .min()
+                .unwrap_or(now);
             if why == "rule" || now.saturating_sub(since) >= after {
                 let members = subtree(root);
                 self.demoted.insert(
@@ -665,5 +678,24 @@ mod tests {
             matches!(&d[..], [(_, BatchDecision::Demote { root: 95, .. })]),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn a_root_that_moves_between_scans_keeps_its_soaking_time() {
+        let mut c = BatchClassifier::new(params());
+        // A parent that is busy in some scans (the climb starts from it) and not in
+        // others: the soaker's tree is found under the parent or alone, alternately.
+        let procs = |t: u64| {
+            let parent_cpu = 0.2 * (t / 2) as f64 + if t % 2 == 1 { 0.2 } else { 0.0 };
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(110, 1, "runner", parent_cpu),
+                p(111, 110, "soak", t as f64),
+                // An idle, long-lived child: the soaker's own climb stops below runner.
+                p(112, 110, "idle-helper", 0.0),
+            ]
+        };
+        let d = run(&mut c, 6, procs, none);
+        assert!(!d.is_empty(), "demoted despite the root moving: {d:?}");
     }
 }
