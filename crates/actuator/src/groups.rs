@@ -273,6 +273,43 @@ impl KernelActuator {
         }
     }
 
+    /// Processes now in the idle group (none before it exists, or in a dry run).
+    pub fn batch_processes(&self) -> Vec<u32> {
+        match &self.batch {
+            Some(BatchGroup {
+                cg, path: Some(p), ..
+            }) if !self.dry_run => cg.processes(p).unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The starvation floor: `Some(weight)` lifts cpu.idle and sets the weight; `None`
+    /// makes the group idle again.
+    pub fn set_batch_floor(&mut self, floor: Option<u32>) -> Result<(), ActError> {
+        if self.dry_run {
+            return Ok(());
+        }
+        let Some(BatchGroup {
+            cg, path: Some(p), ..
+        }) = &self.batch
+        else {
+            return Ok(());
+        };
+        // The kernel refuses a weight on an idle group: idle flag off first, and the
+        // weight back before the flag goes on again.
+        match floor {
+            Some(weight) => {
+                cg.set_idle(p, false)?;
+                cg.set_weight(p, weight)?;
+            }
+            None => {
+                cg.set_weight(p, 100)?;
+                cg.set_idle(p, true)?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn moved(&self) -> Vec<MovedView> {
         let Some(b) = &self.batch else { return vec![] };
         let group = b.path();

@@ -101,6 +101,14 @@ fn print_threads(status: &Status, now: u64) {
 
 fn print_processes(status: &Status, now: u64) {
     let a = &status.actuator;
+    if let Some(b) = &status.batch {
+        println!(
+            "idle group: {:.1} % of all CPUs over the last scan; starvation floor engaged {} time(s){}",
+            b.share_pct,
+            b.floor_lifts,
+            if b.floor_lifted { ", engaged now" } else { "" }
+        );
+    }
     println!(
         "{} process(es) in the idle group ({} demoted, {} promoted so far)",
         status.processes.len(),

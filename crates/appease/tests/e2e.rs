@@ -805,3 +805,49 @@ fn bench_rejects_unknown_scenarios_modes_and_loads() {
         );
     }
 }
+
+#[test]
+fn the_starvation_floor_engages_when_latency_work_saturates_every_cpu() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("floor");
+    let group = format!("appease-e2e-f{}", std::process::id());
+    let cfg = dir.file(
+        "floor.toml",
+        &format!(
+            // 10 %: with 200 ms scans one 10 ms clock tick is 2.5 % of two CPUs.
+            "{}floor_pct = 10.0\nfloor_after_ms = 2000\nfloor_hold_ms = 2000\nfloor_weight = 10\n",
+            batch_config(&group)
+        ),
+    );
+    let soakers = Soakers(vec![forking_soaker()]);
+    let pid = soakers.0[0].id();
+    let daemon = Daemon::start(&dir.0, &cfg);
+    let gpath = format!("/{group}");
+    let in_group = || cpu_cgroup(pid).as_deref() == Some(gpath.as_str());
+    assert!(
+        wait_for(Duration::from_secs(8), in_group).is_some(),
+        "demoted: {}",
+        daemon.log_text()
+    );
+
+    // Latency-sensitive work on every CPU: threads answering requests back to back,
+    // 20 ms of CPU each. The idle soaker gets next to nothing.
+    let cpus = host_cpus();
+    let servers: Vec<Service> = (0..cpus)
+        .map(|_| Service::tcp(Duration::from_millis(20), Duration::from_micros(100)))
+        .collect();
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    let lifted = wait_for(Duration::from_secs(8), || !cg.idle(&gpath).unwrap_or(true));
+    assert!(lifted.is_some(), "floor engaged: {}", daemon.log_text());
+    eprintln!("floor engaged {lifted:?} after the CPUs were saturated (floor_after_ms = 2000)");
+    let mut st = daemon.status_json();
+    let reported = wait_for(Duration::from_secs(3), || {
+        st = daemon.status_json();
+        st["batch"]["floor_lifts"].as_u64().unwrap_or(0) >= 1
+    });
+    assert!(reported.is_some(), "status reports it: {st}");
+    // After the hold, idle again.
+    let lowered = wait_for(Duration::from_secs(5), || cg.idle(&gpath).unwrap_or(false));
+    assert!(lowered.is_some(), "back to idle after the hold");
+    drop(servers);
+}

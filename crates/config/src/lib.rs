@@ -58,6 +58,18 @@ pub struct BatchSection {
     /// How often the process table is scanned.
     #[serde(deserialize_with = "positive_ms")]
     pub scan_ms: u64,
+    /// Starvation floor: batch work that waits for CPU yet gets less than this share of
+    /// all CPUs (percent) ...
+    #[serde(deserialize_with = "percent")]
+    pub floor_pct: f64,
+    /// ... for this long gets cpu.idle lifted ...
+    #[serde(deserialize_with = "positive_ms")]
+    pub floor_after_ms: u64,
+    /// ... for this long, with this cpu.weight (v2 scale, 100 = a normal group).
+    #[serde(deserialize_with = "positive_ms")]
+    pub floor_hold_ms: u64,
+    #[serde(deserialize_with = "weight")]
+    pub floor_weight: u32,
 }
 
 /// Forces a class on the processes it matches; every given field must match.
@@ -191,6 +203,14 @@ fn comms<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     Ok(v)
 }
 
+fn weight<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let v = u32::deserialize(d)?;
+    if !(1..=10_000).contains(&v) {
+        return Err(D::Error::custom(format!("weight {v} is outside 1..=10000")));
+    }
+    Ok(v)
+}
+
 fn cpus<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     let v = f64::deserialize(d)?;
     if !(v > 0.0 && v <= 1024.0) {
@@ -297,6 +317,10 @@ impl Default for BatchSection {
             after_ms: 5000,
             request_memory_ms: 60_000,
             scan_ms: 1000,
+            floor_pct: 5.0,
+            floor_after_ms: 10_000,
+            floor_hold_ms: 3000,
+            floor_weight: 10,
         }
     }
 }
@@ -372,6 +396,14 @@ impl Config {
             min_cpus: self.batch.min_cpus,
             after: Duration::from_millis(self.batch.after_ms),
             request_memory: Duration::from_millis(self.batch.request_memory_ms),
+        }
+    }
+
+    pub fn floor_params(&self) -> appease_policy::floor::FloorParams {
+        appease_policy::floor::FloorParams {
+            floor_pct: self.batch.floor_pct,
+            after: Duration::from_millis(self.batch.floor_after_ms),
+            hold: Duration::from_millis(self.batch.floor_hold_ms),
         }
     }
 

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use appease_actuator::{ActError, KernelActuator};
 use appease_config::Config;
 use appease_policy::batch::{BatchClassifier, BatchDecision, Class, ProcSample};
+use appease_policy::floor::{FloorDecision, StarvationFloor};
+use serde::{Deserialize, Serialize};
 
 use crate::host;
 
@@ -16,7 +18,22 @@ pub struct BatchManager {
     /// pid -> (start, cpu_ns, wait_ns) at the last scan: wait time is only re-read for
     /// processes that ran since (reading every thread of every process would cost more).
     seen: HashMap<u32, (u64, u64, u64)>,
+    last_scan: Option<u64>,
     next_scan: u64,
+    floor: StarvationFloor,
+    /// The idle group's share of all CPUs over the last scan, percent.
+    share_pct: f64,
+}
+
+/// The idle group as `appease status` shows it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct BatchView {
+    /// Share of all CPUs the idle group got over the last scan, percent.
+    pub share_pct: f64,
+    /// The starvation floor is engaged (cpu.idle lifted) right now.
+    pub floor_lifted: bool,
+    /// How often the floor engaged.
+    pub floor_lifts: u64,
 }
 
 impl BatchManager {
@@ -25,12 +42,24 @@ impl BatchManager {
             classifier: BatchClassifier::new(cfg.batch_params()),
             last_request: HashMap::new(),
             seen: HashMap::new(),
+            last_scan: None,
             next_scan: 0,
+            floor: StarvationFloor::new(cfg.floor_params()),
+            share_pct: 0.0,
         }
     }
 
     pub fn set_config(&mut self, cfg: &Config) {
         self.classifier.set_params(cfg.batch_params());
+        self.floor.set_params(cfg.floor_params());
+    }
+
+    pub fn view(&self) -> BatchView {
+        BatchView {
+            share_pct: self.share_pct,
+            floor_lifted: self.floor.lifted(),
+            floor_lifts: self.floor.lifts,
+        }
     }
 
     pub fn next_scan(&self) -> u64 {
@@ -52,16 +81,26 @@ impl BatchManager {
     pub fn scan(&mut self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
         self.next_scan = now + cfg.batch.scan_ms * 1_000_000;
         let mut procs = host::scan_processes();
+        // Starved processes in the idle group barely run, yet their waiting is exactly
+        // what the floor must see: always re-read theirs.
+        let in_group: std::collections::HashSet<u32> =
+            actuator.batch_processes().into_iter().collect();
         for p in &mut procs {
             p.wait_ns = match self.seen.get(&p.pid) {
-                Some(&(start, cpu, wait)) if start == p.start && cpu == p.cpu_ns => wait,
+                Some(&(start, cpu, wait))
+                    if start == p.start && cpu == p.cpu_ns && !in_group.contains(&p.pid) =>
+                {
+                    wait
+                }
                 _ => host::wait_ns_of(p.pid).unwrap_or(0),
             };
         }
+        self.apply_floor(now, cfg, &procs, &in_group, actuator);
         self.seen = procs
             .iter()
             .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))
             .collect();
+        self.last_scan = Some(now);
         let forced = forced_classes(cfg, &procs);
         let last = &self.last_request;
         let decisions = self.classifier.on_scan(
@@ -98,6 +137,64 @@ impl BatchManager {
         // Requests of processes that are gone need not be remembered.
         let alive: std::collections::HashSet<u32> = procs.iter().map(|p| p.pid).collect();
         self.last_request.retain(|pid, _| alive.contains(pid));
+    }
+}
+
+impl BatchManager {
+    /// Measures the idle group's CPU share since the last scan and applies the floor.
+    fn apply_floor(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        procs: &[ProcSample],
+        in_group: &std::collections::HashSet<u32>,
+        actuator: &mut KernelActuator,
+    ) {
+        let Some(last) = self.last_scan else { return };
+        let dt = now.saturating_sub(last) as f64;
+        if in_group.is_empty() || dt <= 0.0 {
+            self.share_pct = 0.0;
+            return;
+        }
+        let (mut cpu, mut wait) = (0u64, 0u64);
+        for p in procs.iter().filter(|p| in_group.contains(&p.pid)) {
+            if let Some(&(start, c, w)) = self.seen.get(&p.pid) {
+                if start == p.start {
+                    cpu += p.cpu_ns.saturating_sub(c);
+                    wait += p.wait_ns.saturating_sub(w);
+                }
+            }
+        }
+        self.share_pct = 100.0 * cpu as f64 / (dt * host::cpus() as f64);
+        // Waiting more than a tenth of the time counts as having runnable work.
+        let waiting = wait as f64 > 0.1 * dt;
+        tracing::debug!(
+            share_pct = self.share_pct,
+            waiting,
+            processes = in_group.len(),
+            "idle group"
+        );
+        match self.floor.on_sample(now, self.share_pct, waiting) {
+            Some(FloorDecision::Lift) => {
+                tracing::warn!(
+                    share_pct = self.share_pct,
+                    after_ms = cfg.batch.floor_after_ms,
+                    hold_ms = cfg.batch.floor_hold_ms,
+                    weight = cfg.batch.floor_weight,
+                    "starvation floor: batch work starved, lifting the idle flag for a while"
+                );
+                if let Err(e) = actuator.set_batch_floor(Some(cfg.batch.floor_weight)) {
+                    tracing::warn!(error = %e, "could not lift the idle group's floor");
+                }
+            }
+            Some(FloorDecision::Lower) => {
+                tracing::info!("starvation floor released: batch back to the idle class");
+                if let Err(e) = actuator.set_batch_floor(None) {
+                    tracing::warn!(error = %e, "could not make the group idle again");
+                }
+            }
+            None => {}
+        }
     }
 }
 

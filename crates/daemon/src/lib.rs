@@ -410,6 +410,7 @@ impl<'obj> Daemon<'obj> {
             watched: self.policy.tracked(),
             threads,
             processes: self.actuator.moved(),
+            batch: self.batch.as_ref().map(|b| b.view()),
         };
         if let Err(e) = status.write(&self.opts.run_dir) {
             tracing::warn!(error = %e, "could not write the status file");

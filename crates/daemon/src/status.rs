@@ -32,6 +32,9 @@ pub struct Status {
     /// Processes in the idle group: pid, comm, class, group, original group, tree, why, since.
     #[serde(default)]
     pub processes: Vec<ProcessStatus>,
+    /// The idle group: its CPU share and the starvation floor (None when batch demotion is off).
+    #[serde(default)]
+    pub batch: Option<crate::batch::BatchView>,
 }
 
 pub type ProcessStatus = MovedView;

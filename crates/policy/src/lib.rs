@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod elevation;
+pub mod floor;
 pub mod ladder;
 pub mod load;
 
