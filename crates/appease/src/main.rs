@@ -232,14 +232,24 @@ fn bench(scenario: String, flags: BenchFlags) -> Result<()> {
         config,
         stop,
     };
-    let results = appease_bench::run(&opts)?;
-    let value = match results.as_slice() {
-        [one] => serde_json::to_value(one)?,
-        many => serde_json::json!({
-            "scenario": many.first().map(|r| r.scenario.clone()),
-            "modes": many.first().map(|r| r.modes.clone()),
-            "sweep": many,
-        }),
+    let (value, table, csv) = match appease_bench::run(&opts)? {
+        appease_bench::Report::Latency(results) => {
+            let value = match results.as_slice() {
+                [one] => serde_json::to_value(one)?,
+                many => serde_json::json!({
+                    "scenario": many.first().map(|r| r.scenario.clone()),
+                    "modes": many.first().map(|r| r.modes.clone()),
+                    "sweep": many,
+                }),
+            };
+            let table: Vec<String> = results.iter().map(|r| r.table()).collect();
+            (
+                value,
+                table.join("\n"),
+                Some(appease_bench::report::csv(&results)),
+            )
+        }
+        appease_bench::Report::Utilization(u) => (serde_json::to_value(&u)?, u.table(), None),
     };
     if let Some(dir) = &out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -247,14 +257,14 @@ fn bench(scenario: String, flags: BenchFlags) -> Result<()> {
             dir.join("result.json"),
             serde_json::to_string_pretty(&value)?,
         )?;
-        std::fs::write(dir.join("result.csv"), appease_bench::report::csv(&results))?;
+        if let Some(csv) = csv {
+            std::fs::write(dir.join("result.csv"), csv)?;
+        }
     }
     if json {
         println!("{}", serde_json::to_string(&value)?);
     } else {
-        for r in &results {
-            println!("{}", r.table());
-        }
+        println!("{table}");
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod report;
+pub mod utilization;
 pub mod worker;
 
 use std::io::{BufRead, BufReader, Read};
@@ -93,7 +94,7 @@ pub struct Options {
 
 impl Options {
     /// The idle group the appease mode's daemon uses, as it appears in /proc/PID/cgroup.
-    fn batch_group(&self) -> String {
+    pub(crate) fn batch_group(&self) -> String {
         let name = self
             .config
             .as_ref()
@@ -112,21 +113,32 @@ pub struct Synthetic {
     pub warmup_s: f64,
 }
 
-pub fn run(opts: &Options) -> Result<Vec<ScenarioResult>> {
+/// What a scenario reports.
+pub enum Report {
+    /// Latency scenarios: one result per batch level.
+    Latency(Vec<ScenarioResult>),
+    Utilization(utilization::UtilizationResult),
+}
+
+pub fn run(opts: &Options) -> Result<Report> {
     match opts.scenario.as_str() {
-        "synthetic" => {}
-        s if SCENARIOS.contains(&s) => {
-            bail!("scenario {s:?} is not implemented yet in this version; available: synthetic")
-        }
-        s => bail!(
-            "unknown scenario {s:?}; scenarios are {}",
-            SCENARIOS.join(", ")
+        "synthetic" | "utilization" => {}
+        s if SCENARIOS.contains(&s) => bail!(
+            "scenario {s:?} is not implemented yet in this version; available: synthetic, utilization"
         ),
+        s => bail!("unknown scenario {s:?}; scenarios are {}", SCENARIOS.join(", ")),
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("appease bench needs root: its modes change priorities, policies and cgroups");
     }
+    if opts.scenario == "utilization" {
+        return Ok(Report::Utilization(utilization::run(opts)?));
+    }
+    Ok(Report::Latency(run_latency(opts)?))
+}
+
+fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
     let params = Synthetic {
         cpu_ms: 5.0,
         rate_per_s: 40.0,
@@ -166,10 +178,11 @@ pub fn run(opts: &Options) -> Result<Vec<ScenarioResult>> {
 
 /// Everything one run started; ended (by pid) and undone when dropped, on every path.
 #[derive(Default)]
-struct Run {
-    children: Vec<Child>,
+pub(crate) struct Run {
+    pub(crate) children: Vec<Child>,
     daemon: Option<Child>,
-    cgroup: Option<(appease_cgroup::Cgroups, String)>,
+    /// Removed in this order once the processes are gone.
+    pub(crate) cgroups: Vec<(appease_cgroup::Cgroups, String)>,
     tmp: Option<PathBuf>,
 }
 
@@ -184,7 +197,7 @@ impl Drop for Run {
             let _already_gone = c.kill();
             let _reaped = c.wait();
         }
-        if let Some((cg, group)) = self.cgroup.take() {
+        for (cg, group) in self.cgroups.drain(..) {
             if let Err(e) = cg.remove(&group) {
                 tracing::warn!(error = %e, "could not remove the bench's cgroup {group}");
             }
@@ -200,7 +213,7 @@ impl Drop for Run {
     }
 }
 
-fn spawn_worker(appease: &Path, args: &[&str]) -> Result<Child> {
+pub(crate) fn spawn_worker(appease: &Path, args: &[&str]) -> Result<Child> {
     Command::new(appease)
         .arg("bench-worker")
         .args(args)
@@ -212,7 +225,7 @@ fn spawn_worker(appease: &Path, args: &[&str]) -> Result<Child> {
 }
 
 /// Busy and total jiffies from the first line of /proc/stat.
-fn cpu_jiffies() -> (u64, u64) {
+pub(crate) fn cpu_jiffies() -> (u64, u64) {
     let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let v: Vec<u64> = text
         .lines()
@@ -359,7 +372,7 @@ fn apply_mode(
             let cg = appease_cgroup::Cgroups::detect()?;
             let name = format!("appease-bench-{}.idle", std::process::id());
             let group = cg.ensure_top_group(&name, true, 100)?;
-            run.cgroup = Some((cg.clone(), group.clone()));
+            run.cgroups.push((cg.clone(), group.clone()));
             for &pid in soakers {
                 cg.move_process(pid, &group)?;
             }
@@ -373,39 +386,50 @@ fn apply_mode(
                 (None, _) => String::new(),
             };
             std::fs::write(&cfg, text)?;
-            let run_dir = tmp.join("run");
-            let log = std::fs::File::create(tmp.join("daemon.log"))?;
-            let child = Command::new(&opts.appease)
-                .args(["daemon", "--log", "debug", "--config"])
-                .arg(&cfg)
-                .env("APPEASE_RUN_DIR", &run_dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .context("starting appease daemon")?;
-            let pid = child.id();
-            run.daemon = Some(child);
-            wait_until(Duration::from_secs(10), || {
-                std::fs::read_to_string(run_dir.join("status.json"))
-                    .is_ok_and(|s| s.contains(&format!("\"pid\": {pid}")))
-            })
-            .with_context(|| {
-                format!(
-                    "the daemon did not start; see {}",
-                    tmp.join("daemon.log").display()
-                )
-            })?;
+            start_daemon(run, opts, &cfg)?;
         }
     }
     Ok(())
+}
+
+/// Starts `appease daemon --config CFG` for a run (ended with the run) and waits until
+/// it reports itself running.
+pub(crate) fn start_daemon(run: &mut Run, opts: &Options, cfg: &Path) -> Result<()> {
+    let tmp = std::env::temp_dir().join(format!("appease-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    if run.tmp.is_none() {
+        run.tmp = Some(tmp.clone());
+    }
+    let run_dir = tmp.join("run");
+    let log = std::fs::File::create(tmp.join("daemon.log"))?;
+    let child = Command::new(&opts.appease)
+        .args(["daemon", "--log", "debug", "--config"])
+        .arg(cfg)
+        .env("APPEASE_RUN_DIR", &run_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("starting appease daemon")?;
+    let pid = child.id();
+    run.daemon = Some(child);
+    wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(run_dir.join("status.json"))
+            .is_ok_and(|s| s.contains(&format!("\"pid\": {pid}")))
+    })
+    .with_context(|| {
+        format!(
+            "the daemon did not start; see {}",
+            tmp.join("daemon.log").display()
+        )
+    })
 }
 
 fn appease_config_rbpe() -> String {
     include_str!("../../../config/rbpe-classic.toml").to_string()
 }
 
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+pub(crate) fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
     let t = Instant::now();
     while t.elapsed() < timeout {
         if f() {

@@ -150,6 +150,39 @@ impl Cgroups {
         Ok(group)
     }
 
+    /// Creates `parent/name` (if missing) with a weight; on v2 the parent must delegate
+    /// the cpu controller to its children, which this enables.
+    pub fn ensure_child_group(
+        &self,
+        parent: &str,
+        name: &str,
+        weight: u32,
+    ) -> Result<String, CgroupError> {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(CgroupError::BadName(name.to_string()));
+        }
+        if self.version == Version::V2 {
+            let ctl = self.dir(parent).join("cgroup.subtree_control");
+            let enabled = fs::read_to_string(&ctl).unwrap_or_default();
+            if !enabled.split_whitespace().any(|c| c == "cpu") {
+                fs::write(&ctl, "+cpu").map_err(io_err("enabling the cpu controller in", &ctl))?;
+            }
+        }
+        let group = format!("{}/{name}", parent.trim_end_matches('/'));
+        let dir = self.dir(&group);
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("creating", &dir)(e)),
+        }
+        self.set_weight(&group, weight)?;
+        Ok(group)
+    }
+
     /// cpu.idle = 1 makes the group's tasks run only when nothing non-idle beside it wants the CPU.
     pub fn set_idle(&self, group: &str, idle: bool) -> Result<(), CgroupError> {
         let f = self.dir(group).join("cpu.idle");

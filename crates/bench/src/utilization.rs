@@ -1,0 +1,272 @@
+//! seeds/001's utilization and fairness cases, scaled to this machine:
+//! - (2·CPUs − 1) idle-class soakers beside one normal soaker must leave no CPU idle
+//!   (the old CFS left CPUs idle here), with SCHED_IDLE tasks and with an idle cgroup;
+//! - 48 batch groups of one soaker each, under one top-level idle group, must share
+//!   the CPUs fairly (Jain's index over their CPU time).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::{cpu_jiffies, spawn_worker, Options, Run};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Case {
+    pub case: String,
+    pub soakers: usize,
+    pub groups: usize,
+    pub cpu_util_pct: f64,
+    /// Jain's fairness index over the soakers' CPU time (1 = perfectly fair).
+    pub jain_index: f64,
+    /// CPU seconds per soaker: min and max.
+    pub min_cpu_s: f64,
+    pub max_cpu_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct UtilizationResult {
+    pub scenario: String,
+    pub cpus: usize,
+    pub measure_s: f64,
+    pub cases: Vec<Case>,
+}
+
+/// Jain's fairness index: (Σx)² / (n·Σx²).
+pub fn jain(xs: &[f64]) -> f64 {
+    let n = xs.len() as f64;
+    let sum: f64 = xs.iter().sum();
+    let sq: f64 = xs.iter().map(|x| x * x).sum();
+    if n == 0.0 || sq == 0.0 {
+        return 0.0;
+    }
+    sum * sum / (n * sq)
+}
+
+fn cpu_ns(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+enum Layout {
+    /// n − 1 soakers SCHED_IDLE, one normal.
+    SchedIdle,
+    /// n − 1 soakers in a top-level idle group, one normal.
+    CgroupIdle,
+    /// `groups` child groups of one top-level idle group, one soaker each.
+    Groups(usize),
+    /// All soakers directly in one top-level idle group (what appease does).
+    OneIdleGroup,
+    /// All soakers SCHED_IDLE in their own group (the reference without groups).
+    AllSchedIdle,
+    /// The appease daemon (default config, or --config) finds and demotes the soakers.
+    Appease,
+}
+
+fn run_case(
+    opts: &Options,
+    name: &str,
+    n: usize,
+    layout: Layout,
+    measure: Duration,
+) -> Result<Case> {
+    let mut run = Run::default();
+    let mut pids = Vec::new();
+    for _ in 0..n {
+        let c = spawn_worker(&opts.appease, &["soak"])?;
+        pids.push(c.id());
+        run.children.push(c);
+    }
+    let groups = match layout {
+        Layout::SchedIdle => {
+            let param = libc::sched_param { sched_priority: 0 };
+            for &pid in &pids[1..] {
+                // SAFETY: our own children, ended with the run.
+                if unsafe { libc::sched_setscheduler(pid as i32, libc::SCHED_IDLE, &param) } != 0 {
+                    anyhow::bail!("SCHED_IDLE for {pid}: {}", std::io::Error::last_os_error());
+                }
+            }
+            0
+        }
+        Layout::CgroupIdle => {
+            let cg = appease_cgroup::Cgroups::detect()?;
+            let group = cg.ensure_top_group(
+                &format!("appease-bench-{}.idle", std::process::id()),
+                true,
+                100,
+            )?;
+            run.cgroups.push((cg.clone(), group.clone()));
+            for &pid in &pids[1..] {
+                cg.move_process(pid, &group)?;
+            }
+            0
+        }
+        Layout::OneIdleGroup => {
+            let cg = appease_cgroup::Cgroups::detect()?;
+            let group = cg.ensure_top_group(
+                &format!("appease-bench-{}.idle", std::process::id()),
+                true,
+                100,
+            )?;
+            run.cgroups.push((cg.clone(), group.clone()));
+            for &pid in &pids {
+                cg.move_process(pid, &group)?;
+            }
+            1
+        }
+        Layout::AllSchedIdle => {
+            let param = libc::sched_param { sched_priority: 0 };
+            for &pid in &pids {
+                // SAFETY: our own children, ended with the run.
+                if unsafe { libc::sched_setscheduler(pid as i32, libc::SCHED_IDLE, &param) } != 0 {
+                    anyhow::bail!("SCHED_IDLE for {pid}: {}", std::io::Error::last_os_error());
+                }
+            }
+            0
+        }
+        Layout::Appease => {
+            let cfg = std::env::temp_dir()
+                .join(format!("appease-bench-util-{}.toml", std::process::id()));
+            let text = match &opts.config {
+                Some(p) => std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?,
+                None => String::new(),
+            };
+            std::fs::write(&cfg, text)?;
+            let group = opts.batch_group();
+            crate::start_daemon(&mut run, opts, &cfg)?;
+            let demoted = |pid: u32| {
+                std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                    .is_ok_and(|t| t.contains(&group))
+            };
+            crate::wait_until(Duration::from_secs(30), || pids.iter().all(|&p| demoted(p)))
+                .context("the daemon did not demote the soakers within 30 s")?;
+            let _best_effort = std::fs::remove_file(&cfg);
+            1
+        }
+        Layout::Groups(k) => {
+            let cg = appease_cgroup::Cgroups::detect()?;
+            let parent = cg.ensure_top_group(
+                &format!("appease-bench-{}.batch", std::process::id()),
+                true,
+                100,
+            )?;
+            run.cgroups.push((cg.clone(), parent.clone()));
+            for (i, &pid) in pids.iter().enumerate().take(k) {
+                let child = cg.ensure_child_group(&parent, &format!("g{i:02}"), 100)?;
+                // Children first: the parent is removed last.
+                run.cgroups.insert(0, (cg.clone(), child.clone()));
+                cg.move_process(pid, &child)?;
+            }
+            k
+        }
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let before: Vec<u64> = pids.iter().map(|&p| cpu_ns(p)).collect();
+    let (busy0, total0) = cpu_jiffies();
+    let t = Instant::now();
+    while t.elapsed() < measure && !opts.stop.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (busy1, total1) = cpu_jiffies();
+    let used: Vec<f64> = pids
+        .iter()
+        .zip(&before)
+        .map(|(&p, &b)| cpu_ns(p).saturating_sub(b) as f64 / 1e9)
+        .collect();
+    // Soakers in groups all count; with a normal soaker, fairness is among the idle ones.
+    let fair_set = match layout {
+        Layout::SchedIdle | Layout::CgroupIdle => &used[1..],
+        _ => &used[..],
+    };
+    Ok(Case {
+        case: name.to_string(),
+        soakers: n,
+        groups,
+        cpu_util_pct: 100.0 * (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64,
+        jain_index: jain(fair_set),
+        min_cpu_s: fair_set.iter().copied().fold(f64::INFINITY, f64::min),
+        max_cpu_s: fair_set.iter().copied().fold(0.0, f64::max),
+    })
+}
+
+pub fn run(opts: &Options) -> Result<UtilizationResult> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let measure = Duration::from_secs(if opts.quick { 5 } else { 20 });
+    let n = 2 * cpus; // (2·CPUs − 1) idle-class + 1 normal
+    let mut cases = Vec::new();
+    for (name, layout, count) in [
+        (
+            "sched-idle: 2*CPUs-1 SCHED_IDLE + 1 normal",
+            Layout::SchedIdle,
+            n,
+        ),
+        (
+            "cgroup-idle: 2*CPUs-1 in an idle group + 1 normal",
+            Layout::CgroupIdle,
+            n,
+        ),
+        (
+            "48 one-soaker batch groups under an idle group",
+            Layout::Groups(48),
+            48,
+        ),
+        (
+            "48 soakers in one idle group (appease's layout)",
+            Layout::OneIdleGroup,
+            48,
+        ),
+        (
+            "48 soakers SCHED_IDLE, no group (reference)",
+            Layout::AllSchedIdle,
+            48,
+        ),
+        (
+            "48 soakers demoted by the appease daemon",
+            Layout::Appease,
+            48,
+        ),
+    ] {
+        eprintln!("{name}: {} s ...", measure.as_secs());
+        cases.push(
+            run_case(opts, name, count, layout, measure).with_context(|| format!("case {name}"))?,
+        );
+    }
+    Ok(UtilizationResult {
+        scenario: "utilization".into(),
+        cpus,
+        measure_s: measure.as_secs_f64(),
+        cases,
+    })
+}
+
+impl UtilizationResult {
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "utilization: seeds/001's cases on {} CPUs, {} s each\n{:<52} {:>7} {:>7} {:>8} {:>10} {:>10}\n",
+            self.cpus, self.measure_s, "case", "soakers", "util%", "Jain", "min cpu s", "max cpu s"
+        );
+        for c in &self.cases {
+            s += &format!(
+                "{:<52} {:>7} {:>7.2} {:>8.4} {:>10.2} {:>10.2}\n",
+                c.case, c.soakers, c.cpu_util_pct, c.jain_index, c.min_cpu_s, c.max_cpu_s
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_index() {
+        assert!((jain(&[1.0, 1.0, 1.0, 1.0]) - 1.0).abs() < 1e-12);
+        assert!((jain(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
+        assert!((jain(&[2.0, 1.0]) - 0.9).abs() < 1e-12);
+        assert_eq!(jain(&[]), 0.0);
+    }
+}
