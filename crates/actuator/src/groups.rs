@@ -1,5 +1,5 @@
-//! Moving process trees into appease's idle group and back, journaled like every other
-//! change. Processes born inside the group (children of demoted processes) have no
+//! Moving process trees into appease's groups (the idle group, latency services) and
+//! back, journaled like every other change. Processes born inside the group (children of demoted processes) have no
 //! journal entry of their own: they go back to where their nearest moved ancestor came
 //! from, or to the hierarchy's root.
 
@@ -12,18 +12,21 @@ use serde::{Deserialize, Serialize};
 use crate::journal::{JournalState, Record, TaskKey};
 use crate::{sys, ActError, KernelActuator, RestoreReport};
 
-/// The idle group and what appease moved into it.
-pub struct BatchGroup {
+/// appease's top-level groups (the idle group, one per latency service) and what it
+/// moved into them.
+pub struct Groups {
     cg: Cgroups,
-    name: String,
-    /// The group's path once created.
-    path: Option<String>,
+    batch_name: String,
+    /// Groups created so far, in creation order.
+    created: Vec<String>,
     moved: HashMap<u32, Moved>,
 }
 
 struct Moved {
     key: TaskKey,
     from: String,
+    to: String,
+    class: &'static str,
     root: u32,
     comm: String,
     why: String,
@@ -44,19 +47,23 @@ pub struct MovedView {
     pub since: u64,
 }
 
-impl BatchGroup {
-    /// `name` is a top-level group name, e.g. "appease.batch".
-    pub fn new(cg: Cgroups, name: &str) -> Self {
-        BatchGroup {
+impl Groups {
+    /// `batch_name` is the idle group's top-level name, e.g. "appease.batch".
+    pub fn new(cg: Cgroups, batch_name: &str) -> Self {
+        Groups {
             cg,
-            name: name.to_string(),
-            path: None,
+            batch_name: batch_name.to_string(),
+            created: Vec::new(),
             moved: HashMap::new(),
         }
     }
 
-    pub fn path(&self) -> String {
-        format!("/{}", self.name)
+    pub fn batch_path(&self) -> String {
+        format!("/{}", self.batch_name)
+    }
+
+    pub fn cgroups(&self) -> &Cgroups {
+        &self.cg
     }
 }
 
@@ -93,36 +100,84 @@ fn destination(pid: u32, origin_of: impl Fn(u32) -> Option<String>) -> String {
 }
 
 impl KernelActuator {
-    fn batch_mut(&mut self) -> Result<&mut BatchGroup, ActError> {
-        self.batch.as_mut().ok_or(ActError::NoCgroups)
+    fn groups_mut(&mut self) -> Result<&mut Groups, ActError> {
+        self.groups.as_mut().ok_or(ActError::NoCgroups)
+    }
+
+    /// Creates the top-level group `name` once (journaled first).
+    fn ensure_group(&mut self, name: &str, idle: bool, weight: u32) -> Result<String, ActError> {
+        let path = format!("/{name}");
+        if self.groups_mut()?.created.contains(&path) {
+            return Ok(path);
+        }
+        if !self.dry_run {
+            self.journal(Record::Group { path: path.clone() })?;
+            self.groups_mut()?
+                .cg
+                .ensure_top_group(name, idle, weight)
+                .map_err(cg_err)?;
+        }
+        self.groups_mut()?.created.push(path.clone());
+        Ok(path)
+    }
+
+    /// Creates a latency service's group with its weight (at daemon start, so that an
+    /// unusable path is an error before anything else changes).
+    pub fn ensure_service_group(&mut self, name: &str, weight: u32) -> Result<String, ActError> {
+        self.ensure_group(name, false, weight)
     }
 
     /// Moves the processes of a tree into the idle group (created on first use).
     /// Returns how many moved; vanished processes are skipped.
     pub fn demote(&mut self, root: u32, members: &[u32], why: &str) -> Result<usize, ActError> {
-        let dry = self.dry_run;
-        let self_pid = self.self_pid;
-        if self.batch_mut()?.path.is_none() {
-            let path = self.batch_mut()?.path();
-            if !dry {
-                self.journal(Record::Group { path: path.clone() })?;
-                let b = self.batch_mut()?;
-                b.cg.ensure_top_group(&b.name, true, 100).map_err(cg_err)?;
-            }
-            self.batch_mut()?.path = Some(path);
+        let name = self.groups_mut()?.batch_name.clone();
+        let group = self.ensure_group(&name, true, 100)?;
+        let moved = self.move_into(&group, "batch", root, members, why)?;
+        self.counters.demotions += moved as u64;
+        tracing::info!(
+            root,
+            moved,
+            why,
+            dry_run = self.dry_run,
+            "demoted to the idle group"
+        );
+        Ok(moved)
+    }
+
+    /// Moves processes of a latency service into its group (see ensure_service_group).
+    pub fn place_in_service(
+        &mut self,
+        group: &str,
+        root: u32,
+        members: &[u32],
+        why: &str,
+    ) -> Result<usize, ActError> {
+        let moved = self.move_into(group, "latency", root, members, why)?;
+        if moved > 0 {
+            tracing::info!(root, moved, group, "placed in its service group");
         }
-        let group = self.batch_mut()?.path();
+        Ok(moved)
+    }
+
+    fn move_into(
+        &mut self,
+        group: &str,
+        class: &'static str,
+        root: u32,
+        members: &[u32],
+        why: &str,
+    ) -> Result<usize, ActError> {
+        let (dry, self_pid) = (self.dry_run, self.self_pid);
         let mut moved = 0;
         for &pid in members {
-            if pid == self_pid {
+            if pid == self_pid || self.groups_mut()?.moved.contains_key(&pid) {
                 continue;
             }
             let Ok(stat) = sys::task_stat(pid, pid) else {
                 continue;
             };
-            let from = match self.batch_mut()?.cg.group_of(pid) {
-                Ok(g) => g,
-                Err(_) => continue,
+            let Ok(from) = self.groups_mut()?.cg.group_of(pid) else {
+                continue;
             };
             if from == group {
                 continue; // born in the group
@@ -136,22 +191,24 @@ impl KernelActuator {
                 self.journal(Record::Move {
                     key,
                     from: from.clone(),
-                    to: group.clone(),
+                    to: group.to_string(),
                 })?;
-                if let Err(e) = self.batch_mut()?.cg.move_process(pid, &group) {
+                if let Err(e) = self.groups_mut()?.cg.move_process(pid, group) {
                     self.journal(Record::Return { key })?;
                     if !e.is_gone() {
                         self.counters.failures += 1;
-                        tracing::warn!(pid, error = %e, "could not move process into the idle group");
+                        tracing::warn!(pid, group, error = %e, "could not move process");
                     }
                     continue;
                 }
             }
-            self.batch_mut()?.moved.insert(
+            self.groups_mut()?.moved.insert(
                 pid,
                 Moved {
                     key,
                     from,
+                    to: group.to_string(),
+                    class,
                     root,
                     comm: stat.comm,
                     why: why.to_string(),
@@ -160,58 +217,58 @@ impl KernelActuator {
             );
             moved += 1;
         }
-        self.counters.demotions += moved as u64;
-        tracing::info!(root, moved, why, dry_run = dry, "demoted to the idle group");
         Ok(moved)
     }
 
-    /// Moves a tree's processes back where they came from.
+    /// Moves a demoted tree's processes back where they came from.
     pub fn promote(&mut self, root: u32, members: &[u32]) -> Result<usize, ActError> {
         let dry = self.dry_run;
-        let group = self.batch_mut()?.path();
+        let group = self.groups_mut()?.batch_path();
         let mut targets: Vec<u32> = members.to_vec();
+        let g = self.groups_mut()?;
         targets.extend(
-            self.batch_mut()?
-                .moved
+            g.moved
                 .iter()
-                .filter(|(_, m)| m.root == root)
+                .filter(|(_, m)| m.root == root && m.to == group)
                 .map(|(&p, _)| p),
         );
         targets.sort_unstable();
         targets.dedup();
-        let root_from = self.batch_mut()?.moved.get(&root).map(|m| m.from.clone());
+        let root_from = g.moved.get(&root).map(|m| m.from.clone());
         let mut back = 0;
         for pid in targets {
-            let b = self.batch_mut()?;
-            let rec = b.moved.remove(&pid);
+            let g = self.groups_mut()?;
+            if g.moved.get(&pid).is_some_and(|m| m.to != group) {
+                continue; // in another of appease's groups
+            }
+            let rec = g.moved.remove(&pid);
             let same = |m: &Moved| sys::task_stat(pid, pid).is_ok_and(|s| s.start == m.key.start);
             let dest = match &rec {
                 Some(m) if same(m) => m.from.clone(),
-                Some(_) => {
-                    self.journal(Record::Return {
-                        key: rec.expect("some").key,
-                    })?;
+                Some(m) => {
+                    let key = m.key;
+                    self.journal(Record::Return { key })?;
                     continue; // gone, pid reused
                 }
                 None => root_from.clone().unwrap_or_else(|| "/".into()),
             };
-            if !dry {
-                // Someone else moved it since: leave it where it is.
-                if b.cg.group_of(pid).ok().as_deref() == Some(group.as_str()) {
-                    if let Err(e) = b.cg.move_process(pid, &dest) {
-                        if !e.is_gone() {
-                            self.counters.failures += 1;
-                            tracing::warn!(pid, error = %e, "could not move process back");
-                        }
-                    } else {
-                        back += 1;
+            if dry {
+                back += 1;
+                continue;
+            }
+            // Someone else moved it since: leave it where it is.
+            if g.cg.group_of(pid).ok().as_deref() == Some(group.as_str()) {
+                match g.cg.move_process(pid, &dest) {
+                    Ok(()) => back += 1,
+                    Err(e) if e.is_gone() => {}
+                    Err(e) => {
+                        self.counters.failures += 1;
+                        tracing::warn!(pid, error = %e, "could not move process back");
                     }
                 }
-                if let Some(m) = rec {
-                    self.journal(Record::Return { key: m.key })?;
-                }
-            } else {
-                back += 1;
+            }
+            if let Some(m) = rec {
+                self.journal(Record::Return { key: m.key })?;
             }
         }
         self.counters.promotions += back as u64;
@@ -219,66 +276,67 @@ impl KernelActuator {
         Ok(back)
     }
 
-    /// Every process in the idle group back where it came from, and the group removed.
+    /// Every process in appease's groups back where it came from, and the groups removed.
     pub(crate) fn restore_groups(&mut self, report: &mut RestoreReport) {
         let dry = self.dry_run;
-        let Some(b) = self.batch.as_mut() else { return };
-        let Some(group) = b.path.clone() else { return };
+        let Some(g) = self.groups.as_mut() else {
+            return;
+        };
+        let created: Vec<String> = g.created.drain(..).rev().collect();
         if dry {
-            b.moved.clear();
-            b.path = None;
+            g.moved.clear();
             return;
         }
-        for attempt in 0..3 {
-            let b = self.batch.as_mut().expect("checked");
-            let pids = b.cg.processes(&group).unwrap_or_default();
-            for pid in pids {
-                let b = self.batch.as_mut().expect("checked");
-                let origin = |p: u32| {
-                    b.moved
-                        .get(&p)
-                        .filter(|m| sys::task_stat(p, p).is_ok_and(|s| s.start == m.key.start))
-                        .map(|m| m.from.clone())
-                };
-                let dest = destination(pid, origin);
-                match b.cg.move_process(pid, &dest) {
-                    Ok(()) => report.restored += 1,
-                    Err(e) if e.is_gone() => report.gone += 1,
+        let mut records = Vec::new();
+        for group in created {
+            let g = self.groups.as_mut().expect("checked");
+            for attempt in 0..3 {
+                for pid in g.cg.processes(&group).unwrap_or_default() {
+                    let origin = |p: u32| {
+                        g.moved
+                            .get(&p)
+                            .filter(|m| sys::task_stat(p, p).is_ok_and(|s| s.start == m.key.start))
+                            .map(|m| m.from.clone())
+                    };
+                    match g.cg.move_process(pid, &destination(pid, origin)) {
+                        Ok(()) => report.restored += 1,
+                        Err(e) if e.is_gone() => report.gone += 1,
+                        Err(e) => {
+                            tracing::warn!(pid, error = %e, "could not move process back");
+                            report.failed += 1;
+                        }
+                    }
+                }
+                match g.cg.remove(&group) {
+                    Ok(()) => break,
+                    // A fork raced the moves: go round again.
+                    Err(e) if attempt < 2 => tracing::debug!(error = %e, "group not empty yet"),
                     Err(e) => {
-                        tracing::warn!(pid, error = %e, "could not move process back");
+                        tracing::warn!(group, error = %e, "could not remove group");
                         report.failed += 1;
                     }
                 }
             }
-            let b = self.batch.as_mut().expect("checked");
-            match b.cg.remove(&group) {
-                Ok(()) => break,
-                // A fork raced the moves: go round again.
-                Err(e) if attempt < 2 => tracing::debug!(error = %e, "group not empty yet"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not remove the idle group");
-                    report.failed += 1;
-                }
+            if !g.cg.exists(&group) {
+                records.push(Record::GroupRemoved { path: group });
             }
         }
-        let b = self.batch.as_mut().expect("checked");
-        let keys: Vec<TaskKey> = b.moved.drain().map(|(_, m)| m.key).collect();
-        let removed = !b.cg.exists(&group);
-        b.path = None;
+        let g = self.groups.as_mut().expect("checked");
+        let keys: Vec<TaskKey> = g.moved.drain().map(|(_, m)| m.key).collect();
         for key in keys {
             let _logged_by_journal = self.journal(Record::Return { key });
         }
-        if removed {
-            let _logged_by_journal = self.journal(Record::GroupRemoved { path: group });
+        for rec in records {
+            let _logged_by_journal = self.journal(rec);
         }
     }
 
     /// Processes now in the idle group (none before it exists, or in a dry run).
     pub fn batch_processes(&self) -> Vec<u32> {
-        match &self.batch {
-            Some(BatchGroup {
-                cg, path: Some(p), ..
-            }) if !self.dry_run => cg.processes(p).unwrap_or_default(),
+        match &self.groups {
+            Some(g) if !self.dry_run && g.created.contains(&g.batch_path()) => {
+                g.cg.processes(&g.batch_path()).unwrap_or_default()
+            }
             _ => Vec::new(),
         }
     }
@@ -286,41 +344,43 @@ impl KernelActuator {
     /// The starvation floor: `Some(weight)` lifts cpu.idle and sets the weight; `None`
     /// makes the group idle again.
     pub fn set_batch_floor(&mut self, floor: Option<u32>) -> Result<(), ActError> {
-        if self.dry_run {
+        let Some(g) = &self.groups else { return Ok(()) };
+        let p = g.batch_path();
+        if self.dry_run || !g.created.contains(&p) {
             return Ok(());
         }
-        let Some(BatchGroup {
-            cg, path: Some(p), ..
-        }) = &self.batch
-        else {
-            return Ok(());
-        };
         // The kernel refuses a weight on an idle group: idle flag off first, and the
         // weight back before the flag goes on again.
         match floor {
             Some(weight) => {
-                cg.set_idle(p, false)?;
-                cg.set_weight(p, weight)?;
+                g.cg.set_idle(&p, false)?;
+                g.cg.set_weight(&p, weight)?;
             }
             None => {
-                cg.set_weight(p, 100)?;
-                cg.set_idle(p, true)?;
+                g.cg.set_weight(&p, 100)?;
+                g.cg.set_idle(&p, true)?;
             }
         }
         Ok(())
     }
 
+    /// Whether appease moved `pid` into one of its groups.
+    pub fn is_moved(&self, pid: u32) -> bool {
+        self.groups
+            .as_ref()
+            .is_some_and(|g| g.moved.contains_key(&pid))
+    }
+
     pub fn moved(&self) -> Vec<MovedView> {
-        let Some(b) = &self.batch else { return vec![] };
-        let group = b.path();
-        let mut v: Vec<MovedView> = b
+        let Some(g) = &self.groups else { return vec![] };
+        let mut v: Vec<MovedView> = g
             .moved
             .iter()
             .map(|(&pid, m)| MovedView {
                 pid,
                 comm: m.comm.clone(),
-                class: "batch".into(),
-                group: group.clone(),
+                class: m.class.into(),
+                group: m.to.clone(),
                 original_group: m.from.clone(),
                 tree: m.root,
                 why: m.why.clone(),

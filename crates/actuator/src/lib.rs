@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use appease_policy::elevated_nice;
 use serde::Serialize;
 
-pub use groups::{BatchGroup, MovedView};
+pub use groups::{Groups, MovedView};
 pub use journal::{Journal, JournalState, Pending, PendingMove, Record, TaskKey};
 use sys::Sched;
 
@@ -144,7 +144,7 @@ pub struct KernelActuator {
     base_slice_ns: u64,
     self_pid: u32,
     dry_run: bool,
-    batch: Option<BatchGroup>,
+    groups: Option<Groups>,
     pub counters: ActCounters,
 }
 
@@ -161,14 +161,14 @@ impl KernelActuator {
             exceptions,
             base_slice_ns,
             self_pid: std::process::id(),
-            batch: None,
+            groups: None,
             counters: ActCounters::default(),
         })
     }
 
-    /// Enables demotion into an idle group.
-    pub fn with_batch_group(mut self, group: BatchGroup) -> Self {
-        self.batch = Some(group);
+    /// Enables moving processes into appease's groups (idle group, services).
+    pub fn with_groups(mut self, groups: Groups) -> Self {
+        self.groups = Some(groups);
         self
     }
 

@@ -99,10 +99,8 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         match appease_cgroup::Cgroups::detect() {
             Ok(cg) => {
                 tracing::info!(hierarchy = %cg.root().display(), version = ?cg.version(), group = %opts.config.batch.group, "batch demotion on");
-                actuator = actuator.with_batch_group(appease_actuator::BatchGroup::new(
-                    cg,
-                    &opts.config.batch.group,
-                ));
+                actuator = actuator
+                    .with_groups(appease_actuator::Groups::new(cg, &opts.config.batch.group));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "batch demotion off: no usable CPU cgroup hierarchy")
