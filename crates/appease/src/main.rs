@@ -80,7 +80,11 @@ enum Worker {
         #[arg(long)]
         cpu_ms: f64,
     },
-    Soak,
+    Soak {
+        /// Process name (comm) to run under.
+        #[arg(long, default_value = "bench-soaker")]
+        name: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -134,7 +138,7 @@ fn run(cmd: Command) -> Result<()> {
                 let cpu = std::time::Duration::from_secs_f64(cpu_ms / 1000.0);
                 Ok(appease_bench::worker::serve(cpu)?)
             }
-            Worker::Soak => Ok(appease_bench::worker::soak()?),
+            Worker::Soak { name } => Ok(appease_bench::worker::soak(&name)?),
         },
         Command::CheckConfig { file } => {
             appease_config::Config::load(&file)?;

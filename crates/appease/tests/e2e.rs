@@ -851,3 +851,79 @@ fn the_starvation_floor_engages_when_latency_work_saturates_every_cpu() {
     assert!(lowered.is_some(), "back to idle after the hold");
     drop(servers);
 }
+
+#[test]
+fn latency_services_get_their_own_groups_and_share_the_cpus_by_weight() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("services");
+    let tag = std::process::id() % 10_000;
+    let (a, b) = (format!("svc-a{tag}"), format!("svc-b{tag}"));
+    let cfg = dir.file(
+        "svc.toml",
+        &format!(
+            "[batch]\nenabled = false\nscan_ms = 200\n\n\
+             [[service]]\nname = \"a{tag}\"\ncomm = \"{a}\"\n\n\
+             [[service]]\nname = \"b{tag}\"\ncomm = \"{b}\"\n"
+        ),
+    );
+    let home = cpu_cgroup(std::process::id()).unwrap();
+    let spawn = |name: &str| {
+        Command::new(BIN)
+            .args(["bench-worker", "soak", "--name", name])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // Two CPU-hungry processes of service A, one of service B.
+    let procs = Soakers(vec![spawn(&a), spawn(&a), spawn(&b)]);
+    let pids: Vec<u32> = procs.0.iter().map(|c| c.id()).collect();
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    let (ga, gb) = (
+        format!("/appease.svc.a{tag}"),
+        format!("/appease.svc.b{tag}"),
+    );
+    let placed = wait_for(Duration::from_secs(5), || {
+        cpu_cgroup(pids[0]).as_deref() == Some(ga.as_str())
+            && cpu_cgroup(pids[1]).as_deref() == Some(ga.as_str())
+            && cpu_cgroup(pids[2]).as_deref() == Some(gb.as_str())
+    });
+    assert!(
+        placed.is_some(),
+        "placed in their groups: {}",
+        daemon.log_text()
+    );
+
+    // Isolated and equal weights: B's one process gets as much as A's two together
+    // (unmanaged, it would get a third of the CPUs).
+    let cpu = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+            .ok()
+            .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let before: Vec<f64> = pids.iter().map(|&p| cpu(p)).collect();
+    thread::sleep(Duration::from_secs(3));
+    let used: Vec<f64> = pids.iter().zip(&before).map(|(&p, b)| cpu(p) - b).collect();
+    let ratio = used[2] / (used[0] + used[1]);
+    eprintln!("service B / service A CPU: {ratio:.2} (used {used:?})");
+    assert!(
+        (0.75..=1.33).contains(&ratio),
+        "fair between services: {ratio:.2}"
+    );
+    let st = daemon.status_json();
+    assert!(
+        st["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["class"] == "latency"),
+        "status shows them as latency: {st}"
+    );
+
+    assert!(daemon.signal(libc::SIGTERM).success());
+    for &p in &pids {
+        assert_eq!(cpu_cgroup(p).unwrap(), home, "back in the original group");
+    }
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    assert!(!cg.exists(&ga) && !cg.exists(&gb), "service groups removed");
+}

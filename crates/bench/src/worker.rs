@@ -48,8 +48,9 @@ pub fn serve(cpu: Duration) -> io::Result<()> {
 
 /// Spins, counting units of work (1,000 loop iterations each), until SIGTERM; then
 /// prints the count.
-pub fn soak() -> io::Result<()> {
-    set_name(c"bench-soaker");
+pub fn soak(name: &str) -> io::Result<()> {
+    let name = std::ffi::CString::new(name).map_err(io::Error::other)?;
+    set_name(&name);
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     let mut units: u64 = 0;

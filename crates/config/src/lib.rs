@@ -37,6 +37,45 @@ pub struct Config {
     pub hands_off: HandsOffSection,
     #[serde(rename = "rule", deserialize_with = "rules")]
     pub rules: Vec<Rule>,
+    #[serde(rename = "service", deserialize_with = "services")]
+    pub services: Vec<Service>,
+}
+
+/// A latency-sensitive application with a group of its own: isolated from others and
+/// sharing the CPUs by weight. Its processes are never demoted.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Service {
+    /// Names the group: /appease.svc.NAME.
+    pub name: String,
+    /// cpu.weight on cgroup v2's scale (100 = a normal group); v1 shares are weight × 1024 / 100.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    pub comm: Option<String>,
+    pub cgroup: Option<String>,
+    pub user: Option<String>,
+    pub unit: Option<String>,
+}
+
+fn default_weight() -> u32 {
+    100
+}
+
+impl Service {
+    /// The rule matching this service's processes.
+    pub fn matcher(&self) -> Rule {
+        Rule {
+            comm: self.comm.clone(),
+            cgroup: self.cgroup.clone(),
+            user: self.user.clone(),
+            unit: self.unit.clone(),
+            class: Class::Latency,
+        }
+    }
+
+    pub fn group_name(&self) -> String {
+        format!("appease.svc.{}", self.name)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -267,6 +306,55 @@ fn rules<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Rule>, D::Error> {
     Ok(rules)
 }
 
+fn services<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Service>, D::Error> {
+    let services = Vec::<Service>::deserialize(d)?;
+    let mut names = std::collections::HashSet::new();
+    for (i, s) in services.iter().enumerate() {
+        let ok = !s.name.is_empty()
+            && s.name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-".contains(c));
+        if !ok {
+            return Err(D::Error::custom(format!(
+                "service {i}: name {:?} must be letters, digits, '-' or '_' \
+                 (it names the group appease.svc.NAME)",
+                s.name
+            )));
+        }
+        if !names.insert(s.name.clone()) {
+            return Err(D::Error::custom(format!(
+                "service {i}: name {:?} is used twice",
+                s.name
+            )));
+        }
+        if !(1..=10_000).contains(&s.weight) {
+            return Err(D::Error::custom(format!(
+                "service {i}: weight {} is outside 1..=10000",
+                s.weight
+            )));
+        }
+        let r = s.matcher();
+        if r.comm.is_none() && r.cgroup.is_none() && r.user.is_none() && r.unit.is_none() {
+            return Err(D::Error::custom(format!(
+                "service {i}: give at least one of comm, cgroup, user, unit to match its processes"
+            )));
+        }
+        if let Some(c) = &r.cgroup {
+            if !c.starts_with('/') || c.contains("..") {
+                return Err(D::Error::custom(format!(
+                    "service {i}: cgroup {c:?} must be an absolute path"
+                )));
+            }
+        }
+        if let Some(u) = &r.user {
+            if u.parse::<u32>().is_err() && uid_of(u).is_none() {
+                return Err(D::Error::custom(format!("service {i}: unknown user {u:?}")));
+            }
+        }
+    }
+    Ok(services)
+}
+
 /// The uid of a user name, from /etc/passwd.
 pub fn uid_of(name: &str) -> Option<u32> {
     let text = std::fs::read_to_string("/etc/passwd").ok()?;
@@ -407,17 +495,41 @@ impl Config {
         }
     }
 
-    /// The class the first matching rule forces, if any.
+    /// The class the first matching rule forces, if any; a service's processes are latency.
     pub fn forced_class(
         &self,
         comm: &str,
         cgroup: Option<&str>,
         uid: Option<u32>,
     ) -> Option<Class> {
+        if self.service_of(comm, cgroup, uid).is_some() {
+            return Some(Class::Latency);
+        }
         self.rules
             .iter()
             .find(|r| r.matches(comm, cgroup, uid))
             .map(|r| r.class)
+    }
+
+    /// The configured service a process belongs to, if any.
+    pub fn service_of(
+        &self,
+        comm: &str,
+        cgroup: Option<&str>,
+        uid: Option<u32>,
+    ) -> Option<&Service> {
+        self.services
+            .iter()
+            .find(|s| s.matcher().matches(comm, cgroup, uid))
+    }
+
+    /// Whether matching processes against rules and services needs their cgroup / owner.
+    pub fn matching_needs(&self) -> (bool, bool) {
+        let services = self.services.iter().map(|s| s.matcher());
+        let rules = self.rules.iter().cloned().chain(services);
+        rules.fold((false, false), |(c, u), r| {
+            (c || r.needs_cgroup(), u || r.needs_uid())
+        })
     }
 
     pub fn elevation_params(&self) -> ElevationParams {
@@ -546,6 +658,28 @@ class = "batch"
             "all fields match"
         );
         assert_eq!(c.forced_class("nginx", None, None), None);
+    }
+
+    #[test]
+    fn services_are_latency_and_bad_services_are_errors() {
+        let text = "[[service]]\nname = \"web\"\ncomm = \"nginx\"\nweight = 200\n";
+        let c = Config::parse(text, "s.toml").unwrap();
+        assert_eq!(c.services[0].group_name(), "appease.svc.web");
+        assert_eq!(c.forced_class("nginx", None, None), Some(Class::Latency));
+        assert_eq!(
+            c.service_of("nginx", None, None).map(|s| s.weight),
+            Some(200)
+        );
+        let e = err("[[service]]\nname = \"a/b\"\ncomm = \"x\"\n");
+        assert!(e.contains("line 1") && e.contains("names the group"), "{e}");
+        let e = err("[[service]]\nname = \"w\"\n");
+        assert!(e.contains("at least one of"), "{e}");
+        let e = err(
+            "[[service]]\nname = \"w\"\ncomm = \"x\"\n[[service]]\nname = \"w\"\ncomm = \"y\"\n",
+        );
+        assert!(e.contains("used twice"), "{e}");
+        let e = err("[[service]]\nname = \"w\"\ncomm = \"x\"\nweight = 0\n");
+        assert!(e.contains("1..=10000"), "{e}");
     }
 
     #[test]

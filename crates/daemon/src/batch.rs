@@ -101,14 +101,19 @@ impl BatchManager {
             .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))
             .collect();
         self.last_scan = Some(now);
-        let forced = forced_classes(cfg, &procs);
+        let (forced, services) = classify_by_config(cfg, &procs);
+        place_services(&procs, &services, actuator);
         let last = &self.last_request;
-        let decisions = self.classifier.on_scan(
-            now,
-            &procs,
-            |pid| last.get(&pid).copied(),
-            |p| forced.get(&p.pid).copied(),
-        );
+        let decisions = if cfg.batch.enabled {
+            self.classifier.on_scan(
+                now,
+                &procs,
+                |pid| last.get(&pid).copied(),
+                |p| forced.get(&p.pid).copied(),
+            )
+        } else {
+            Vec::new()
+        };
         for d in decisions {
             match d {
                 BatchDecision::Demote {
@@ -198,6 +203,36 @@ impl BatchManager {
     }
 }
 
+/// Moves each configured service's processes (with their current children) into its
+/// group; children forked later are born there.
+fn place_services(
+    procs: &[ProcSample],
+    services: &HashMap<u32, String>,
+    actuator: &mut KernelActuator,
+) {
+    if services.is_empty() {
+        return;
+    }
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for p in procs {
+        children.entry(p.ppid).or_default().push(p.pid);
+    }
+    for (&pid, group) in services {
+        if actuator.is_moved(pid) {
+            continue;
+        }
+        let mut members = vec![pid];
+        let mut i = 0;
+        while i < members.len() {
+            members.extend(children.get(&members[i]).into_iter().flatten().copied());
+            i += 1;
+        }
+        if let Err(e) = actuator.place_in_service(group, pid, &members, "configured service") {
+            log_failure(&e, pid, "place in its service group");
+        }
+    }
+}
+
 fn log_failure(e: &ActError, root: u32, what: &str) {
     match e {
         ActError::Cgroup(c) if c.is_gone() => tracing::debug!(root, what, "tree or group vanished"),
@@ -205,21 +240,25 @@ fn log_failure(e: &ActError, root: u32, what: &str) {
     }
 }
 
-/// Classes forced by the config's rules, for the processes they match.
-fn forced_classes(cfg: &Config, procs: &[ProcSample]) -> HashMap<u32, Class> {
-    if cfg.rules.is_empty() {
-        return HashMap::new();
+/// Classes forced by the config's rules and services, and each service's processes.
+fn classify_by_config(
+    cfg: &Config,
+    procs: &[ProcSample],
+) -> (HashMap<u32, Class>, HashMap<u32, String>) {
+    let (mut forced, mut services) = (HashMap::new(), HashMap::new());
+    if cfg.rules.is_empty() && cfg.services.is_empty() {
+        return (forced, services);
     }
-    let need_cgroup = cfg.rules.iter().any(|r| r.needs_cgroup());
-    let need_uid = cfg.rules.iter().any(|r| r.needs_uid());
-    procs
-        .iter()
-        .filter(|p| !p.kernel_thread)
-        .filter_map(|p| {
-            let cgroup = need_cgroup.then(|| host::cpu_cgroup_of(p.pid)).flatten();
-            let uid = need_uid.then(|| host::uid_of_process(p.pid)).flatten();
-            cfg.forced_class(&p.comm, cgroup.as_deref(), uid)
-                .map(|c| (p.pid, c))
-        })
-        .collect()
+    let (need_cgroup, need_uid) = cfg.matching_needs();
+    for p in procs.iter().filter(|p| !p.kernel_thread) {
+        let cgroup = need_cgroup.then(|| host::cpu_cgroup_of(p.pid)).flatten();
+        let uid = need_uid.then(|| host::uid_of_process(p.pid)).flatten();
+        if let Some(c) = cfg.forced_class(&p.comm, cgroup.as_deref(), uid) {
+            forced.insert(p.pid, c);
+        }
+        if let Some(svc) = cfg.service_of(&p.comm, cgroup.as_deref(), uid) {
+            services.insert(p.pid, format!("/{}", svc.group_name()));
+        }
+    }
+    (forced, services)
 }

@@ -95,16 +95,32 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     };
     let mut actuator = KernelActuator::new(journal, opts.config.hands_off.comms.clone())
         .context("starting the actuator")?;
-    if opts.config.batch.enabled {
+    let wants_groups = opts.config.batch.enabled || !opts.config.services.is_empty();
+    if wants_groups {
         match appease_cgroup::Cgroups::detect() {
             Ok(cg) => {
-                tracing::info!(hierarchy = %cg.root().display(), version = ?cg.version(), group = %opts.config.batch.group, "batch demotion on");
+                tracing::info!(hierarchy = %cg.root().display(), version = ?cg.version(), "cgroups in use");
                 actuator = actuator
                     .with_groups(appease_actuator::Groups::new(cg, &opts.config.batch.group));
             }
-            Err(e) => {
+            Err(e) if opts.config.services.is_empty() => {
                 tracing::warn!(error = %e, "batch demotion off: no usable CPU cgroup hierarchy")
             }
+            Err(e) => return Err(e).context("latency services need a CPU cgroup hierarchy"),
+        }
+    }
+    // Service groups are created now: a path the kernel refuses is an error before any
+    // process is touched (and the groups made so far are removed again).
+    for svc in &opts.config.services {
+        if let Err(e) = actuator.ensure_service_group(&svc.group_name(), svc.weight) {
+            actuator.restore_all();
+            return Err(e).with_context(|| {
+                format!(
+                    "service {:?}: cannot set up its group /{}",
+                    svc.name,
+                    svc.group_name()
+                )
+            });
         }
     }
     let mut daemon = Daemon::new(opts, probe, actuator);
@@ -146,11 +162,8 @@ struct Daemon<'obj> {
 impl<'obj> Daemon<'obj> {
     fn new(opts: DaemonOptions, probe: Probe<'obj>, actuator: KernelActuator) -> Self {
         let cpus = host::cpus();
-        let batch = opts
-            .config
-            .batch
-            .enabled
-            .then(|| batch::BatchManager::new(&opts.config));
+        let scans = opts.config.batch.enabled || !opts.config.services.is_empty();
+        let batch = scans.then(|| batch::BatchManager::new(&opts.config));
         Daemon {
             policy: ElevationPolicy::new(opts.config.elevation_params()),
             tick: Duration::from_millis(opts.config.elevation.tick_ms),
