@@ -345,12 +345,26 @@ impl KernelActuator {
     }
 }
 
-impl Actuator for KernelActuator {
-    fn elevate(
+/// What nice a managed thread should have.
+#[derive(Clone, Copy)]
+enum Target {
+    /// This many levels above its original nice (request elevation).
+    Levels(u32),
+    /// Exactly this nice (a role's fixed priority).
+    Fixed(i32),
+}
+
+impl KernelActuator {
+    /// Sets a thread to a fixed nice (a role), recorded and restored like an elevation.
+    pub fn fix_nice(&mut self, pid: u32, tid: u32, nice: i32, why: &str) -> Result<(), ActError> {
+        self.apply_nice(pid, tid, Target::Fixed(nice), None, why)
+    }
+
+    fn apply_nice(
         &mut self,
         pid: u32,
         tid: u32,
-        levels: u32,
+        target: Target,
         slice: Option<Duration>,
         why: &str,
     ) -> Result<(), ActError> {
@@ -364,7 +378,10 @@ impl Actuator for KernelActuator {
             });
         }
         let m = &self.managed[&tid];
-        let nice = elevated_nice(m.orig.nice, levels);
+        let nice = match target {
+            Target::Levels(levels) => elevated_nice(m.orig.nice, levels),
+            Target::Fixed(nice) => nice.clamp(appease_policy::NICE_MIN, appease_policy::NICE_MAX),
+        };
         let slice_ns = match slice {
             Some(s) => s.as_nanos() as u64,
             None => self.original_slice_arg(&m.orig),
@@ -376,8 +393,21 @@ impl Actuator for KernelActuator {
         self.counters.changes += 1;
         let m = self.managed.get_mut(&tid).expect("present");
         m.why = why.to_string();
-        tracing::debug!(pid, tid, comm = %m.comm, nice, original = m.orig.nice, why, dry_run = self.dry_run, "elevate");
+        tracing::debug!(pid, tid, comm = %m.comm, nice, original = m.orig.nice, why, dry_run = self.dry_run, "set nice");
         Ok(())
+    }
+}
+
+impl Actuator for KernelActuator {
+    fn elevate(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        levels: u32,
+        slice: Option<Duration>,
+        why: &str,
+    ) -> Result<(), ActError> {
+        self.apply_nice(pid, tid, Target::Levels(levels), slice, why)
     }
 
     fn restore(&mut self, tid: u32, why: &str) -> Result<(), ActError> {

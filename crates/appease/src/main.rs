@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
+mod roles_cmd;
 mod status_cmd;
 
 #[derive(Parser)]
@@ -66,11 +67,31 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Staggered fixed priorities for a multi-process application (seeds/000).
+    Roles {
+        #[command(subcommand)]
+        command: RolesCommand,
+    },
     /// Processes the bench starts (server, soakers).
     #[command(hide = true)]
     BenchWorker {
         #[command(subcommand)]
         worker: Worker,
+    },
+}
+
+#[derive(Subcommand)]
+enum RolesCommand {
+    /// Propose ranks from observed per-call CPU shares and invocation counts (TOML).
+    Suggest {
+        /// Observations: `critical = NAME` and [[process]] name, share_pct, invocations.
+        file: PathBuf,
+        /// Application name for the generated [[role]] entries.
+        #[arg(long, default_value = "app")]
+        app: String,
+        /// Nice of rank 0 (each rank below is one more).
+        #[arg(long, default_value_t = -5, allow_hyphen_values = true)]
+        top_nice: i32,
     },
 }
 
@@ -133,6 +154,14 @@ fn run(cmd: Command) -> Result<()> {
                 config,
             },
         ),
+        Command::Roles {
+            command:
+                RolesCommand::Suggest {
+                    file,
+                    app,
+                    top_nice,
+                },
+        } => roles_cmd::suggest_cmd(&file, &app, top_nice),
         Command::BenchWorker { worker } => match worker {
             Worker::Server { cpu_ms } => {
                 let cpu = std::time::Duration::from_secs_f64(cpu_ms / 1000.0);

@@ -927,3 +927,60 @@ fn latency_services_get_their_own_groups_and_share_the_cpus_by_weight() {
     let cg = appease_cgroup::Cgroups::detect().unwrap();
     assert!(!cg.exists(&ga) && !cg.exists(&gb), "service groups removed");
 }
+
+#[test]
+fn roles_give_fixed_staggered_priorities_and_are_restored() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("roles");
+    let tag = std::process::id() % 10_000;
+    let (a, b) = (format!("role-a{tag}"), format!("role-b{tag}"));
+    let cfg = dir.file(
+        "roles.toml",
+        &format!(
+            "[batch]\nenabled = false\nscan_ms = 200\n[roles]\ntop_nice = -6\n\n\
+             [[role]]\napp = \"search\"\ncomm = \"{a}\"\nrank = 0\n\n\
+             [[role]]\napp = \"search\"\ncomm = \"{b}\"\nrank = 1\n"
+        ),
+    );
+    let spawn = |name: &str| {
+        Command::new(BIN)
+            .args(["bench-worker", "soak", "--name", name])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let procs = Soakers(vec![spawn(&a), spawn(&b)]);
+    let pids: Vec<u32> = procs.0.iter().map(|c| c.id()).collect();
+    let nice = |pid: u32| -> i32 {
+        let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        t[t.rfind(')').unwrap() + 1..]
+            .split_whitespace()
+            .nth(16)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    let set = wait_for(Duration::from_secs(3), || {
+        nice(pids[0]) == -6 && nice(pids[1]) == -5
+    });
+    assert!(
+        set.is_some(),
+        "staggered: {} {}: {}",
+        nice(pids[0]),
+        nice(pids[1]),
+        daemon.log_text()
+    );
+    let mut st = daemon.status_json();
+    let shown = wait_for(Duration::from_secs(3), || {
+        st = daemon.status_json();
+        st["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["why"] == "role search rank 1")
+    });
+    assert!(shown.is_some(), "status says why: {st}");
+    assert!(daemon.signal(libc::SIGTERM).success());
+    assert_eq!((nice(pids[0]), nice(pids[1])), (0, 0), "restored on exit");
+}

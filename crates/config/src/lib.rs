@@ -39,6 +39,50 @@ pub struct Config {
     pub rules: Vec<Rule>,
     #[serde(rename = "service", deserialize_with = "services")]
     pub services: Vec<Service>,
+    pub roles: RolesSection,
+    #[serde(rename = "role")]
+    pub role: Vec<Role>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolesSection {
+    /// Nice of rank 0 (an application's critical process); each rank below is one more.
+    #[serde(deserialize_with = "nice")]
+    pub top_nice: i32,
+}
+
+impl Default for RolesSection {
+    fn default() -> Self {
+        RolesSection { top_nice: -5 }
+    }
+}
+
+/// A fixed, staggered priority for one process of a multi-process application
+/// (seeds/000). `appease roles suggest` proposes the ranks.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Role {
+    /// The application it belongs to (for status and logs).
+    pub app: String,
+    /// 0 = the critical process; its direct dependencies next; the rest equal below.
+    pub rank: u32,
+    pub comm: Option<String>,
+    pub cgroup: Option<String>,
+    pub user: Option<String>,
+    pub unit: Option<String>,
+}
+
+impl Role {
+    pub fn matcher(&self) -> Rule {
+        Rule {
+            comm: self.comm.clone(),
+            cgroup: self.cgroup.clone(),
+            user: self.user.clone(),
+            unit: self.unit.clone(),
+            class: Class::Latency,
+        }
+    }
 }
 
 /// A latency-sensitive application with a group of its own: isolated from others and
@@ -246,6 +290,14 @@ fn weight<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     let v = u32::deserialize(d)?;
     if !(1..=10_000).contains(&v) {
         return Err(D::Error::custom(format!("weight {v} is outside 1..=10000")));
+    }
+    Ok(v)
+}
+
+fn nice<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+    let v = i32::deserialize(d)?;
+    if !(appease_policy::NICE_MIN..=appease_policy::NICE_MAX).contains(&v) {
+        return Err(D::Error::custom(format!("nice {v} is outside -20..=19")));
     }
     Ok(v)
 }
@@ -459,9 +511,13 @@ impl Default for ElevationSection {
 impl Config {
     /// Parses TOML text; `origin` names it in errors (a path, or "(embedded default)").
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Invalid {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
             origin: origin.to_string(),
             message: describe(&e, text),
+        })?;
+        cfg.validate().map_err(|message| ConfigError::Invalid {
+            origin: origin.to_string(),
+            message,
         })
     }
 
@@ -502,13 +558,49 @@ impl Config {
         cgroup: Option<&str>,
         uid: Option<u32>,
     ) -> Option<Class> {
-        if self.service_of(comm, cgroup, uid).is_some() {
+        if self.service_of(comm, cgroup, uid).is_some() || self.role_of(comm, cgroup, uid).is_some()
+        {
             return Some(Class::Latency);
         }
         self.rules
             .iter()
             .find(|r| r.matches(comm, cgroup, uid))
             .map(|r| r.class)
+    }
+
+    /// The role (and its fixed nice) a process has, if any.
+    pub fn role_of(
+        &self,
+        comm: &str,
+        cgroup: Option<&str>,
+        uid: Option<u32>,
+    ) -> Option<(&Role, i32)> {
+        self.role
+            .iter()
+            .find(|r| r.matcher().matches(comm, cgroup, uid))
+            .map(|r| (r, self.roles.top_nice + r.rank as i32))
+    }
+
+    /// Checks what serde cannot: roles stay above normal processes.
+    fn validate(self) -> Result<Self, String> {
+        for (i, r) in self.role.iter().enumerate() {
+            let m = r.matcher();
+            if m.comm.is_none() && m.cgroup.is_none() && m.user.is_none() && m.unit.is_none() {
+                return Err(format!(
+                    "role {i} ({}): give at least one of comm, cgroup, user, unit",
+                    r.app
+                ));
+            }
+            let nice = self.roles.top_nice + r.rank as i32;
+            if nice >= 0 {
+                return Err(format!(
+                    "role {i} ({}): rank {} gives nice {nice}; roles must stay above normal processes \
+                     (nice < 0): lower roles.top_nice ({}) or use fewer ranks",
+                    r.app, r.rank, self.roles.top_nice
+                ));
+            }
+        }
+        Ok(self)
     }
 
     /// The configured service a process belongs to, if any.
@@ -526,7 +618,8 @@ impl Config {
     /// Whether matching processes against rules and services needs their cgroup / owner.
     pub fn matching_needs(&self) -> (bool, bool) {
         let services = self.services.iter().map(|s| s.matcher());
-        let rules = self.rules.iter().cloned().chain(services);
+        let roles = self.role.iter().map(|r| r.matcher());
+        let rules = self.rules.iter().cloned().chain(services).chain(roles);
         rules.fold((false, false), |(c, u), r| {
             (c || r.needs_cgroup(), u || r.needs_uid())
         })
@@ -680,6 +773,20 @@ class = "batch"
         assert!(e.contains("used twice"), "{e}");
         let e = err("[[service]]\nname = \"w\"\ncomm = \"x\"\nweight = 0\n");
         assert!(e.contains("1..=10000"), "{e}");
+    }
+
+    #[test]
+    fn roles_are_staggered_fixed_nice_values_above_normal() {
+        let text = "[[role]]\napp = \"search\"\ncomm = \"proc_a\"\nrank = 0\n\n\
+                    [[role]]\napp = \"search\"\ncomm = \"proc_b\"\nrank = 1\n";
+        let c = Config::parse(text, "r.toml").unwrap();
+        assert_eq!(c.role_of("proc_a", None, None).map(|r| r.1), Some(-5));
+        assert_eq!(c.role_of("proc_b", None, None).map(|r| r.1), Some(-4));
+        assert_eq!(c.forced_class("proc_b", None, None), Some(Class::Latency));
+        let e = err("[[role]]\napp = \"s\"\ncomm = \"x\"\nrank = 5\n");
+        assert!(e.contains("nice 0") && e.contains("top_nice"), "{e}");
+        let e = err("[roles]\ntop_nice = -40\n");
+        assert!(e.contains("-20..=19"), "{e}");
     }
 
     #[test]

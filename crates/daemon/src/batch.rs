@@ -23,6 +23,8 @@ pub struct BatchManager {
     floor: StarvationFloor,
     /// The idle group's share of all CPUs over the last scan, percent.
     share_pct: f64,
+    /// Processes with a role (fixed nice): request elevation leaves them alone.
+    roles: HashMap<u32, i32>,
 }
 
 /// The idle group as `appease status` shows it.
@@ -46,7 +48,13 @@ impl BatchManager {
             next_scan: 0,
             floor: StarvationFloor::new(cfg.floor_params()),
             share_pct: 0.0,
+            roles: HashMap::new(),
         }
+    }
+
+    /// Whether `pid` has a fixed role priority.
+    pub fn is_role(&self, pid: u32) -> bool {
+        self.roles.contains_key(&pid)
     }
 
     pub fn set_config(&mut self, cfg: &Config) {
@@ -101,8 +109,13 @@ impl BatchManager {
             .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))
             .collect();
         self.last_scan = Some(now);
-        let (forced, services) = classify_by_config(cfg, &procs);
+        let (forced, services, roles) = classify_by_config(cfg, &procs);
         place_services(&procs, &services, actuator);
+        apply_roles(&roles, actuator);
+        self.roles = roles
+            .into_iter()
+            .map(|(pid, (nice, _))| (pid, nice))
+            .collect();
         let last = &self.last_request;
         let decisions = if cfg.batch.enabled {
             self.classifier.on_scan(
@@ -240,14 +253,17 @@ fn log_failure(e: &ActError, root: u32, what: &str) {
     }
 }
 
-/// Classes forced by the config's rules and services, and each service's processes.
+type Roles = HashMap<u32, (i32, String)>;
+
+/// Classes forced by the config's rules, services and roles; each service's processes;
+/// each role process's fixed nice and label.
 fn classify_by_config(
     cfg: &Config,
     procs: &[ProcSample],
-) -> (HashMap<u32, Class>, HashMap<u32, String>) {
-    let (mut forced, mut services) = (HashMap::new(), HashMap::new());
-    if cfg.rules.is_empty() && cfg.services.is_empty() {
-        return (forced, services);
+) -> (HashMap<u32, Class>, HashMap<u32, String>, Roles) {
+    let (mut forced, mut services, mut roles) = (HashMap::new(), HashMap::new(), HashMap::new());
+    if cfg.rules.is_empty() && cfg.services.is_empty() && cfg.role.is_empty() {
+        return (forced, services, roles);
     }
     let (need_cgroup, need_uid) = cfg.matching_needs();
     for p in procs.iter().filter(|p| !p.kernel_thread) {
@@ -259,6 +275,32 @@ fn classify_by_config(
         if let Some(svc) = cfg.service_of(&p.comm, cgroup.as_deref(), uid) {
             services.insert(p.pid, format!("/{}", svc.group_name()));
         }
+        if let Some((role, nice)) = cfg.role_of(&p.comm, cgroup.as_deref(), uid) {
+            roles.insert(
+                p.pid,
+                (nice, format!("role {} rank {}", role.app, role.rank)),
+            );
+        }
     }
-    (forced, services)
+    (forced, services, roles)
+}
+
+/// Gives every thread of each role process its fixed nice (new threads included).
+fn apply_roles(roles: &Roles, actuator: &mut KernelActuator) {
+    for (&pid, (nice, label)) in roles {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for tid in tasks
+            .flatten()
+            .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
+        {
+            match actuator.fix_nice(pid, tid, *nice, label) {
+                Ok(()) | Err(ActError::Gone { .. }) | Err(ActError::HandsOff { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(pid, tid, error = %e, "could not give a role its priority")
+                }
+            }
+        }
+    }
 }

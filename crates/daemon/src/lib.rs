@@ -162,7 +162,9 @@ struct Daemon<'obj> {
 impl<'obj> Daemon<'obj> {
     fn new(opts: DaemonOptions, probe: Probe<'obj>, actuator: KernelActuator) -> Self {
         let cpus = host::cpus();
-        let scans = opts.config.batch.enabled || !opts.config.services.is_empty();
+        let scans = opts.config.batch.enabled
+            || !opts.config.services.is_empty()
+            || !opts.config.role.is_empty();
         let batch = scans.then(|| batch::BatchManager::new(&opts.config));
         Daemon {
             policy: ElevationPolicy::new(opts.config.elevation_params()),
@@ -285,7 +287,9 @@ impl<'obj> Daemon<'obj> {
                 if let Some(b) = self.batch.as_mut() {
                     b.on_request(pid, ts_ns);
                 }
-                if !self.opts.config.elevation.enabled {
+                // Roles have fixed priorities: requests do not move them.
+                let role = self.batch.as_ref().is_some_and(|b| b.is_role(pid));
+                if !self.opts.config.elevation.enabled || role {
                     return;
                 }
                 let source = match family {

@@ -6,6 +6,7 @@ pub mod elevation;
 pub mod floor;
 pub mod ladder;
 pub mod load;
+pub mod roles;
 
 pub use elevation::{Budget, Decision, ElevationParams, ElevationPolicy, Reason, Source};
 pub use ladder::{Ladder, LadderError, Step};
