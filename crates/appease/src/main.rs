@@ -67,6 +67,11 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Closed-form models.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
     /// Staggered fixed priorities for a multi-process application (seeds/000).
     Roles {
         #[command(subcommand)]
@@ -77,6 +82,30 @@ enum Command {
     BenchWorker {
         #[command(subcommand)]
         worker: Worker,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// N processors contending for one lock (machine-repairman queue, exact MVA). Give
+    /// --demand, or measurements (--rate, --hold-us, --wait-us) to compare with the model.
+    Contention {
+        #[arg(long)]
+        cpus: u64,
+        /// Share of time a processor would hold the lock if it were alone, percent.
+        #[arg(long, conflicts_with_all = ["rate", "hold_us", "wait_us"], required_unless_present = "rate")]
+        demand: Option<f64>,
+        /// Measured lock acquisitions per second, all processors together.
+        #[arg(long, requires_all = ["hold_us", "wait_us"])]
+        rate: Option<f64>,
+        /// Measured mean hold time, µs.
+        #[arg(long)]
+        hold_us: Option<f64>,
+        /// Measured mean wait (queueing only), µs.
+        #[arg(long)]
+        wait_us: Option<f64>,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -153,6 +182,22 @@ fn run(cmd: Command) -> Result<()> {
                 load,
                 config,
             },
+        ),
+        Command::Model {
+            command:
+                ModelCommand::Contention {
+                    cpus,
+                    demand,
+                    rate,
+                    hold_us,
+                    wait_us,
+                    json,
+                },
+        } => contention(
+            cpus,
+            demand,
+            rate.zip(hold_us).zip(wait_us).map(|((r, h), w)| (r, h, w)),
+            json,
         ),
         Command::Roles {
             command:
@@ -298,6 +343,48 @@ fn bench(scenario: String, flags: BenchFlags) -> Result<()> {
         println!("{}", serde_json::to_string(&value)?);
     } else {
         println!("{table}");
+    }
+    Ok(())
+}
+
+fn contention(
+    cpus: u64,
+    demand: Option<f64>,
+    measured: Option<(f64, f64, f64)>,
+    json: bool,
+) -> Result<()> {
+    use appease_model::contention::{from_measurements, solve};
+    match (demand, measured) {
+        (Some(d), _) => {
+            let c = solve(cpus, d)?;
+            if json {
+                println!("{}", serde_json::to_string(&c)?);
+            } else {
+                println!(
+                    "{} CPUs at {:.2} % demand: lock utilization {:.4}, {:.4} acquisitions per hold time, \
+                     mean wait {:.4} hold times, effective power {:.3} CPUs",
+                    c.cpus, c.demand_pct, c.utilization, c.throughput_per_hold, c.wait_per_hold, c.effective_power
+                );
+            }
+        }
+        (None, Some((rate, hold, wait))) => {
+            let m = from_measurements(cpus, rate, hold, wait)?;
+            if json {
+                println!("{}", serde_json::to_string(&m)?);
+            } else {
+                println!(
+                    "{} CPUs: derived demand {:.3} %; effective power measured {:.3} CPUs, model {:.3} CPUs \
+                     (lock utilization {:.4}, mean wait {:.4} hold times)",
+                    m.cpus,
+                    m.demand_pct,
+                    m.measured_effective_power,
+                    m.predicted_effective_power,
+                    m.model.utilization,
+                    m.model.wait_per_hold
+                );
+            }
+        }
+        (None, None) => anyhow::bail!("give --demand, or --rate, --hold-us and --wait-us"),
     }
     Ok(())
 }

@@ -984,3 +984,62 @@ fn roles_give_fixed_staggered_priorities_and_are_restored() {
     assert!(daemon.signal(libc::SIGTERM).success());
     assert_eq!((nice(pids[0]), nice(pids[1])), (0, 0), "restored on exit");
 }
+
+#[test]
+fn model_contention_json_has_the_contract_keys() {
+    let run = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = run(&[
+        "model",
+        "contention",
+        "--cpus",
+        "2",
+        "--demand",
+        "50",
+        "--json",
+    ]);
+    for k in [
+        "cpus",
+        "demand_pct",
+        "utilization",
+        "throughput_per_hold",
+        "wait_per_hold",
+        "effective_power",
+    ] {
+        assert!(v[k].is_number(), "{k}: {v}");
+    }
+    assert!((v["effective_power"].as_f64().unwrap() - 1.6).abs() < 1e-9);
+    let m = run(&[
+        "model",
+        "contention",
+        "--cpus",
+        "8",
+        "--rate",
+        "400000",
+        "--hold-us",
+        "1",
+        "--wait-us",
+        "0.5",
+        "--json",
+    ]);
+    for k in [
+        "measured_effective_power",
+        "predicted_effective_power",
+        "demand_pct",
+        "effective_power",
+    ] {
+        assert!(m[k].is_number(), "{k}: {m}");
+    }
+    let bad = Command::new(BIN)
+        .args(["model", "contention", "--cpus", "0", "--demand", "5"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--cpus"));
+}

@@ -1,0 +1,3 @@
+//! Closed-form models.
+
+pub mod contention;
