@@ -66,6 +66,9 @@ enum Command {
         /// Daemon config for the appease mode (default: the embedded one).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// synthetic: serve over a UNIX socket instead of TCP loopback.
+        #[arg(long)]
+        unix: bool,
     },
     /// Closed-form models.
     Model {
@@ -129,6 +132,9 @@ enum Worker {
     Server {
         #[arg(long)]
         cpu_ms: f64,
+        /// Listen on this UNIX socket instead of TCP loopback.
+        #[arg(long)]
+        unix: Option<PathBuf>,
     },
     Soak {
         /// Process name (comm) to run under.
@@ -172,6 +178,7 @@ fn run(cmd: Command) -> Result<()> {
             modes,
             load,
             config,
+            unix,
         } => bench(
             scenario,
             BenchFlags {
@@ -181,6 +188,7 @@ fn run(cmd: Command) -> Result<()> {
                 modes,
                 load,
                 config,
+                unix,
             },
         ),
         Command::Model {
@@ -208,9 +216,9 @@ fn run(cmd: Command) -> Result<()> {
                 },
         } => roles_cmd::suggest_cmd(&file, &app, top_nice),
         Command::BenchWorker { worker } => match worker {
-            Worker::Server { cpu_ms } => {
+            Worker::Server { cpu_ms, unix } => {
                 let cpu = std::time::Duration::from_secs_f64(cpu_ms / 1000.0);
-                Ok(appease_bench::worker::serve(cpu)?)
+                Ok(appease_bench::worker::serve(cpu, unix.as_deref())?)
             }
             Worker::Soak { name } => Ok(appease_bench::worker::soak(&name)?),
         },
@@ -272,6 +280,7 @@ struct BenchFlags {
     modes: Vec<String>,
     load: Vec<f64>,
     config: Option<PathBuf>,
+    unix: bool,
 }
 
 fn bench(scenario: String, flags: BenchFlags) -> Result<()> {
@@ -282,6 +291,7 @@ fn bench(scenario: String, flags: BenchFlags) -> Result<()> {
         modes,
         load,
         config,
+        unix,
     } = flags;
     if let Some(c) = &config {
         appease_config::Config::load(c)?;
@@ -308,6 +318,7 @@ fn bench(scenario: String, flags: BenchFlags) -> Result<()> {
         loads: load,
         appease: std::env::current_exe().context("finding the appease binary")?,
         config,
+        unix,
         stop,
     };
     let (value, table, csv) = match appease_bench::run(&opts)? {

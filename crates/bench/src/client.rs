@@ -4,6 +4,8 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
@@ -50,6 +52,35 @@ impl Drop for Latency {
     }
 }
 
+/// Where the server listens.
+#[derive(Clone, Debug)]
+pub enum Target {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+/// One connection, TCP or UNIX, split into a sending and a receiving half.
+fn connect(target: &Target) -> Result<(Box<dyn Write + Send>, Box<dyn Read>)> {
+    let timeout = Some(Duration::from_millis(200));
+    Ok(match target {
+        Target::Tcp(addr) => {
+            let tx = TcpStream::connect(addr)
+                .with_context(|| format!("connecting to the server at {addr}"))?;
+            tx.set_nodelay(true)?;
+            let rx = tx.try_clone()?;
+            rx.set_read_timeout(timeout)?;
+            (Box::new(tx), Box::new(rx))
+        }
+        Target::Unix(path) => {
+            let tx = UnixStream::connect(path)
+                .with_context(|| format!("connecting to the server at {}", path.display()))?;
+            let rx = tx.try_clone()?;
+            rx.set_read_timeout(timeout)?;
+            (Box::new(tx), Box::new(rx))
+        }
+    })
+}
+
 fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
 }
@@ -57,17 +88,13 @@ fn hist() -> Histogram<u64> {
 /// Sends `rate` requests/s to `addr` for `duration`, then waits up to `drain` for the
 /// last answers. `stop` ends the run early (Ctrl-C).
 pub fn open_loop(
-    addr: SocketAddr,
+    target: &Target,
     rate: f64,
     duration: Duration,
     drain: Duration,
     stop: &Arc<AtomicBool>,
 ) -> Result<ClientResult> {
-    let mut tx_sock =
-        TcpStream::connect(addr).with_context(|| format!("connecting to the server at {addr}"))?;
-    tx_sock.set_nodelay(true)?;
-    let mut rx_sock = tx_sock.try_clone()?;
-    rx_sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let (mut tx_sock, mut rx_sock) = connect(target)?;
     let (due_tx, due_rx) = mpsc::channel::<Instant>();
     let start = Instant::now() + Duration::from_millis(20);
     let period = Duration::from_secs_f64(1.0 / rate);

@@ -88,6 +88,8 @@ pub struct Options {
     pub appease: PathBuf,
     /// Config for the `appease` mode instead of the embedded default.
     pub config: Option<PathBuf>,
+    /// The synthetic server listens on a UNIX socket instead of TCP loopback.
+    pub unix: bool,
     /// Ctrl-C: stop measuring, clean up, report what was measured.
     pub stop: Arc<AtomicBool>,
 }
@@ -107,6 +109,8 @@ impl Options {
 /// Parameters of the synthetic scenario (the DESIGN.md experiment by default).
 #[derive(Clone, Debug, Serialize)]
 pub struct Synthetic {
+    /// "tcp" or "unix".
+    pub transport: String,
     pub cpu_ms: f64,
     pub rate_per_s: f64,
     pub measure_s: f64,
@@ -140,6 +144,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 
 fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
     let params = Synthetic {
+        transport: if opts.unix { "unix" } else { "tcp" }.into(),
         cpu_ms: 5.0,
         rate_per_s: 40.0,
         measure_s: if opts.quick { 5.0 } else { 30.0 },
@@ -248,15 +253,28 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
 
     // The server.
     let cpu_arg = p.cpu_ms.to_string();
-    let mut server = spawn_worker(&opts.appease, &["server", "--cpu-ms", &cpu_arg])?;
-    let port: u16 = {
+    let sock = tmp.join("server.sock");
+    let _stale = std::fs::remove_file(&sock);
+    let sock_arg = sock.display().to_string();
+    let mut args = vec!["server", "--cpu-ms", &cpu_arg];
+    if opts.unix {
+        args.extend(["--unix", &sock_arg]);
+    }
+    let mut server = spawn_worker(&opts.appease, &args)?;
+    let target = {
         let mut line = String::new();
         BufReader::new(server.stdout.as_mut().expect("piped"))
             .read_line(&mut line)
-            .context("reading the server's port")?;
-        line.trim()
-            .parse()
-            .context("the server did not report its port")?
+            .context("reading where the server listens")?;
+        if opts.unix {
+            client::Target::Unix(sock.clone())
+        } else {
+            let port: u16 = line
+                .trim()
+                .parse()
+                .context("the server did not report its port")?;
+            client::Target::Tcp(([127, 0, 0, 1], port).into())
+        }
     };
     run.children.push(server);
 
@@ -273,12 +291,17 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
 
     // Warm-up with traffic flowing, as on a real host: the daemon sees a server that
     // answers requests. For `appease`, until it has demoted the soakers.
-    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     let warm_stop = Arc::new(AtomicBool::new(false));
     let warm = {
-        let (stop, rate) = (warm_stop.clone(), p.rate_per_s);
+        let (stop, rate, target) = (warm_stop.clone(), p.rate_per_s, target.clone());
         std::thread::spawn(move || {
-            client::open_loop(addr, rate, Duration::from_secs(3600), Duration::ZERO, &stop)
+            client::open_loop(
+                &target,
+                rate,
+                Duration::from_secs(3600),
+                Duration::ZERO,
+                &stop,
+            )
         })
     };
     let settle = Instant::now();
@@ -305,7 +328,7 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
 
     let (busy0, total0) = cpu_jiffies();
     let result = client::open_loop(
-        ([127, 0, 0, 1], port).into(),
+        &target,
         p.rate_per_s,
         Duration::from_secs_f64(p.measure_s),
         Duration::from_secs(3),

@@ -85,11 +85,12 @@ impl ScenarioResult {
     pub fn table(&self) -> String {
         let p = &self.params;
         let mut s = format!(
-            "{}: one single-threaded server ({} ms CPU per request, {} req/s open loop, TCP), \
+            "{}: one single-threaded server ({} ms CPU per request, {} req/s open loop, {}), \
              {} soakers ({} per CPU) on {} CPUs, {} s per mode\n",
             self.scenario,
             p.cpu_ms,
             p.rate_per_s,
+            p.transport.to_uppercase(),
             self.soakers,
             self.load_per_cpu,
             self.cpus,

@@ -20,30 +20,47 @@ pub fn thread_cpu() -> Duration {
 }
 
 /// A single-threaded server: per 1-byte request it burns `cpu` of CPU time and answers
-/// with the CPU time it used (u64 ns, little endian). Prints its port, then serves one
-/// connection at a time until stdin closes or it is signalled.
-pub fn serve(cpu: Duration) -> io::Result<()> {
+/// with the CPU time it used (u64 ns, little endian). Listens on TCP loopback (printing
+/// its port) or on the UNIX socket `unix` (printing the path), and serves one connection
+/// at a time until signalled.
+pub fn serve(cpu: Duration, unix: Option<&std::path::Path>) -> io::Result<()> {
     set_name(c"bench-server");
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    println!("{}", listener.local_addr()?.port());
-    io::stdout().flush()?;
-    for conn in listener.incoming() {
-        let mut s = conn?;
-        s.set_nodelay(true)?;
-        let mut b = [0u8; 1];
-        while s.read(&mut b).map(|n| n == 1).unwrap_or(false) {
-            let start = thread_cpu();
-            let end = start + cpu;
-            while thread_cpu() < end {
-                std::hint::spin_loop();
+    match unix {
+        Some(path) => {
+            let listener = std::os::unix::net::UnixListener::bind(path)?;
+            println!("{}", path.display());
+            io::stdout().flush()?;
+            for conn in listener.incoming() {
+                answer(conn?, cpu);
             }
-            let used = (thread_cpu() - start).as_nanos() as u64;
-            if s.write_all(&used.to_le_bytes()).is_err() {
-                break;
+        }
+        None => {
+            let listener = TcpListener::bind("127.0.0.1:0")?;
+            println!("{}", listener.local_addr()?.port());
+            io::stdout().flush()?;
+            for conn in listener.incoming() {
+                let s = conn?;
+                s.set_nodelay(true)?;
+                answer(s, cpu);
             }
         }
     }
     Ok(())
+}
+
+fn answer(mut s: impl Read + Write, cpu: Duration) {
+    let mut b = [0u8; 1];
+    while s.read(&mut b).map(|n| n == 1).unwrap_or(false) {
+        let start = thread_cpu();
+        let end = start + cpu;
+        while thread_cpu() < end {
+            std::hint::spin_loop();
+        }
+        let used = (thread_cpu() - start).as_nanos() as u64;
+        if s.write_all(&used.to_le_bytes()).is_err() {
+            break;
+        }
+    }
 }
 
 /// Spins, counting units of work (1,000 loop iterations each), until SIGTERM; then
