@@ -34,9 +34,15 @@ test: deps
 	$(CARGO) build --release --locked -p appease
 	$(CARGO) test --workspace --locked --release
 
+# The figures in docs/RESULTS.md (root; about 15 minutes). nginx for the web scenario.
 bench: build
+	@dpkg-query -W -f='$${Status}' nginx 2>/dev/null | grep -q "install ok installed" || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null)
 	$(CARGO) bench --locked -p appease-probe --bench read_cost
-	./target/release/appease bench overhead
+	$(CARGO) bench --locked -p appease --bench daemon
+	./target/release/appease bench synthetic --out bench-out/synthetic
+	./target/release/appease bench web --out bench-out/web
+	./target/release/appease bench utilization --out bench-out/utilization
 
 fmt:
 	$(CARGO) fmt --all

@@ -52,6 +52,71 @@ impl Drop for Latency {
     }
 }
 
+/// What is sent and how answers are read.
+#[derive(Clone, Debug)]
+pub enum Protocol {
+    /// 1-byte request; 8-byte answer carrying the CPU ns the server spent on it.
+    Synthetic,
+    /// HTTP/1.1 GET of these paths in turn, pipelined on one keep-alive connection.
+    Http {
+        host: String,
+        paths: Arc<Vec<String>>,
+    },
+}
+
+impl Protocol {
+    fn request(&self, n: u64) -> Vec<u8> {
+        match self {
+            Protocol::Synthetic => b"r".to_vec(),
+            Protocol::Http { host, paths } => {
+                let path = &paths[(n % paths.len() as u64) as usize];
+                format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes()
+            }
+        }
+    }
+
+    /// Takes one whole answer off the front of `buf`: Some(server CPU ns, if known).
+    fn take_answer(&self, buf: &mut Vec<u8>) -> Result<Option<Option<u64>>> {
+        match self {
+            Protocol::Synthetic => {
+                if buf.len() < 8 {
+                    return Ok(None);
+                }
+                let cpu = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
+                buf.drain(..8);
+                Ok(Some(Some(cpu)))
+            }
+            Protocol::Http { .. } => {
+                let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    return Ok(None);
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+                let status = head.split_whitespace().nth(1).unwrap_or("");
+                if status != "200" {
+                    anyhow::bail!(
+                        "the web server answered {:?}",
+                        head.lines().next().unwrap_or("")
+                    );
+                }
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().ok())?
+                    })
+                    .context("an HTTP answer without Content-Length")?;
+                let total = head_end + 4 + len;
+                if buf.len() < total {
+                    return Ok(None);
+                }
+                buf.drain(..total);
+                Ok(Some(None))
+            }
+        }
+    }
+}
+
 /// Where the server listens.
 #[derive(Clone, Debug)]
 pub enum Target {
@@ -89,6 +154,7 @@ fn hist() -> Histogram<u64> {
 /// last answers. `stop` ends the run early (Ctrl-C).
 pub fn open_loop(
     target: &Target,
+    protocol: &Protocol,
     rate: f64,
     duration: Duration,
     drain: Duration,
@@ -100,6 +166,7 @@ pub fn open_loop(
     let period = Duration::from_secs_f64(1.0 / rate);
     let sent_count = Arc::new(AtomicU64::new(0));
     let (sender_stop, sender_count) = (stop.clone(), sent_count.clone());
+    let sender_protocol = protocol.clone();
 
     let sender = thread::spawn(move || -> Result<u64> {
         let _prio = Latency::enter();
@@ -115,7 +182,9 @@ pub fn open_loop(
             }
             // The send time goes first: the answer cannot overtake it.
             due_tx.send(due).ok();
-            tx_sock.write_all(b"r").context("sending a request")?;
+            tx_sock
+                .write_all(&sender_protocol.request(sent))
+                .context("sending a request")?;
             sent += 1;
             sender_count.store(sent, Ordering::Release);
         }
@@ -125,28 +194,30 @@ pub fn open_loop(
     let mut lat = hist();
     let mut unhappy = hist();
     let mut answered = 0u64;
-    let mut buf = [0u8; 8];
-    let mut filled = 0;
+    let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
+    let mut chunk = vec![0u8; 1 << 16];
     let mut last_answer = Instant::now();
     loop {
         let sending_done = sender.is_finished();
         if sending_done && answered >= sent_count.load(Ordering::Acquire) {
             break;
         }
-        // Answers are 8 bytes; a read may return part of one.
-        match rx_sock.read(&mut buf[filled..]) {
+        // A read may return part of an answer, or several.
+        match rx_sock.read(&mut chunk) {
             Ok(0) => anyhow::bail!("the server closed the connection"),
-            Ok(n) if filled + n < buf.len() => filled += n,
-            Ok(_) => {
-                filled = 0;
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
                 let now = Instant::now();
-                let due = due_rx.recv().context("an answer without a request")?;
-                let cpu_us = u64::from_le_bytes(buf) / 1000;
-                let us = now.saturating_duration_since(due).as_micros() as u64;
-                let _clamped = lat.record(us.max(1));
-                let _clamped = unhappy.record(us.saturating_sub(cpu_us).max(1));
-                answered += 1;
-                last_answer = now;
+                while let Some(cpu_ns) = protocol.take_answer(&mut buf)? {
+                    let due = due_rx.recv().context("an answer without a request")?;
+                    let us = now.saturating_duration_since(due).as_micros() as u64;
+                    let _clamped = lat.record(us.max(1));
+                    if let Some(cpu) = cpu_ns {
+                        let _clamped = unhappy.record(us.saturating_sub(cpu / 1000).max(1));
+                    }
+                    answered += 1;
+                    last_answer = now;
+                }
             }
             Err(e)
                 if matches!(

@@ -109,6 +109,8 @@ impl Options {
 /// Parameters of the synthetic scenario (the DESIGN.md experiment by default).
 #[derive(Clone, Debug, Serialize)]
 pub struct Synthetic {
+    /// "synthetic" (a server of ours) or "nginx".
+    pub server: String,
     /// "tcp" or "unix".
     pub transport: String,
     pub cpu_ms: f64,
@@ -126,9 +128,9 @@ pub enum Report {
 
 pub fn run(opts: &Options) -> Result<Report> {
     match opts.scenario.as_str() {
-        "synthetic" | "utilization" => {}
+        "synthetic" | "utilization" | "web" => {}
         s if SCENARIOS.contains(&s) => bail!(
-            "scenario {s:?} is not implemented yet in this version; available: synthetic, utilization"
+            "scenario {s:?} is not implemented yet in this version; available: synthetic, web, utilization"
         ),
         s => bail!("unknown scenario {s:?}; scenarios are {}", SCENARIOS.join(", ")),
     }
@@ -143,10 +145,13 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
+    let web = opts.scenario == "web";
     let params = Synthetic {
-        transport: if opts.unix { "unix" } else { "tcp" }.into(),
-        cpu_ms: 5.0,
-        rate_per_s: 40.0,
+        server: if web { "nginx" } else { "synthetic" }.into(),
+        transport: if opts.unix && !web { "unix" } else { "tcp" }.into(),
+        // nginx's work per request is its own; the DESIGN case sends 2,000 small requests/s.
+        cpu_ms: if web { 0.0 } else { 5.0 },
+        rate_per_s: if web { 2000.0 } else { 40.0 },
         measure_s: if opts.quick { 5.0 } else { 30.0 },
         warmup_s: 1.0,
     };
@@ -170,7 +175,7 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
             modes.push(run_mode(opts, &params, mode, soakers)?);
         }
         out.push(ScenarioResult {
-            scenario: "synthetic".into(),
+            scenario: opts.scenario.clone(),
             cpus,
             load_per_cpu: load,
             soakers,
@@ -185,6 +190,8 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
 #[derive(Default)]
 pub(crate) struct Run {
     pub(crate) children: Vec<Child>,
+    /// Servers that must stop on their own terms (nginx stops its workers on SIGTERM).
+    graceful: Vec<Child>,
     daemon: Option<Child>,
     /// Removed in this order once the processes are gone.
     pub(crate) cgroups: Vec<(appease_cgroup::Cgroups, String)>,
@@ -197,6 +204,18 @@ impl Drop for Run {
             // SAFETY: signalling our own child; it restores everything it changed.
             unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
             let _exit_status_logged_by_daemon = d.wait();
+        }
+        for c in &mut self.graceful {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        for c in &mut self.graceful {
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(5) && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _already_gone = c.kill();
+            let _reaped = c.wait();
         }
         for c in &mut self.children {
             let _already_gone = c.kill();
@@ -252,31 +271,14 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     run.tmp = Some(tmp.clone());
 
     // The server.
-    let cpu_arg = p.cpu_ms.to_string();
-    let sock = tmp.join("server.sock");
-    let _stale = std::fs::remove_file(&sock);
-    let sock_arg = sock.display().to_string();
-    let mut args = vec!["server", "--cpu-ms", &cpu_arg];
-    if opts.unix {
-        args.extend(["--unix", &sock_arg]);
-    }
-    let mut server = spawn_worker(&opts.appease, &args)?;
-    let target = {
-        let mut line = String::new();
-        BufReader::new(server.stdout.as_mut().expect("piped"))
-            .read_line(&mut line)
-            .context("reading where the server listens")?;
-        if opts.unix {
-            client::Target::Unix(sock.clone())
-        } else {
-            let port: u16 = line
-                .trim()
-                .parse()
-                .context("the server did not report its port")?;
-            client::Target::Tcp(([127, 0, 0, 1], port).into())
-        }
+    let (target, protocol) = if p.server == "nginx" {
+        start_nginx(&mut run, &tmp)?
+    } else {
+        (
+            start_synthetic(&mut run, opts, p, &tmp)?,
+            client::Protocol::Synthetic,
+        )
     };
-    run.children.push(server);
 
     // The batch load.
     let n = if mode == Mode::Unloaded { 0 } else { soakers };
@@ -293,10 +295,16 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     // answers requests. For `appease`, until it has demoted the soakers.
     let warm_stop = Arc::new(AtomicBool::new(false));
     let warm = {
-        let (stop, rate, target) = (warm_stop.clone(), p.rate_per_s, target.clone());
+        let (stop, rate, target, protocol) = (
+            warm_stop.clone(),
+            p.rate_per_s,
+            target.clone(),
+            protocol.clone(),
+        );
         std::thread::spawn(move || {
             client::open_loop(
                 &target,
+                &protocol,
                 rate,
                 Duration::from_secs(3600),
                 Duration::ZERO,
@@ -329,6 +337,7 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     let (busy0, total0) = cpu_jiffies();
     let result = client::open_loop(
         &target,
+        &protocol,
         p.rate_per_s,
         Duration::from_secs_f64(p.measure_s),
         Duration::from_secs(3),
@@ -413,6 +422,99 @@ fn apply_mode(
         }
     }
     Ok(())
+}
+
+/// The synthetic server (`appease bench-worker server`), on TCP loopback or a UNIX socket.
+fn start_synthetic(
+    run: &mut Run,
+    opts: &Options,
+    p: &Synthetic,
+    tmp: &Path,
+) -> Result<client::Target> {
+    let cpu_arg = p.cpu_ms.to_string();
+    let sock = tmp.join("server.sock");
+    let _stale = std::fs::remove_file(&sock);
+    let sock_arg = sock.display().to_string();
+    let mut args = vec!["server", "--cpu-ms", &cpu_arg];
+    if opts.unix {
+        args.extend(["--unix", &sock_arg]);
+    }
+    let mut server = spawn_worker(&opts.appease, &args)?;
+    let mut line = String::new();
+    BufReader::new(server.stdout.as_mut().expect("piped"))
+        .read_line(&mut line)
+        .context("reading where the server listens")?;
+    run.children.push(server);
+    if opts.unix {
+        return Ok(client::Target::Unix(sock));
+    }
+    let port: u16 = line
+        .trim()
+        .parse()
+        .context("the server did not report its port")?;
+    Ok(client::Target::Tcp(([127, 0, 0, 1], port).into()))
+}
+
+const NGINX: &str = "/usr/sbin/nginx";
+
+/// nginx from Debian serving a generated tree of 200 small files (0.5 to 16 KiB) on a
+/// free loopback port, one worker, in the foreground; stopped with SIGTERM with the run.
+fn start_nginx(run: &mut Run, tmp: &Path) -> Result<(client::Target, client::Protocol)> {
+    if !Path::new(NGINX).exists() {
+        bail!("the web scenario needs nginx ({NGINX} is missing): apt-get install nginx");
+    }
+    let www = tmp.join("www");
+    std::fs::create_dir_all(&www)?;
+    let mut paths = Vec::new();
+    for i in 0..200u32 {
+        let size = 512 + (i as usize * 7919) % (16 * 1024 - 512);
+        std::fs::write(
+            www.join(format!("f{i:03}.html")),
+            vec![b'a' + (i % 26) as u8; size],
+        )?;
+        paths.push(format!("/f{i:03}.html"));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let conf = tmp.join("nginx.conf");
+    let config = format!(
+        "daemon off;\nmaster_process on;\nworker_processes 1;\npid {tmp}/nginx.pid;\n\
+         error_log {tmp}/nginx-error.log warn;\nevents {{ worker_connections 256; }}\n\
+         http {{\n  access_log off;\n  sendfile on;\n  keepalive_requests 100000000;\n  \
+         keepalive_timeout 300s;\n  default_type text/html;\n  \
+         server {{ listen 127.0.0.1:{port}; root {www}; }}\n}}\n",
+        tmp = tmp.display(),
+        www = www.display()
+    );
+    std::fs::write(&conf, config)?;
+    let log = std::fs::File::create(tmp.join("nginx.out"))?;
+    let child = Command::new(NGINX)
+        .args(["-e", &format!("{}/nginx-error.log", tmp.display()), "-c"])
+        .arg(&conf)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting nginx")?;
+    run.graceful.push(child);
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    if wait_until(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(addr).is_ok()
+    })
+    .is_err()
+    {
+        let err = std::fs::read_to_string(tmp.join("nginx-error.log")).unwrap_or_default();
+        bail!(
+            "nginx did not start on {addr}: {}",
+            err.lines().last().unwrap_or("no message")
+        );
+    }
+    let protocol = client::Protocol::Http {
+        host: "localhost".into(),
+        paths: Arc::new(paths),
+    };
+    Ok((client::Target::Tcp(addr), protocol))
 }
 
 /// Starts `appease daemon --config CFG` for a run (ended with the run) and waits until

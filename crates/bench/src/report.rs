@@ -45,7 +45,7 @@ pub struct ModeResult {
     pub batch_throughput: f64,
     pub cpu_util_pct: f64,
     /// seeds/004 unhappiness: time waited beyond the CPU the request needed, ms.
-    pub unhappiness_ms: Latency,
+    pub unhappiness_ms: Option<Latency>,
     /// seeds/003 spreads.
     pub max_min_ms: f64,
     pub p95_min_ms: f64,
@@ -61,7 +61,8 @@ impl ModeResult {
             lost: r.sent.saturating_sub(r.answered),
             batch_throughput,
             cpu_util_pct,
-            unhappiness_ms: Latency::from_us(&r.unhappiness_us),
+            unhappiness_ms: (!r.unhappiness_us.is_empty())
+                .then(|| Latency::from_us(&r.unhappiness_us)),
             max_min_ms: latency_ms.max - latency_ms.min,
             p95_min_ms: latency_ms.p95 - latency_ms.min,
             requests_per_s: r.answered as f64 / r.elapsed.as_secs_f64().max(1e-9),
@@ -84,11 +85,17 @@ impl ScenarioResult {
     /// The side-by-side table, with ratios against `unloaded` and `unmanaged`.
     pub fn table(&self) -> String {
         let p = &self.params;
+        let server = if p.server == "nginx" {
+            "nginx from Debian (1 worker) serving 200 static files of 0.5-16 KiB".to_string()
+        } else {
+            format!(
+                "one single-threaded server ({} ms CPU per request)",
+                p.cpu_ms
+            )
+        };
         let mut s = format!(
-            "{}: one single-threaded server ({} ms CPU per request, {} req/s open loop, {}), \
-             {} soakers ({} per CPU) on {} CPUs, {} s per mode\n",
+            "{}: {server}, {} req/s open loop over {}, {} soakers ({} per CPU) on {} CPUs, {} s per mode\n",
             self.scenario,
-            p.cpu_ms,
             p.rate_per_s,
             p.transport.to_uppercase(),
             self.soakers,
@@ -124,7 +131,7 @@ impl ScenarioResult {
                 _ => "?".into(),
             };
             s += &format!(
-                "{:<18} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>9.2} {:>12.0} {:>8} {:>6.1}\n",
+                "{:<18} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>9} {:>12.0} {:>8} {:>6.1}\n",
                 m.mode.name(),
                 l.mean,
                 l.p50,
@@ -133,7 +140,7 @@ impl ScenarioResult {
                 l.p999,
                 l.max,
                 m.requests,
-                m.unhappiness_ms.mean,
+                m.unhappiness_ms.as_ref().map_or("-".to_string(), |u| format!("{:.2}", u.mean)),
                 m.batch_throughput,
                 vs,
                 m.cpu_util_pct
@@ -168,7 +175,7 @@ pub fn csv(results: &[ScenarioResult]) -> String {
                 l.p999,
                 l.min,
                 l.max,
-                m.unhappiness_ms.mean,
+                m.unhappiness_ms.as_ref().map_or("-".to_string(), |u| format!("{:.2}", u.mean)),
                 m.batch_throughput,
                 m.cpu_util_pct
             );
