@@ -391,24 +391,8 @@ fn apply_mode(
                 }
             }
         }
-        Mode::BatchSchedIdle => {
-            let param = libc::sched_param { sched_priority: 0 };
-            for &pid in soakers {
-                // SAFETY: as above.
-                if unsafe { libc::sched_setscheduler(pid as i32, libc::SCHED_IDLE, &param) } != 0 {
-                    bail!("SCHED_IDLE for {pid}: {}", std::io::Error::last_os_error());
-                }
-            }
-        }
-        Mode::BatchCgroupIdle => {
-            let cg = appease_cgroup::Cgroups::detect()?;
-            let name = format!("appease-bench-{}.idle", std::process::id());
-            let group = cg.ensure_top_group(&name, true, 100)?;
-            run.cgroups.push((cg.clone(), group.clone()));
-            for &pid in soakers {
-                cg.move_process(pid, &group)?;
-            }
-        }
+        Mode::BatchSchedIdle => make_sched_idle(soakers)?,
+        Mode::BatchCgroupIdle => into_idle_group(run, soakers)?,
         Mode::RbpeClassic | Mode::Appease => {
             let cfg = tmp.join("daemon.toml");
             let text = match (&opts.config, mode) {
@@ -548,6 +532,33 @@ pub(crate) fn start_daemon(run: &mut Run, opts: &Options, cfg: &Path) -> Result<
             tmp.join("daemon.log").display()
         )
     })
+}
+
+/// Our own children (the soakers) to SCHED_IDLE; they end with the run.
+pub(crate) fn make_sched_idle(pids: &[u32]) -> Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    for &pid in pids {
+        // SAFETY: our own children, ended with the run.
+        if unsafe { libc::sched_setscheduler(pid as i32, libc::SCHED_IDLE, &param) } != 0 {
+            bail!("SCHED_IDLE for {pid}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Our own children into a top-level idle group of the bench's, removed with the run.
+pub(crate) fn into_idle_group(run: &mut Run, pids: &[u32]) -> Result<()> {
+    let cg = appease_cgroup::Cgroups::detect()?;
+    let group = cg.ensure_top_group(
+        &format!("appease-bench-{}.idle", std::process::id()),
+        true,
+        100,
+    )?;
+    run.cgroups.push((cg.clone(), group.clone()));
+    for &pid in pids {
+        cg.move_process(pid, &group)?;
+    }
+    Ok(())
 }
 
 fn appease_config_rbpe() -> String {

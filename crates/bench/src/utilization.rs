@@ -81,49 +81,19 @@ fn run_case(
     }
     let groups = match layout {
         Layout::SchedIdle => {
-            let param = libc::sched_param { sched_priority: 0 };
-            for &pid in &pids[1..] {
-                // SAFETY: our own children, ended with the run.
-                if unsafe { libc::sched_setscheduler(pid as i32, libc::SCHED_IDLE, &param) } != 0 {
-                    anyhow::bail!("SCHED_IDLE for {pid}: {}", std::io::Error::last_os_error());
-                }
-            }
+            crate::make_sched_idle(&pids[1..])?;
             0
         }
         Layout::CgroupIdle => {
-            let cg = appease_cgroup::Cgroups::detect()?;
-            let group = cg.ensure_top_group(
-                &format!("appease-bench-{}.idle", std::process::id()),
-                true,
-                100,
-            )?;
-            run.cgroups.push((cg.clone(), group.clone()));
-            for &pid in &pids[1..] {
-                cg.move_process(pid, &group)?;
-            }
+            crate::into_idle_group(&mut run, &pids[1..])?;
             0
         }
         Layout::OneIdleGroup => {
-            let cg = appease_cgroup::Cgroups::detect()?;
-            let group = cg.ensure_top_group(
-                &format!("appease-bench-{}.idle", std::process::id()),
-                true,
-                100,
-            )?;
-            run.cgroups.push((cg.clone(), group.clone()));
-            for &pid in &pids {
-                cg.move_process(pid, &group)?;
-            }
+            crate::into_idle_group(&mut run, &pids)?;
             1
         }
         Layout::AllSchedIdle => {
-            let param = libc::sched_param { sched_priority: 0 };
-            for &pid in &pids {
-                // SAFETY: our own children, ended with the run.
-                if unsafe { libc::sched_setscheduler(pid as i32, libc::SCHED_IDLE, &param) } != 0 {
-                    anyhow::bail!("SCHED_IDLE for {pid}: {}", std::io::Error::last_os_error());
-                }
-            }
+            crate::make_sched_idle(&pids)?;
             0
         }
         Layout::Appease => {

@@ -125,13 +125,7 @@ impl Cgroups {
         idle: bool,
         weight: u32,
     ) -> Result<String, CgroupError> {
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-        {
-            return Err(CgroupError::BadName(name.to_string()));
-        }
+        check_name(name)?;
         let group = format!("/{name}");
         let dir = self.dir(&group);
         match fs::create_dir(&dir) {
@@ -158,13 +152,7 @@ impl Cgroups {
         name: &str,
         weight: u32,
     ) -> Result<String, CgroupError> {
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-        {
-            return Err(CgroupError::BadName(name.to_string()));
-        }
+        check_name(name)?;
         if self.version == Version::V2 {
             let ctl = self.dir(parent).join("cgroup.subtree_control");
             let enabled = fs::read_to_string(&ctl).unwrap_or_default();
@@ -231,6 +219,19 @@ impl Cgroups {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(io_err("removing", &dir)(e)),
         }
+    }
+}
+
+/// A group name is one path component of letters, digits, '.', '-' or '_'.
+fn check_name(name: &str) -> Result<(), CgroupError> {
+    let ok = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(CgroupError::BadName(name.to_string()))
     }
 }
 

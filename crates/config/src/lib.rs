@@ -329,31 +329,8 @@ fn group_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
 fn rules<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Rule>, D::Error> {
     let rules = Vec::<Rule>::deserialize(d)?;
     for (i, r) in rules.iter().enumerate() {
-        if r.comm.is_none() && r.cgroup.is_none() && r.user.is_none() && r.unit.is_none() {
-            return Err(D::Error::custom(format!(
-                "rule {i}: give at least one of comm, cgroup, user, unit to match"
-            )));
-        }
-        if let Some(c) = &r.comm {
-            if c.is_empty() || c.len() > 15 {
-                return Err(D::Error::custom(format!(
-                    "rule {i}: comm {c:?} must be 1 to 15 bytes"
-                )));
-            }
-        }
-        if let Some(c) = &r.cgroup {
-            if !c.starts_with('/') || c.contains("..") {
-                return Err(D::Error::custom(format!(
-                    "rule {i}: cgroup {c:?} must be an absolute path in the CPU hierarchy, \
-                     like /system.slice/backup.service"
-                )));
-            }
-        }
-        if let Some(u) = &r.user {
-            if u.parse::<u32>().is_err() && uid_of(u).is_none() {
-                return Err(D::Error::custom(format!("rule {i}: unknown user {u:?}")));
-            }
-        }
+        r.check()
+            .map_err(|e| D::Error::custom(format!("rule {i}: {e}")))?;
     }
     Ok(rules)
 }
@@ -385,24 +362,9 @@ fn services<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Service>, D::Error> {
                 s.weight
             )));
         }
-        let r = s.matcher();
-        if r.comm.is_none() && r.cgroup.is_none() && r.user.is_none() && r.unit.is_none() {
-            return Err(D::Error::custom(format!(
-                "service {i}: give at least one of comm, cgroup, user, unit to match its processes"
-            )));
-        }
-        if let Some(c) = &r.cgroup {
-            if !c.starts_with('/') || c.contains("..") {
-                return Err(D::Error::custom(format!(
-                    "service {i}: cgroup {c:?} must be an absolute path"
-                )));
-            }
-        }
-        if let Some(u) = &r.user {
-            if u.parse::<u32>().is_err() && uid_of(u).is_none() {
-                return Err(D::Error::custom(format!("service {i}: unknown user {u:?}")));
-            }
-        }
+        s.matcher()
+            .check()
+            .map_err(|e| D::Error::custom(format!("service {i}: {e}")))?;
     }
     Ok(services)
 }
@@ -420,6 +382,36 @@ pub fn uid_of(name: &str) -> Option<u32> {
 }
 
 impl Rule {
+    /// The checks every matcher (rule, service, role) must pass.
+    fn check(&self) -> Result<(), String> {
+        if self.comm.is_none()
+            && self.cgroup.is_none()
+            && self.user.is_none()
+            && self.unit.is_none()
+        {
+            return Err("give at least one of comm, cgroup, user, unit to match".into());
+        }
+        if let Some(c) = &self.comm {
+            if c.is_empty() || c.len() > 15 {
+                return Err(format!("comm {c:?} must be 1 to 15 bytes"));
+            }
+        }
+        if let Some(c) = &self.cgroup {
+            if !c.starts_with('/') || c.contains("..") {
+                return Err(format!(
+                    "cgroup {c:?} must be an absolute path in the CPU hierarchy, \
+                     like /system.slice/backup.service"
+                ));
+            }
+        }
+        if let Some(u) = &self.user {
+            if u.parse::<u32>().is_err() && uid_of(u).is_none() {
+                return Err(format!("unknown user {u:?}"));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether a process with these attributes matches every field the rule gives.
     pub fn matches(&self, comm: &str, cgroup: Option<&str>, uid: Option<u32>) -> bool {
         let user_ok = self.user.as_ref().is_none_or(|u| {
@@ -584,13 +576,9 @@ impl Config {
     /// Checks what serde cannot: roles stay above normal processes.
     fn validate(self) -> Result<Self, String> {
         for (i, r) in self.role.iter().enumerate() {
-            let m = r.matcher();
-            if m.comm.is_none() && m.cgroup.is_none() && m.user.is_none() && m.unit.is_none() {
-                return Err(format!(
-                    "role {i} ({}): give at least one of comm, cgroup, user, unit",
-                    r.app
-                ));
-            }
+            r.matcher()
+                .check()
+                .map_err(|e| format!("role {i} ({}): {e}", r.app))?;
             let nice = self.roles.top_nice + r.rank as i32;
             if nice >= 0 {
                 return Err(format!(
