@@ -45,31 +45,7 @@ enum Command {
     /// Check a config file and exit (0: valid).
     CheckConfig { file: PathBuf },
     /// Run a real server under real batch load in every mode, side by side (root).
-    Bench {
-        /// synthetic (others: web, db, frames, pipeline, utilization, as they become available)
-        scenario: String,
-        /// A short run (5 s per mode) for CI and a first look.
-        #[arg(long)]
-        quick: bool,
-        /// Print the result as one JSON object on stdout.
-        #[arg(long)]
-        json: bool,
-        /// Also write result.json and result.csv into this directory.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Comma-separated subset of modes (default: all).
-        #[arg(long, value_delimiter = ',')]
-        modes: Vec<String>,
-        /// Batch jobs per CPU; several (e.g. 0,1,2,4,8) sweep.
-        #[arg(long, value_delimiter = ',', default_value = "4")]
-        load: Vec<f64>,
-        /// Daemon config for the appease mode (default: the embedded one).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// synthetic: serve over a UNIX socket instead of TCP loopback.
-        #[arg(long)]
-        unix: bool,
-    },
+    Bench(BenchArgs),
     /// Closed-form models.
     Model {
         #[command(subcommand)]
@@ -86,6 +62,33 @@ enum Command {
         #[command(subcommand)]
         worker: Worker,
     },
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// synthetic, web or utilization (db, frames, pipeline: not yet)
+    scenario: String,
+    /// A short run (5 s per mode) for CI and a first look.
+    #[arg(long)]
+    quick: bool,
+    /// Print the result as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Also write result.json and result.csv into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Comma-separated subset of modes (default: all).
+    #[arg(long, value_delimiter = ',')]
+    modes: Vec<String>,
+    /// Batch jobs per CPU; several (e.g. 0,1,2,4,8) sweep.
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    load: Vec<f64>,
+    /// Daemon config for the appease mode (default: the embedded one).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// synthetic: serve over a UNIX socket instead of TCP loopback.
+    #[arg(long)]
+    unix: bool,
 }
 
 #[derive(Subcommand)]
@@ -170,27 +173,7 @@ fn run(cmd: Command) -> Result<()> {
         Command::Daemon { config, dry_run } => daemon(config, dry_run),
         Command::Restore => restore(),
         Command::Status { json } => status_cmd::show(&appease_daemon::run_dir(), json),
-        Command::Bench {
-            scenario,
-            quick,
-            json,
-            out,
-            modes,
-            load,
-            config,
-            unix,
-        } => bench(
-            scenario,
-            BenchFlags {
-                quick,
-                json,
-                out,
-                modes,
-                load,
-                config,
-                unix,
-            },
-        ),
+        Command::Bench(args) => bench(args),
         Command::Model {
             command:
                 ModelCommand::Contention {
@@ -273,18 +256,9 @@ fn restore() -> Result<()> {
     Ok(())
 }
 
-struct BenchFlags {
-    quick: bool,
-    json: bool,
-    out: Option<PathBuf>,
-    modes: Vec<String>,
-    load: Vec<f64>,
-    config: Option<PathBuf>,
-    unix: bool,
-}
-
-fn bench(scenario: String, flags: BenchFlags) -> Result<()> {
-    let BenchFlags {
+fn bench(args: BenchArgs) -> Result<()> {
+    let BenchArgs {
+        scenario,
         quick,
         json,
         out,
@@ -292,7 +266,7 @@ fn bench(scenario: String, flags: BenchFlags) -> Result<()> {
         load,
         config,
         unix,
-    } = flags;
+    } = args;
     if let Some(c) = &config {
         appease_config::Config::load(c)?;
     }
