@@ -89,6 +89,9 @@ struct BenchArgs {
     /// synthetic: serve over a UNIX socket instead of TCP loopback.
     #[arg(long)]
     unix: bool,
+    /// Run every mode this many times, interleaved, and report each metric's median.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: u32,
 }
 
 #[derive(Subcommand)]
@@ -266,6 +269,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         load,
         config,
         unix,
+        repeat,
     } = args;
     if let Some(c) = &config {
         appease_config::Config::load(c)?;
@@ -293,6 +297,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         appease: std::env::current_exe().context("finding the appease binary")?,
         config,
         unix,
+        repeat: repeat as usize,
         stop,
     };
     let (value, table, csv) = match appease_bench::run(&opts)? {

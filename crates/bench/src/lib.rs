@@ -90,6 +90,8 @@ pub struct Options {
     pub config: Option<PathBuf>,
     /// The synthetic server listens on a UNIX socket instead of TCP loopback.
     pub unix: bool,
+    /// Rounds of every mode; the report gives each metric's median over them.
+    pub repeat: usize,
     /// Ctrl-C: stop measuring, clean up, report what was measured.
     pub stop: Arc<AtomicBool>,
 }
@@ -117,6 +119,8 @@ pub struct Synthetic {
     pub rate_per_s: f64,
     pub measure_s: f64,
     pub warmup_s: f64,
+    /// Each metric is the median over this many interleaved rounds.
+    pub rounds: usize,
 }
 
 /// What a scenario reports.
@@ -154,26 +158,37 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
         rate_per_s: if web { 2000.0 } else { 40.0 },
         measure_s: if opts.quick { 5.0 } else { 30.0 },
         warmup_s: 1.0,
+        rounds: opts.repeat.max(1),
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut out = Vec::new();
     for &load in &opts.loads {
         let soakers = (load * cpus as f64).round() as usize;
-        let mut modes = Vec::new();
-        for &mode in &opts.modes {
-            if opts.stop.load(Ordering::Relaxed) {
-                break;
+        // Rounds interleave the modes, so slow drifts of a shared machine hit all alike.
+        let rounds = opts.repeat.max(1);
+        let mut runs: Vec<Vec<ModeResult>> = vec![Vec::new(); opts.modes.len()];
+        'rounds: for round in 0..rounds {
+            for (i, &mode) in opts.modes.iter().enumerate() {
+                if opts.stop.load(Ordering::Relaxed) {
+                    break 'rounds;
+                }
+                eprintln!(
+                    "[round {}/{rounds}, {}/{}] {} with {} soakers ({load} per CPU), {} s ...",
+                    round + 1,
+                    i + 1,
+                    opts.modes.len(),
+                    mode.name(),
+                    if mode == Mode::Unloaded { 0 } else { soakers },
+                    params.measure_s
+                );
+                runs[i].push(run_mode(opts, &params, mode, soakers)?);
             }
-            eprintln!(
-                "[{}/{}] {} with {} soakers ({load} per CPU), {} s ...",
-                modes.len() + 1,
-                opts.modes.len(),
-                mode.name(),
-                if mode == Mode::Unloaded { 0 } else { soakers },
-                params.measure_s
-            );
-            modes.push(run_mode(opts, &params, mode, soakers)?);
         }
+        let modes: Vec<ModeResult> = runs
+            .iter()
+            .filter(|r| !r.is_empty())
+            .map(|r| report::median(r))
+            .collect();
         out.push(ScenarioResult {
             scenario: opts.scenario.clone(),
             cpus,

@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::client::ClientResult;
 use crate::{Mode, Synthetic};
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Latency {
     pub mean: f64,
     pub p50: f64,
@@ -94,14 +94,16 @@ impl ScenarioResult {
             )
         };
         let mut s = format!(
-            "{}: {server}, {} req/s open loop over {}, {} soakers ({} per CPU) on {} CPUs, {} s per mode\n",
+            "{}: {server}, {} req/s open loop over {}, {} soakers ({} per CPU) on {} CPUs, {} s per mode, \
+             median of {} round(s)\n",
             self.scenario,
             p.rate_per_s,
             p.transport.to_uppercase(),
             self.soakers,
             self.load_per_cpu,
             self.cpus,
-            p.measure_s
+            p.measure_s,
+            p.rounds
         );
         s += &format!(
             "{:<18} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9} {:>12} {:>8} {:>6}\n",
@@ -182,4 +184,100 @@ pub fn csv(results: &[ScenarioResult]) -> String {
         }
     }
     s
+}
+
+fn median_of(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn median_latency(ls: &[&Latency]) -> Latency {
+    let m = |f: fn(&Latency) -> f64| median_of(ls.iter().map(|l| f(l)).collect());
+    Latency {
+        mean: m(|l| l.mean),
+        p50: m(|l| l.p50),
+        p90: m(|l| l.p90),
+        p95: m(|l| l.p95),
+        p99: m(|l| l.p99),
+        p999: m(|l| l.p999),
+        min: m(|l| l.min),
+        max: m(|l| l.max),
+    }
+}
+
+/// Each metric's median over rounds of the same mode (one round: itself).
+pub fn median(runs: &[ModeResult]) -> ModeResult {
+    if runs.len() == 1 {
+        return runs[0].clone();
+    }
+    let m = |f: fn(&ModeResult) -> f64| median_of(runs.iter().map(f).collect());
+    let lat: Vec<&Latency> = runs.iter().map(|r| &r.latency_ms).collect();
+    let unhappy: Vec<&Latency> = runs
+        .iter()
+        .filter_map(|r| r.unhappiness_ms.as_ref())
+        .collect();
+    let latency_ms = median_latency(&lat);
+    ModeResult {
+        mode: runs[0].mode,
+        requests: runs.iter().map(|r| r.requests).sum::<u64>() / runs.len() as u64,
+        lost: runs.iter().map(|r| r.lost).max().unwrap_or(0),
+        batch_throughput: m(|r| r.batch_throughput),
+        cpu_util_pct: m(|r| r.cpu_util_pct),
+        unhappiness_ms: (unhappy.len() == runs.len()).then(|| median_latency(&unhappy)),
+        max_min_ms: m(|r| r.max_min_ms),
+        p95_min_ms: m(|r| r.p95_min_ms),
+        requests_per_s: m(|r| r.requests_per_s),
+        latency_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lat(x: f64) -> Latency {
+        Latency {
+            mean: x,
+            p50: x,
+            p90: x,
+            p95: x,
+            p99: x,
+            p999: x,
+            min: x,
+            max: x,
+        }
+    }
+
+    fn result(x: f64) -> ModeResult {
+        ModeResult {
+            mode: Mode::Appease,
+            latency_ms: lat(x),
+            requests: 100,
+            lost: 0,
+            batch_throughput: x * 10.0,
+            cpu_util_pct: 99.0,
+            unhappiness_ms: Some(lat(x / 2.0)),
+            max_min_ms: 0.0,
+            p95_min_ms: 0.0,
+            requests_per_s: 40.0,
+        }
+    }
+
+    #[test]
+    fn median_over_rounds() {
+        let m = median(&[result(5.0), result(9.0), result(6.0)]);
+        assert_eq!(m.latency_ms, lat(6.0));
+        assert_eq!(m.batch_throughput, 60.0);
+        assert_eq!(m.unhappiness_ms, Some(lat(3.0)));
+        let m = median(&[result(5.0), result(7.0)]);
+        assert_eq!(m.latency_ms.p99, 6.0);
+        assert!(median_of(vec![]).is_nan());
+    }
 }
