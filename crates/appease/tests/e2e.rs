@@ -5,6 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -39,6 +40,30 @@ unix_nice = -8
 inet_nice = -4
 decay_ms = 50
 "#;
+
+/// A daemon with TEST_CONFIG under `soakers` CPU soakers, once it reports the load
+/// (servers started after this find the ladder engaged). Bound left to right, dropped
+/// right to left: the daemon stops first.
+fn loaded(name: &str, soakers: usize) -> (TempDir, PathBuf, Soakers, Daemon) {
+    let dir = TempDir::new(name);
+    let cfg = dir.file("test.toml", TEST_CONFIG);
+    let soak = Soakers::start(soakers);
+    let daemon = Daemon::start(&dir.0, &cfg);
+    // About one time constant of the runnable EMA.
+    let want = 0.6 * soakers as f64 / host_cpus() as f64;
+    let seen = wait_for(Duration::from_secs(5), || {
+        daemon.status_json()["load"]["runnable_per_cpu"]
+            .as_f64()
+            .unwrap_or(0.0)
+            >= want
+    });
+    assert!(
+        seen.is_some(),
+        "the daemon never reported the load: {}",
+        daemon.log_text()
+    );
+    (dir, cfg, soak, daemon)
+}
 
 fn serial() -> Option<MutexGuard<'static, ()>> {
     // SAFETY: geteuid has no preconditions.
@@ -153,13 +178,7 @@ impl Drop for Service {
 #[test]
 fn servers_are_elevated_under_load_unix_more_and_fade_back() {
     let Some(_g) = serial() else { return };
-    let dir = TempDir::new("elevate");
-    let cfg = dir.file("test.toml", TEST_CONFIG);
-    let _soak = Soakers::start(4);
-    let daemon = Daemon::start(&dir.0, &cfg);
-
-    // Park the servers idle on the sockets until the daemon has seen the load.
-    thread::sleep(Duration::from_millis(1200));
+    let (_dir, _cfg, _soak, daemon) = loaded("elevate", 4);
     let tcp = Service::tcp(Duration::from_millis(2), Duration::from_millis(20));
     let unix = Service::unix(Duration::from_millis(2), Duration::from_millis(20));
     let (t_tcp, t_unix) = (tcp.server_tid, unix.server_tid);
@@ -214,11 +233,7 @@ fn servers_are_elevated_under_load_unix_more_and_fade_back() {
 #[test]
 fn sigterm_puts_every_thread_back() {
     let Some(_g) = serial() else { return };
-    let dir = TempDir::new("sigterm");
-    let cfg = dir.file("test.toml", TEST_CONFIG);
-    let _soak = Soakers::start(4);
-    let mut daemon = Daemon::start(&dir.0, &cfg);
-    thread::sleep(Duration::from_millis(1200));
+    let (dir, _cfg, _soak, mut daemon) = loaded("sigterm", 4);
     let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(10));
     assert!(wait_for(Duration::from_secs(2), || nice_of(unix.server_tid) < 0).is_some());
     let status = daemon.signal(libc::SIGTERM);
@@ -237,12 +252,8 @@ fn sigterm_puts_every_thread_back() {
 #[test]
 fn a_spinning_cheater_loses_its_elevation() {
     let Some(_g) = serial() else { return };
-    let dir = TempDir::new("cheater");
-    let cfg = dir.file("test.toml", TEST_CONFIG);
     // With the cheater, 3 spinners on 2 CPUs: about 1.5 runnable per CPU.
-    let _soak = Soakers::start(2);
-    let daemon = Daemon::start(&dir.0, &cfg);
-    thread::sleep(Duration::from_millis(1200));
+    let (_dir, _cfg, _soak, daemon) = loaded("cheater", 2);
 
     let (mut a, mut b) = UnixStream::pair().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -294,13 +305,8 @@ fn a_spinning_cheater_loses_its_elevation() {
 #[test]
 fn kill_9_then_restore_and_restarted_daemon_bring_threads_back() {
     let Some(_g) = serial() else { return };
-    let dir = TempDir::new("kill9");
-    let cfg = dir.file("test.toml", TEST_CONFIG);
-    let _soak = Soakers::start(4);
-
     // 1. kill -9 during elevation, then `appease restore`.
-    let mut daemon = Daemon::start(&dir.0, &cfg);
-    thread::sleep(Duration::from_millis(1200));
+    let (dir, cfg, _soak, mut daemon) = loaded("kill9", 4);
     let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(10));
     let tcp = Service::tcp(Duration::from_millis(1), Duration::from_millis(10));
     let both_elevated = || nice_of(unix.server_tid) < 0 && nice_of(tcp.server_tid) < 0;
@@ -351,11 +357,7 @@ fn kill_9_then_restore_and_restarted_daemon_bring_threads_back() {
 #[test]
 fn a_thread_reniced_by_hand_is_left_alone() {
     let Some(_g) = serial() else { return };
-    let dir = TempDir::new("renice");
-    let cfg = dir.file("test.toml", TEST_CONFIG);
-    let _soak = Soakers::start(4);
-    let mut daemon = Daemon::start(&dir.0, &cfg);
-    thread::sleep(Duration::from_millis(1200));
+    let (_dir, _cfg, _soak, mut daemon) = loaded("renice", 4);
     let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(10));
     let tid = unix.server_tid;
     assert!(wait_for(Duration::from_secs(2), || nice_of(tid) < 0).is_some());
@@ -431,32 +433,21 @@ fn no_root_or_no_bpf_capability_is_a_clear_error() {
     let dir = TempDir::new("noroot");
     std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     // Not root at all.
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            BIN,
-            "daemon",
-        ])
-        .env("APPEASE_RUN_DIR", &dir.0)
-        .stdin(Stdio::null())
-        .output()
-        .expect("setpriv (util-linux) runs");
+    // `appease daemon` under setpriv (util-linux) with the given restrictions.
+    let daemon_as = |restrictions: &[&str]| {
+        Command::new("setpriv")
+            .args(restrictions)
+            .args([BIN, "daemon"])
+            .env("APPEASE_RUN_DIR", &dir.0)
+            .stdin(Stdio::null())
+            .output()
+            .expect("setpriv (util-linux) runs")
+    };
+    let out = daemon_as(&["--reuid=65534", "--regid=65534", "--clear-groups"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("needs root"), "{err}");
     // Root, but without the capabilities BPF needs.
-    let out = Command::new("setpriv")
-        .args([
-            "--inh-caps=-all",
-            "--bounding-set=-bpf,-perfmon,-sys_admin",
-            BIN,
-            "daemon",
-        ])
-        .env("APPEASE_RUN_DIR", &dir.0)
-        .stdin(Stdio::null())
-        .output()
-        .expect("setpriv runs");
+    let out = daemon_as(&["--inh-caps=-all", "--bounding-set=-bpf,-perfmon,-sys_admin"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "must fail without CAP_BPF: {err}");
     assert!(

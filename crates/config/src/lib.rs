@@ -235,43 +235,81 @@ fn ladder<'de, D: Deserializer<'de>>(d: D) -> Result<Ladder, D::Error> {
     .map_err(|e| D::Error::custom(format!("impossible ladder: {e}")))
 }
 
-fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    let v = u64::deserialize(d)?;
-    if v == 0 || v > 3_600_000 {
-        return Err(D::Error::custom(format!("{v} ms is outside 1..=3600000")));
+/// Deserializes a value and accepts it only if `ok`; `why` says what is allowed.
+fn checked<'de, D, T>(
+    d: D,
+    ok: impl Fn(&T) -> bool,
+    why: impl Fn(&T) -> String,
+) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let v = T::deserialize(d)?;
+    if ok(&v) {
+        Ok(v)
+    } else {
+        Err(D::Error::custom(why(&v)))
     }
-    Ok(v)
+}
+
+fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    checked(
+        d,
+        |v| (1..=3_600_000).contains(v),
+        |v| format!("{v} ms is outside 1..=3600000"),
+    )
 }
 
 fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    let v = f64::deserialize(d)?;
-    if !(0.0..=100.0).contains(&v) {
-        return Err(D::Error::custom(format!(
-            "{v} is not a percentage in 0..=100"
-        )));
-    }
-    Ok(v)
+    checked(
+        d,
+        |v| (0.0..=100.0).contains(v),
+        |v| format!("{v} is not a percentage in 0..=100"),
+    )
 }
 
 fn share<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    let v = f64::deserialize(d)?;
-    if !(v > 0.0 && v <= 1.0) {
-        return Err(D::Error::custom(format!(
-            "{v} is not a share of one CPU in (0, 1]"
-        )));
-    }
-    Ok(v)
+    checked(
+        d,
+        |v| *v > 0.0 && *v <= 1.0,
+        |v| format!("{v} is not a share of one CPU in (0, 1]"),
+    )
+}
+
+fn cpus<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    checked(
+        d,
+        |v| *v > 0.0 && *v <= 1024.0,
+        |v| format!("{v} is not a CPU count in (0, 1024]"),
+    )
 }
 
 fn slice_us<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    let v = u64::deserialize(d)?;
     // The kernel accepts custom slices of 0.1..=100 ms.
-    if v != 0 && !(100..=100_000).contains(&v) {
-        return Err(D::Error::custom(format!(
-            "{v} µs is outside the kernel's slice range 100..=100000 (0 keeps the default slice)"
-        )));
-    }
-    Ok(v)
+    checked(
+        d,
+        |v| *v == 0 || (100..=100_000).contains(v),
+        |v| {
+            format!("{v} µs is outside the kernel's slice range 100..=100000 (0 keeps the default slice)")
+        },
+    )
+}
+
+fn weight<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    checked(
+        d,
+        |v| (1..=10_000).contains(v),
+        |v| format!("weight {v} is outside 1..=10000"),
+    )
+}
+
+fn nice<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+    checked(
+        d,
+        |v| (appease_policy::NICE_MIN..=appease_policy::NICE_MAX).contains(v),
+        |v| format!("nice {v} is outside -20..=19"),
+    )
 }
 
 fn comms<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -282,32 +320,6 @@ fn comms<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
                 "comm name {c:?} must be 1 to 15 bytes (the kernel truncates command names to 15)"
             )));
         }
-    }
-    Ok(v)
-}
-
-fn weight<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    let v = u32::deserialize(d)?;
-    if !(1..=10_000).contains(&v) {
-        return Err(D::Error::custom(format!("weight {v} is outside 1..=10000")));
-    }
-    Ok(v)
-}
-
-fn nice<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
-    let v = i32::deserialize(d)?;
-    if !(appease_policy::NICE_MIN..=appease_policy::NICE_MAX).contains(&v) {
-        return Err(D::Error::custom(format!("nice {v} is outside -20..=19")));
-    }
-    Ok(v)
-}
-
-fn cpus<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    let v = f64::deserialize(d)?;
-    if !(v > 0.0 && v <= 1024.0) {
-        return Err(D::Error::custom(format!(
-            "{v} is not a CPU count in (0, 1024]"
-        )));
     }
     Ok(v)
 }
