@@ -341,17 +341,20 @@ impl KernelActuator {
         }
     }
 
-    /// The starvation floor: `Some(weight)` lifts cpu.idle and sets the weight; `None`
-    /// makes the group idle again.
-    pub fn set_batch_floor(&mut self, floor: Option<u32>) -> Result<(), ActError> {
-        let Some(g) = &self.groups else { return Ok(()) };
+    /// `Some(weight)` lifts the batch group's cpu.idle and sets the weight (quiet mode,
+    /// starvation floor); `None` makes the group idle again. Returns false when there is
+    /// no batch group yet (it is created idle on the first demotion) or in a dry run.
+    pub fn set_batch_weight(&mut self, weight: Option<u32>) -> Result<bool, ActError> {
+        let Some(g) = &self.groups else {
+            return Ok(false);
+        };
         let p = g.batch_path();
         if self.dry_run || !g.created.contains(&p) {
-            return Ok(());
+            return Ok(false);
         }
         // The kernel refuses a weight on an idle group: idle flag off first, and the
         // weight back before the flag goes on again.
-        match floor {
+        match weight {
             Some(weight) => {
                 g.cg.set_idle(&p, false)?;
                 g.cg.set_weight(&p, weight)?;
@@ -361,7 +364,7 @@ impl KernelActuator {
                 g.cg.set_idle(&p, true)?;
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Whether appease moved `pid` into one of its groups.

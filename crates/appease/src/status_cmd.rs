@@ -102,8 +102,15 @@ fn print_threads(status: &Status, now: u64) {
 fn print_processes(status: &Status, now: u64) {
     let a = &status.actuator;
     if let Some(b) = &status.batch {
+        let mode = match b.mode {
+            Some(appease_policy::group_mode::GroupMode::Idle) | None => "idle (cpu.idle = 1)",
+            Some(appease_policy::group_mode::GroupMode::Quiet) => {
+                "quiet (no requests lately: a normal weighted group)"
+            }
+            Some(appease_policy::group_mode::GroupMode::Floor) => "floor (starved: small weight)",
+        };
         println!(
-            "idle group: {:.1} % of all CPUs over the last scan; starvation floor engaged {} time(s){}",
+            "batch group: {mode}; {:.1} % of all CPUs over the last scan; starvation floor engaged {} time(s){}",
             b.share_pct,
             b.floor_lifts,
             if b.floor_lifted { ", engaged now" } else { "" }

@@ -113,6 +113,27 @@ fn run_case(
             };
             crate::wait_until(Duration::from_secs(30), || pids.iter().all(|&p| demoted(p)))
                 .context("the daemon did not demote the soakers within 30 s")?;
+            // Measure the daemon's steady state: with nothing receiving requests, the
+            // group turns from idle to a normal weighted group after quiet_after_ms.
+            let conf = match &opts.config {
+                Some(p) => appease_config::Config::load(p)?,
+                None => appease_config::Config::default(),
+            };
+            if let Some(quiet) = conf.quiet_after() {
+                let cg = appease_cgroup::Cgroups::detect()?;
+                let path = format!("/{}", conf.batch.group);
+                let settled = crate::wait_until(quiet + Duration::from_secs(3), || {
+                    !cg.idle(&path).unwrap_or(true)
+                });
+                eprintln!(
+                    "    batch group {}",
+                    if settled.is_ok() {
+                        "quiet (a normal weighted group): no requests"
+                    } else {
+                        "still idle"
+                    }
+                );
+            }
             let _best_effort = std::fs::remove_file(&cfg);
             1
         }

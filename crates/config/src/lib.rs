@@ -153,6 +153,12 @@ pub struct BatchSection {
     pub floor_hold_ms: u64,
     #[serde(deserialize_with = "weight")]
     pub floor_weight: u32,
+    /// With no request anywhere for this long, the batch group runs as a normal group
+    /// with quiet_weight (fair among batch jobs); 0 keeps it idle always.
+    #[serde(deserialize_with = "optional_ms")]
+    pub quiet_after_ms: u64,
+    #[serde(deserialize_with = "weight")]
+    pub quiet_weight: u32,
 }
 
 /// Forces a class on the processes it matches; every given field must match.
@@ -258,6 +264,15 @@ fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         d,
         |v| (1..=3_600_000).contains(v),
         |v| format!("{v} ms is outside 1..=3600000"),
+    )
+}
+
+/// 0 (off) or a time in ms.
+fn optional_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    checked(
+        d,
+        |v| (0..=3_600_000).contains(v),
+        |v| format!("{v} ms is outside 0..=3600000"),
     )
 }
 
@@ -465,6 +480,8 @@ impl Default for BatchSection {
             floor_after_ms: 10_000,
             floor_hold_ms: 3000,
             floor_weight: 10,
+            quiet_after_ms: 10_000,
+            quiet_weight: 100,
         }
     }
 }
@@ -545,6 +562,11 @@ impl Config {
             after: Duration::from_millis(self.batch.after_ms),
             request_memory: Duration::from_millis(self.batch.request_memory_ms),
         }
+    }
+
+    /// How long without requests before the batch group turns quiet (None: never).
+    pub fn quiet_after(&self) -> Option<Duration> {
+        (self.batch.quiet_after_ms > 0).then(|| Duration::from_millis(self.batch.quiet_after_ms))
     }
 
     pub fn floor_params(&self) -> appease_policy::floor::FloorParams {

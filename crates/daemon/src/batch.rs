@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use appease_actuator::{ActError, KernelActuator};
 use appease_config::Config;
 use appease_policy::batch::{BatchClassifier, BatchDecision, Class, ProcSample};
-use appease_policy::floor::{FloorDecision, StarvationFloor};
+use appease_policy::floor::FloorDecision;
+use appease_policy::group_mode::{GroupMode, GroupModeKeeper};
 use serde::{Deserialize, Serialize};
 
 use crate::host;
@@ -20,7 +21,9 @@ pub struct BatchManager {
     seen: HashMap<u32, (u64, u64, u64)>,
     last_scan: Option<u64>,
     next_scan: u64,
-    floor: StarvationFloor,
+    /// Idle, quiet or floor: what the batch group should be, and what it is.
+    mode: GroupModeKeeper,
+    applied: GroupMode,
     /// The idle group's share of all CPUs over the last scan, percent.
     share_pct: f64,
     /// Processes with a role (fixed nice): request elevation leaves them alone.
@@ -32,6 +35,9 @@ pub struct BatchManager {
 pub struct BatchView {
     /// Share of all CPUs the idle group got over the last scan, percent.
     pub share_pct: f64,
+    /// idle (cpu.idle = 1), quiet (no request for a while: a normal weighted group, fair
+    /// among batch jobs) or floor (starved while idle: a small weight for a while).
+    pub mode: Option<GroupMode>,
     /// The starvation floor is engaged (cpu.idle lifted) right now.
     pub floor_lifted: bool,
     /// How often the floor engaged.
@@ -39,14 +45,15 @@ pub struct BatchView {
 }
 
 impl BatchManager {
-    pub fn new(cfg: &Config) -> Self {
+    pub fn new(cfg: &Config, now: u64) -> Self {
         BatchManager {
             classifier: BatchClassifier::new(cfg.batch_params()),
             last_request: HashMap::new(),
             seen: HashMap::new(),
             last_scan: None,
             next_scan: 0,
-            floor: StarvationFloor::new(cfg.floor_params()),
+            mode: GroupModeKeeper::new(cfg.quiet_after(), cfg.floor_params(), now),
+            applied: GroupMode::Idle,
             share_pct: 0.0,
             roles: HashMap::new(),
         }
@@ -59,14 +66,15 @@ impl BatchManager {
 
     pub fn set_config(&mut self, cfg: &Config) {
         self.classifier.set_params(cfg.batch_params());
-        self.floor.set_params(cfg.floor_params());
+        self.mode.set_params(cfg.quiet_after(), cfg.floor_params());
     }
 
     pub fn view(&self) -> BatchView {
         BatchView {
             share_pct: self.share_pct,
-            floor_lifted: self.floor.lifted(),
-            floor_lifts: self.floor.lifts,
+            mode: Some(self.applied),
+            floor_lifted: self.mode.floor.lifted(),
+            floor_lifts: self.mode.floor.lifts,
         }
     }
 
@@ -74,11 +82,43 @@ impl BatchManager {
         self.next_scan
     }
 
-    /// A request arrived; a demoted tree that receives one is scanned (and promoted) at once.
-    pub fn on_request(&mut self, pid: u32, ts_ns: u64) {
+    /// A request arrived: a quiet batch group becomes idle again at once, and a demoted
+    /// tree that receives one is scanned (and promoted) at once.
+    pub fn on_request(
+        &mut self,
+        pid: u32,
+        ts_ns: u64,
+        cfg: &Config,
+        actuator: &mut KernelActuator,
+    ) {
         self.last_request.insert(pid, ts_ns);
+        self.mode.on_request(ts_ns);
+        self.sync_mode(ts_ns, cfg, actuator);
         if self.classifier.tree_of(pid).is_some() {
             self.next_scan = 0;
+        }
+    }
+
+    /// Gives the batch group the mode it should have now, if it has not got it yet.
+    fn sync_mode(&mut self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
+        let want = self.mode.mode(now);
+        if want == self.applied {
+            return;
+        }
+        let weight = match want {
+            GroupMode::Idle => None,
+            GroupMode::Quiet => Some(cfg.batch.quiet_weight),
+            GroupMode::Floor => Some(cfg.batch.floor_weight),
+        };
+        match actuator.set_batch_weight(weight) {
+            Ok(false) => {} // no group yet: it is created idle; applied on a later pass
+            Ok(true) => {
+                tracing::info!(from = ?self.applied, to = ?want, ?weight, "batch group mode");
+                self.applied = want;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, to = ?want, "could not change the batch group's mode")
+            }
         }
     }
 
@@ -103,7 +143,8 @@ impl BatchManager {
                 _ => host::wait_ns_of(p.pid).unwrap_or(0),
             };
         }
-        self.apply_floor(now, cfg, &procs, &in_group, actuator);
+        self.apply_floor(now, cfg, &procs, &in_group);
+        self.sync_mode(now, cfg, actuator);
         self.seen = procs
             .iter()
             .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))
@@ -152,6 +193,8 @@ impl BatchManager {
                 }
             }
         }
+        // A group created by this scan's demotions starts idle: give it its mode.
+        self.sync_mode(now, cfg, actuator);
         // Requests of processes that are gone need not be remembered.
         let alive: std::collections::HashSet<u32> = procs.iter().map(|p| p.pid).collect();
         self.last_request.retain(|pid, _| alive.contains(pid));
@@ -159,14 +202,13 @@ impl BatchManager {
 }
 
 impl BatchManager {
-    /// Measures the idle group's CPU share since the last scan and applies the floor.
+    /// Measures the idle group's CPU share since the last scan and feeds the floor.
     fn apply_floor(
         &mut self,
         now: u64,
         cfg: &Config,
         procs: &[ProcSample],
         in_group: &std::collections::HashSet<u32>,
-        actuator: &mut KernelActuator,
     ) {
         let Some(last) = self.last_scan else { return };
         let dt = now.saturating_sub(last) as f64;
@@ -192,24 +234,16 @@ impl BatchManager {
             processes = in_group.len(),
             "idle group"
         );
-        match self.floor.on_sample(now, self.share_pct, waiting) {
-            Some(FloorDecision::Lift) => {
-                tracing::warn!(
-                    share_pct = self.share_pct,
-                    after_ms = cfg.batch.floor_after_ms,
-                    hold_ms = cfg.batch.floor_hold_ms,
-                    weight = cfg.batch.floor_weight,
-                    "starvation floor: batch work starved, lifting the idle flag for a while"
-                );
-                if let Err(e) = actuator.set_batch_floor(Some(cfg.batch.floor_weight)) {
-                    tracing::warn!(error = %e, "could not lift the idle group's floor");
-                }
-            }
+        match self.mode.on_floor_sample(now, self.share_pct, waiting) {
+            Some(FloorDecision::Lift) => tracing::warn!(
+                share_pct = self.share_pct,
+                after_ms = cfg.batch.floor_after_ms,
+                hold_ms = cfg.batch.floor_hold_ms,
+                weight = cfg.batch.floor_weight,
+                "starvation floor: batch work starved, lifting the idle flag for a while"
+            ),
             Some(FloorDecision::Lower) => {
-                tracing::info!("starvation floor released: batch back to the idle class");
-                if let Err(e) = actuator.set_batch_floor(None) {
-                    tracing::warn!(error = %e, "could not make the group idle again");
-                }
+                tracing::info!("starvation floor released")
             }
             None => {}
         }

@@ -165,7 +165,7 @@ impl<'obj> Daemon<'obj> {
         let scans = opts.config.batch.enabled
             || !opts.config.services.is_empty()
             || !opts.config.role.is_empty();
-        let batch = scans.then(|| batch::BatchManager::new(&opts.config));
+        let batch = scans.then(|| batch::BatchManager::new(&opts.config, monotonic_ns()));
         Daemon {
             policy: ElevationPolicy::new(opts.config.elevation_params()),
             tick: Duration::from_millis(opts.config.elevation.tick_ms),
@@ -285,7 +285,7 @@ impl<'obj> Daemon<'obj> {
                 ..
             } => {
                 if let Some(b) = self.batch.as_mut() {
-                    b.on_request(pid, ts_ns);
+                    b.on_request(pid, ts_ns, &self.opts.config, &mut self.actuator);
                 }
                 // Roles have fixed priorities: requests do not move them.
                 let role = self.batch.as_ref().is_some_and(|b| b.is_role(pid));

@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod elevation;
 pub mod floor;
+pub mod group_mode;
 pub mod ladder;
 pub mod load;
 pub mod roles;
