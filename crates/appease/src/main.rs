@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 mod roles_cmd;
+mod sim_cmd;
 mod status_cmd;
 
 #[derive(Parser)]
@@ -46,6 +47,11 @@ enum Command {
     CheckConfig { file: PathBuf },
     /// Run a real server under real batch load in every mode, side by side (root).
     Bench(BenchArgs),
+    /// The deterministic scheduler simulator with seeds/004's unhappiness model.
+    Sim {
+        #[command(subcommand)]
+        command: SimCommand,
+    },
     /// Closed-form models.
     Model {
         #[command(subcommand)]
@@ -92,6 +98,32 @@ struct BenchArgs {
     /// Run every mode this many times, interleaved, and report each metric's median.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     repeat: u32,
+}
+
+#[derive(Subcommand)]
+enum SimCommand {
+    /// Simulate a workload file under one policy.
+    Run {
+        file: PathBuf,
+        /// rr, mlfq, o1, staircase, cfs, eevdf, cfs-rbpe or unhappiness (default: the file's).
+        #[arg(long)]
+        policy: Option<String>,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Also write report.json and requests.csv (one line per answered request) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Simulate a workload file under every policy and print one table.
+    Compare {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Also write compare.json and requests.csv here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -177,6 +209,18 @@ fn run(cmd: Command) -> Result<()> {
         Command::Restore => restore(),
         Command::Status { json } => status_cmd::show(&appease_daemon::run_dir(), json),
         Command::Bench(args) => bench(args),
+        Command::Sim {
+            command:
+                SimCommand::Run {
+                    file,
+                    policy,
+                    json,
+                    out,
+                },
+        } => sim_cmd::run(&file, policy.as_deref(), json, out.as_deref()),
+        Command::Sim {
+            command: SimCommand::Compare { file, json, out },
+        } => sim_cmd::compare(&file, json, out.as_deref()),
         Command::Model {
             command:
                 ModelCommand::Contention {

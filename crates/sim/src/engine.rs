@@ -1,0 +1,740 @@
+//! The discrete-event engine: CPUs, tasks, customers, requests and calls. Scheduling
+//! decisions come from a [`Scheduler`]; this module only moves time forward.
+//!
+//! One event heap keyed by (time, sequence number), one seeded RNG: the same workload,
+//! policy and seed give the same result on every machine.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Exp};
+
+use crate::workload::{Arrivals, SchedClass, Socket, Workload};
+
+/// Simulated time in nanoseconds.
+pub type Ns = u64;
+pub type TaskId = usize;
+
+pub const MS: f64 = 1e6;
+
+pub fn ms(v: f64) -> Ns {
+    (v * MS).round() as Ns
+}
+
+/// How a task comes onto a run queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum How {
+    /// Created (starts runnable).
+    New,
+    /// Woken from sleep or a blocking call.
+    Wakeup,
+    /// Taken off the CPU by a waking task.
+    Preempted,
+    /// Used up its slice.
+    Expired,
+    /// Moved from another CPU's queue by the balancer.
+    Migrated,
+}
+
+/// What a policy may know about a task.
+#[derive(Clone, Debug)]
+pub struct TaskInfo {
+    pub nice: i32,
+    pub class: SchedClass,
+    /// Index into the workload's groups + 1; 0 is the root.
+    pub group: usize,
+    /// eevdf custom slice.
+    pub slice: Option<Ns>,
+}
+
+/// The scheduling policy: run queues and the choice of what runs.
+pub trait Scheduler {
+    /// Puts a runnable task on `cpu`'s queue.
+    fn enqueue(&mut self, cpu: usize, t: TaskId, now: Ns, how: How, view: &View);
+    /// Takes the next task off `cpu`'s queue to run it, if any.
+    fn pick(&mut self, cpu: usize, now: Ns, view: &View) -> Option<TaskId>;
+    /// How long `t`, just picked, may run before the policy looks again.
+    fn slice(&mut self, cpu: usize, t: TaskId, now: Ns, view: &View) -> Ns;
+    /// `t` ran `ran` ns on `cpu` (it is still current).
+    fn charge(&mut self, cpu: usize, t: TaskId, ran: Ns, now: Ns);
+    /// `t` stops running; if `runnable` it goes back on the queue with `how`, else it sleeps.
+    fn put_prev(&mut self, cpu: usize, t: TaskId, now: Ns, runnable: Option<How>, view: &View);
+    /// Whether the waking `woken`, queued on `cpu`, should preempt `curr` at once.
+    fn preempts(&self, cpu: usize, curr: TaskId, woken: TaskId, now: Ns, view: &View) -> bool;
+    /// Tasks waiting on `cpu`'s queue (not counting the running one).
+    fn nr_queued(&self, cpu: usize) -> usize;
+    /// Removes a queued task from `cpu` for the balancer.
+    fn steal(&mut self, cpu: usize, now: Ns) -> Option<TaskId>;
+    /// A task received a request (from a customer or a call).
+    fn on_request(&mut self, _t: TaskId, _now: Ns, _unix: bool, _view: &View) {}
+    /// Periodic policy work every `tick()` ns: returns tasks whose priority changed.
+    fn tick(&self) -> Option<Ns> {
+        None
+    }
+    fn on_tick(&mut self, _now: Ns, _view: &View) {}
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Runnable,
+    Running,
+    Sleeping,
+    /// Waiting for a callee's answer.
+    Blocked,
+}
+
+#[derive(Clone, Debug)]
+enum Kind {
+    CpuBound,
+    Cycle { cpu: Ns, sleep: Ns },
+    Server { queue: VecDeque<Slot>, stage: usize },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    req: usize,
+    caller: Option<TaskId>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Task {
+    pub info: TaskInfo,
+    /// Index of its [[process]].
+    pub process: usize,
+    pub state: State,
+    pub cpu: usize,
+    /// CPU time left in the current segment (until a call, an answer or a sleep).
+    remaining: Ns,
+    pub cpu_total: Ns,
+    kind: Kind,
+}
+
+/// One customer request and the unhappiness of the processes serving it (seeds/004 §2).
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub customer: usize,
+    pub arrive: Ns,
+    pub done: Option<Ns>,
+    pub cpu: Ns,
+    /// The call chain: (task, unhappiness). The last entry is the process working on
+    /// it (or queued at); the others are blocked callers with their kept share.
+    chain: Vec<(TaskId, f64)>,
+    /// Since when the top's unhappiness grows, and the CPU it got for this since then.
+    top_since: Ns,
+    top_cpu: Ns,
+    /// Final unhappiness in ns (elapsed beyond the CPU it needed), unweighted.
+    pub unhappiness: f64,
+}
+
+impl Request {
+    fn top_value(&self, now: Ns) -> f64 {
+        let (_, u) = *self.chain.last().expect("chain is never empty while open");
+        u + now.saturating_sub(self.top_since) as f64 - self.top_cpu as f64
+    }
+
+    fn settle_top(&mut self, now: Ns) {
+        let v = self.top_value(now);
+        self.chain.last_mut().expect("open").1 = v;
+        self.top_since = now;
+        self.top_cpu = 0;
+    }
+}
+
+/// What the engine shows a policy.
+pub struct View {
+    pub tasks: Vec<Task>,
+    pub requests: Vec<Request>,
+    pub cpus: usize,
+    /// Tasks runnable but not running, now.
+    pub waiting: usize,
+    /// Time during which some task waited for a CPU, so far (PSI "some").
+    pub some_waiting_ns: Ns,
+    last_psi: Ns,
+}
+
+impl View {
+    /// The unhappiness `t` holds right now: the requests it works on or has queued.
+    pub fn unhappiness(&self, t: TaskId, now: Ns) -> f64 {
+        let Kind::Server { queue, .. } = &self.tasks[t].kind else {
+            return 0.0;
+        };
+        queue
+            .iter()
+            .map(|s| &self.requests[s.req])
+            .filter(|r| r.chain.last().map(|c| c.0) == Some(t))
+            .map(|r| r.top_value(now))
+            .sum()
+    }
+
+    /// Whether `t` holds a request (works on one, queued one, or waits for a callee).
+    pub fn holds_request(&self, t: TaskId) -> bool {
+        matches!(&self.tasks[t].kind, Kind::Server { queue, .. } if !queue.is_empty())
+    }
+
+    pub fn runnable(&self) -> usize {
+        self.tasks
+            .iter()
+            .filter(|t| matches!(t.state, State::Runnable | State::Running))
+            .count()
+    }
+
+    fn psi_update(&mut self, now: Ns) {
+        if self.waiting > 0 {
+            self.some_waiting_ns += now.saturating_sub(self.last_psi);
+        }
+        self.last_psi = now;
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// The running task's slice or segment ends (stale if `gen` moved on).
+    Stop {
+        cpu: usize,
+        gen: u64,
+    },
+    Arrive {
+        customer: usize,
+    },
+    WakeSleeper {
+        task: TaskId,
+    },
+    Balance,
+    Tick,
+}
+
+struct Cpu {
+    curr: Option<TaskId>,
+    since: Ns,
+    gen: u64,
+    busy: Ns,
+}
+
+struct CustomerState {
+    target: Vec<TaskId>,
+    next_target: usize,
+    sent: u64,
+    exp: Option<Exp<f64>>,
+}
+
+/// The outcome of a run, for the report.
+pub struct Outcome {
+    pub view: View,
+    pub events: u64,
+    pub duration: Ns,
+    pub busy: Vec<Ns>,
+}
+
+pub struct Engine<'w> {
+    w: &'w Workload,
+    sched: Box<dyn Scheduler + 'w>,
+    view: View,
+    cpus: Vec<Cpu>,
+    heap: BinaryHeap<Reverse<(Ns, u64, Ev)>>,
+    seq: u64,
+    now: Ns,
+    end: Ns,
+    events: u64,
+    rng: ChaCha8Rng,
+    customers: Vec<CustomerState>,
+    /// Task indices of each [[process]]'s instances.
+    instances: Vec<Vec<TaskId>>,
+    next_instance: Vec<usize>,
+    balance: Ns,
+}
+
+impl<'w> Engine<'w> {
+    pub fn new(w: &'w Workload, sched: Box<dyn Scheduler + 'w>, tasks: Vec<TaskInfo>) -> Self {
+        let mut all = Vec::new();
+        let mut instances = Vec::new();
+        let mut infos = tasks.into_iter();
+        for (pi, p) in w.process.iter().enumerate() {
+            let mut ids = Vec::new();
+            for _ in 0..p.count {
+                let kind = if let Some(c) = &p.cycle {
+                    Kind::Cycle {
+                        cpu: ms(c.cpu_ms),
+                        sleep: ms(c.sleep_ms),
+                    }
+                } else if p.serve.is_some() {
+                    Kind::Server {
+                        queue: VecDeque::new(),
+                        stage: 0,
+                    }
+                } else {
+                    Kind::CpuBound
+                };
+                ids.push(all.len());
+                all.push(Task {
+                    info: infos.next().expect("one TaskInfo per instance"),
+                    process: pi,
+                    state: State::Sleeping,
+                    cpu: all.len() % w.sim.cpus,
+                    remaining: 0,
+                    cpu_total: 0,
+                    kind,
+                });
+            }
+            instances.push(ids);
+        }
+        let customers = w
+            .customer
+            .iter()
+            .map(|c| CustomerState {
+                target: instances[w.index_of(c.to.get_ref()).expect("checked")].clone(),
+                next_target: 0,
+                sent: 0,
+                exp: match c.arrivals {
+                    Arrivals::Poisson { rate_per_s } => Exp::new(rate_per_s / 1e9).ok(),
+                    _ => None,
+                },
+            })
+            .collect();
+        let cpus = (0..w.sim.cpus)
+            .map(|_| Cpu {
+                curr: None,
+                since: 0,
+                gen: 0,
+                busy: 0,
+            })
+            .collect();
+        Engine {
+            w,
+            sched,
+            view: View {
+                tasks: all,
+                requests: Vec::new(),
+                cpus: w.sim.cpus,
+                waiting: 0,
+                some_waiting_ns: 0,
+                last_psi: 0,
+            },
+            cpus,
+            heap: BinaryHeap::new(),
+            seq: 0,
+            now: 0,
+            end: ms(w.sim.duration_ms),
+            events: 0,
+            rng: ChaCha8Rng::seed_from_u64(w.sim.seed),
+            customers,
+            next_instance: vec![0; instances.len()],
+            instances,
+            balance: ms(w.tunables.balance_ms),
+        }
+    }
+
+    fn push(&mut self, at: Ns, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, ev)));
+    }
+
+    pub fn run(mut self) -> Outcome {
+        // Start: CPU-bound and cycling tasks are runnable; servers wait for requests.
+        for t in 0..self.view.tasks.len() {
+            let task = &mut self.view.tasks[t];
+            match task.kind {
+                Kind::CpuBound => task.remaining = Ns::MAX,
+                Kind::Cycle { cpu, .. } => task.remaining = cpu,
+                Kind::Server { .. } => continue,
+            }
+            let cpu = task.cpu;
+            self.make_runnable(t, cpu, How::New);
+        }
+        for c in 0..self.customers.len() {
+            let at = ms(self.w.customer[c].start_ms);
+            self.push(at, Ev::Arrive { customer: c });
+        }
+        if self.w.sim.cpus > 1 {
+            self.push(self.balance, Ev::Balance);
+        }
+        if let Some(t) = self.sched.tick() {
+            self.push(t, Ev::Tick);
+        }
+        for cpu in 0..self.cpus.len() {
+            self.schedule(cpu);
+        }
+        while let Some(Reverse((at, _, ev))) = self.heap.pop() {
+            if at > self.end {
+                break;
+            }
+            self.now = at;
+            self.events += 1;
+            match ev {
+                Ev::Stop { cpu, gen } => {
+                    if self.cpus[cpu].gen == gen {
+                        self.stop(cpu);
+                    }
+                }
+                Ev::Arrive { customer } => self.arrive(customer),
+                Ev::WakeSleeper { task } => {
+                    let cpu = self.select_cpu(task);
+                    self.wake(task, cpu);
+                }
+                Ev::Balance => {
+                    self.balance_all();
+                    self.push(self.now + self.balance, Ev::Balance);
+                }
+                Ev::Tick => {
+                    self.sched.on_tick(self.now, &self.view);
+                    if let Some(t) = self.sched.tick() {
+                        self.push(self.now + t, Ev::Tick);
+                    }
+                }
+            }
+        }
+        // Account what ran up to the end.
+        self.now = self.end;
+        for cpu in 0..self.cpus.len() {
+            if let Some(t) = self.cpus[cpu].curr {
+                let ran = self.end.saturating_sub(self.cpus[cpu].since);
+                self.account(cpu, t, ran);
+            }
+        }
+        self.view.psi_update(self.end);
+        Outcome {
+            events: self.events,
+            duration: self.end,
+            busy: self.cpus.iter().map(|c| c.busy).collect(),
+            view: self.view,
+        }
+    }
+
+    /// CPU time `ran` for the task running on `cpu`: the task, its request, the policy.
+    fn account(&mut self, cpu: usize, t: TaskId, ran: Ns) {
+        self.cpus[cpu].busy += ran;
+        self.cpus[cpu].since = self.now;
+        let task = &mut self.view.tasks[t];
+        task.cpu_total += ran;
+        task.remaining = task.remaining.saturating_sub(ran);
+        if let Kind::Server { queue, .. } = &task.kind {
+            if let Some(s) = queue.front() {
+                let r = &mut self.view.requests[s.req];
+                r.cpu += ran;
+                r.top_cpu += ran;
+            }
+        }
+        self.sched.charge(cpu, t, ran, self.now);
+    }
+
+    /// The running task's slice or segment ended.
+    fn stop(&mut self, cpu: usize) {
+        let t = self.cpus[cpu]
+            .curr
+            .expect("a stop event has a running task");
+        let ran = self.now - self.cpus[cpu].since;
+        self.account(cpu, t, ran);
+        if self.view.tasks[t].remaining > 0 {
+            self.off_cpu(cpu, t, Some(How::Expired));
+        } else {
+            self.segment_done(cpu, t);
+        }
+        self.schedule(cpu);
+    }
+
+    fn off_cpu(&mut self, cpu: usize, t: TaskId, runnable: Option<How>) {
+        self.cpus[cpu].curr = None;
+        self.cpus[cpu].gen += 1;
+        let task = &mut self.view.tasks[t];
+        task.state = if runnable.is_some() {
+            State::Runnable
+        } else {
+            task.state
+        };
+        if runnable.is_some() {
+            self.view.psi_update(self.now);
+            self.view.waiting += 1;
+        }
+        self.sched.put_prev(cpu, t, self.now, runnable, &self.view);
+    }
+
+    /// `t` (running on `cpu`) reached the end of a segment.
+    fn segment_done(&mut self, cpu: usize, t: TaskId) {
+        let task = &mut self.view.tasks[t];
+        match &mut task.kind {
+            Kind::CpuBound => task.remaining = Ns::MAX,
+            Kind::Cycle { cpu: c, sleep } => {
+                let (c, sleep) = (*c, *sleep);
+                task.remaining = c;
+                task.state = State::Sleeping;
+                self.off_cpu(cpu, t, None);
+                self.push(self.now + sleep, Ev::WakeSleeper { task: t });
+            }
+            Kind::Server { .. } => {
+                self.view.tasks[t].state = State::Sleeping;
+                self.off_cpu(cpu, t, None);
+                self.server_progress(t);
+            }
+        }
+    }
+
+    /// A server's current request reached a call or its end: issue the call, or answer
+    /// and start on the next; makes `t` runnable if it has work, else leaves it asleep.
+    fn server_progress(&mut self, t: TaskId) {
+        loop {
+            let p = &self.w.process[self.view.tasks[t].process];
+            let serve = p.serve.as_ref().expect("server");
+            let Kind::Server { queue, stage } = &mut self.view.tasks[t].kind else {
+                unreachable!()
+            };
+            let Some(&slot) = queue.front() else { return };
+            let stage_now = *stage;
+            // Boundaries: after each call's after_cpu_ms, then the end.
+            if stage_now < serve.calls.len() {
+                // Done with the part before call `stage_now`: call.
+                let call = &serve.calls[stage_now];
+                let callee_proc = self.w.index_of(call.to.get_ref()).expect("checked");
+                let callee = self.pick_instance(callee_proc);
+                self.view.tasks[t].state = State::Blocked;
+                let alpha = self.w.sim.alpha;
+                let r = &mut self.view.requests[slot.req];
+                r.settle_top(self.now);
+                let u = r.chain.last().expect("open").1;
+                r.chain.last_mut().expect("open").1 = alpha * u;
+                r.chain.push((callee, (1.0 - alpha) * u));
+                self.deliver(callee, slot.req, Some(t), false);
+                return;
+            }
+            // The request is done here.
+            let Kind::Server { queue, stage } = &mut self.view.tasks[t].kind else {
+                unreachable!()
+            };
+            queue.pop_front();
+            *stage = 0;
+            let r = &mut self.view.requests[slot.req];
+            r.settle_top(self.now);
+            match slot.caller {
+                Some(caller) => {
+                    let (_, u) = r.chain.pop().expect("callee on the chain");
+                    r.chain.last_mut().expect("caller on the chain").1 += u;
+                    r.top_since = self.now;
+                    r.top_cpu = 0;
+                    self.resume_caller(caller);
+                }
+                None => {
+                    r.done = Some(self.now);
+                    r.unhappiness = r.chain.pop().expect("open").1;
+                    let c = r.customer;
+                    if let Arrivals::Closed { think_ms } = self.w.customer[c].arrivals {
+                        self.push(self.now + ms(think_ms), Ev::Arrive { customer: c });
+                    }
+                }
+            }
+            if self.start_head(t) {
+                return;
+            }
+        }
+    }
+
+    /// Sets up the head request's first segment; true if `t` now has CPU work.
+    fn start_head(&mut self, t: TaskId) -> bool {
+        let serve = self.w.process[self.view.tasks[t].process]
+            .serve
+            .as_ref()
+            .expect("server");
+        let Kind::Server { queue, stage } = &mut self.view.tasks[t].kind else {
+            unreachable!()
+        };
+        if queue.is_empty() {
+            return false;
+        }
+        *stage = 0;
+        let first = serve.calls.first().map_or(serve.cpu_ms, |c| c.after_cpu_ms);
+        self.view.tasks[t].remaining = ms(first);
+        if self.view.tasks[t].remaining == 0 {
+            return false; // a call or answer right away: the caller loops
+        }
+        let cpu = self.select_cpu(t);
+        self.wake(t, cpu);
+        true
+    }
+
+    /// The callee answered: the caller goes on with its next segment.
+    fn resume_caller(&mut self, caller: TaskId) {
+        let serve = self.w.process[self.view.tasks[caller].process]
+            .serve
+            .as_ref()
+            .expect("server");
+        let Kind::Server { stage, .. } = &mut self.view.tasks[caller].kind else {
+            unreachable!()
+        };
+        let from = serve.calls[*stage].after_cpu_ms;
+        *stage += 1;
+        let to = serve
+            .calls
+            .get(*stage)
+            .map_or(serve.cpu_ms, |c| c.after_cpu_ms);
+        self.view.tasks[caller].remaining = ms(to - from);
+        self.view.tasks[caller].state = State::Sleeping;
+        if self.view.tasks[caller].remaining == 0 {
+            self.server_progress(caller);
+        } else {
+            let cpu = self.select_cpu(caller);
+            self.wake(caller, cpu);
+        }
+    }
+
+    fn pick_instance(&mut self, process: usize) -> TaskId {
+        let ids = &self.instances[process];
+        let i = self.next_instance[process] % ids.len();
+        self.next_instance[process] += 1;
+        ids[i]
+    }
+
+    /// A request (from a customer, or a call) reaches server task `t`.
+    fn deliver(&mut self, t: TaskId, req: usize, caller: Option<TaskId>, unix: bool) {
+        self.sched
+            .on_request(t, self.now, unix || caller.is_some(), &self.view);
+        let Kind::Server { queue, .. } = &mut self.view.tasks[t].kind else {
+            unreachable!("checked: requests go to servers")
+        };
+        queue.push_back(Slot { req, caller });
+        if queue.len() == 1 && self.view.tasks[t].state == State::Sleeping && !self.start_head(t) {
+            self.server_progress(t);
+        }
+    }
+
+    fn arrive(&mut self, c: usize) {
+        let def = &self.w.customer[c];
+        let st = &mut self.customers[c];
+        if def.max_requests.is_some_and(|m| st.sent >= m) {
+            return;
+        }
+        st.sent += 1;
+        let target = st.target[st.next_target % st.target.len()];
+        st.next_target += 1;
+        let next = match def.arrivals {
+            Arrivals::Poisson { .. } => {
+                let gap = st.exp.as_ref().expect("poisson").sample(&mut self.rng);
+                Some(self.now + gap.max(1.0) as Ns)
+            }
+            Arrivals::Periodic { period_ms } => Some(self.now + ms(period_ms)),
+            Arrivals::Closed { .. } => None, // after the answer
+        };
+        if let Some(at) = next {
+            self.push(at, Ev::Arrive { customer: c });
+        }
+        let req = self.view.requests.len();
+        self.view.requests.push(Request {
+            customer: c,
+            arrive: self.now,
+            done: None,
+            cpu: 0,
+            chain: vec![(target, 0.0)],
+            top_since: self.now,
+            top_cpu: 0,
+            unhappiness: 0.0,
+        });
+        self.deliver(target, req, None, def.socket == Socket::Unix);
+    }
+
+    /// Where a waking task goes: its last CPU if idle, else any idle CPU, else its last.
+    fn select_cpu(&self, t: TaskId) -> usize {
+        let prev = self.view.tasks[t].cpu;
+        let n = self.cpus.len();
+        if self.cpus[prev].curr.is_none() && self.sched.nr_queued(prev) == 0 {
+            return prev;
+        }
+        (1..n)
+            .map(|i| (prev + i) % n)
+            .find(|&c| self.cpus[c].curr.is_none() && self.sched.nr_queued(c) == 0)
+            .unwrap_or(prev)
+    }
+
+    fn make_runnable(&mut self, t: TaskId, cpu: usize, how: How) {
+        let task = &mut self.view.tasks[t];
+        task.state = State::Runnable;
+        task.cpu = cpu;
+        self.view.psi_update(self.now);
+        self.view.waiting += 1;
+        self.sched.enqueue(cpu, t, self.now, how, &self.view);
+    }
+
+    fn wake(&mut self, t: TaskId, cpu: usize) {
+        self.make_runnable(t, cpu, How::Wakeup);
+        match self.cpus[cpu].curr {
+            None => self.schedule(cpu),
+            Some(curr) => {
+                if self.sched.preempts(cpu, curr, t, self.now, &self.view) {
+                    let ran = self.now - self.cpus[cpu].since;
+                    self.account(cpu, curr, ran);
+                    if self.view.tasks[curr].remaining == 0 {
+                        self.segment_done(cpu, curr);
+                    } else {
+                        self.off_cpu(cpu, curr, Some(How::Preempted));
+                    }
+                    self.schedule(cpu);
+                }
+            }
+        }
+    }
+
+    /// Puts the policy's next task on an idle `cpu`, pulling one from the busiest CPU
+    /// if its own queue is empty.
+    fn schedule(&mut self, cpu: usize) {
+        if self.cpus[cpu].curr.is_some() {
+            return;
+        }
+        if self.sched.nr_queued(cpu) == 0 {
+            self.idle_pull(cpu);
+        }
+        let Some(t) = self.sched.pick(cpu, self.now, &self.view) else {
+            return;
+        };
+        self.view.psi_update(self.now);
+        self.view.waiting -= 1;
+        let task = &mut self.view.tasks[t];
+        task.state = State::Running;
+        task.cpu = cpu;
+        let remaining = task.remaining;
+        let slice = self.sched.slice(cpu, t, self.now, &self.view).max(1);
+        let c = &mut self.cpus[cpu];
+        c.curr = Some(t);
+        c.since = self.now;
+        c.gen += 1;
+        let gen = c.gen;
+        self.push(
+            self.now.saturating_add(slice.min(remaining)),
+            Ev::Stop { cpu, gen },
+        );
+    }
+
+    fn idle_pull(&mut self, cpu: usize) {
+        let busiest = (0..self.cpus.len())
+            .filter(|&c| c != cpu)
+            .max_by_key(|&c| (self.sched.nr_queued(c), Reverse(c)));
+        if let Some(from) = busiest {
+            if self.sched.nr_queued(from) > 0 {
+                if let Some(t) = self.sched.steal(from, self.now) {
+                    self.view.tasks[t].cpu = cpu;
+                    self.sched
+                        .enqueue(cpu, t, self.now, How::Migrated, &self.view);
+                }
+            }
+        }
+    }
+
+    /// Periodic balancing by task count: from the busiest CPU to the idlest until they
+    /// differ by at most one.
+    fn balance_all(&mut self) {
+        let load = |e: &Self, c: usize| e.sched.nr_queued(c) + e.cpus[c].curr.is_some() as usize;
+        for _ in 0..self.cpus.len() {
+            let n = self.cpus.len();
+            let max = (0..n)
+                .max_by_key(|&c| (load(self, c), Reverse(c)))
+                .expect("cpus");
+            let min = (0..n).min_by_key(|&c| (load(self, c), c)).expect("cpus");
+            if load(self, max) < load(self, min) + 2 || self.sched.nr_queued(max) == 0 {
+                return;
+            }
+            let Some(t) = self.sched.steal(max, self.now) else {
+                return;
+            };
+            self.view.tasks[t].cpu = min;
+            self.sched
+                .enqueue(min, t, self.now, How::Migrated, &self.view);
+            self.schedule(min);
+        }
+    }
+}

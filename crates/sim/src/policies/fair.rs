@@ -1,0 +1,586 @@
+//! The kernel's fair class, CFS (vruntime, sched_latency / min_granularity, sleeper
+//! placement, wakeup granularity) or EEVDF (lag, eligibility, virtual deadlines, custom
+//! slices), with task groups: per-CPU run queues per group, group entities weighted by
+//! shares × the group's load on that CPU / its load everywhere, SCHED_IDLE tasks and idle
+//! groups at weight 3 that never preempt and are preempted by any non-idle wakeup.
+
+use std::collections::BTreeSet;
+
+use crate::engine::{How, Ns, Scheduler, TaskId, TaskInfo, View};
+use crate::workload::{SchedClass, Workload};
+
+/// The kernel's nice → weight table (sched_prio_to_weight), nice -20 first.
+pub const NICE_WEIGHT: [u64; 40] = [
+    88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916, 9548, 7620, 6100, 4904,
+    3906, 3121, 2501, 1991, 1586, 1277, 1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87,
+    70, 56, 45, 36, 29, 23, 18, 15,
+];
+/// SCHED_IDLE tasks and idle groups.
+pub const WEIGHT_IDLE: u64 = 3;
+const NICE_0: u64 = 1024;
+
+pub fn nice_weight(nice: i32) -> u64 {
+    NICE_WEIGHT[(nice.clamp(-20, 19) + 20) as usize]
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Cfs,
+    Eevdf,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Ent {
+    v: i64,
+    deadline: i64,
+    vlag: i64,
+    weight: u64,
+    /// Real-time slice (EEVDF request size).
+    slice: Ns,
+    on_rq: bool,
+    /// The run queue this entity is queued on.
+    parent: usize,
+    /// Group entities: the run queue they stand for.
+    own: Option<usize>,
+    idle: bool,
+    /// Tasks only: SCHED_BATCH or SCHED_IDLE never preempt on wakeup.
+    no_wakeup_preempt: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Rq {
+    tree: BTreeSet<(i64, usize)>,
+    curr: Option<usize>,
+    /// Entities on it, current included.
+    nr: usize,
+    load: u64,
+    min_v: i64,
+    /// Σ w·v over its entities (EEVDF's average vruntime).
+    sum_wv: i128,
+    /// Parent group entity (None for a CPU's root queue).
+    owner: Option<usize>,
+}
+
+pub struct Fair {
+    mode: Mode,
+    cpus: usize,
+    ents: Vec<Ent>,
+    rqs: Vec<Rq>,
+    /// Per group (0 = root): shares, idle, its load on all CPUs.
+    shares: Vec<u64>,
+    group_idle: Vec<bool>,
+    group_load: Vec<u64>,
+    /// Runnable tasks per CPU (running included), and the running one.
+    cpu_tasks: Vec<usize>,
+    cpu_curr: Vec<Option<TaskId>>,
+    latency: Ns,
+    min_gran: Ns,
+    wakeup_gran: Ns,
+    base_slice: Ns,
+    scratch: Vec<usize>,
+}
+
+impl Fair {
+    pub fn new(mode: Mode, w: &Workload, infos: &[TaskInfo]) -> Self {
+        let cpus = w.sim.cpus;
+        let t = &w.tunables;
+        let factor = if t.scale_with_cpus {
+            1.0 + (cpus.min(8) as f64).log2().floor()
+        } else {
+            1.0
+        };
+        let scaled = |v: f64| crate::engine::ms(v * factor);
+        let groups = w.group.len() + 1;
+        let mut shares = vec![NICE_0];
+        let mut group_idle = vec![false];
+        let mut group_parent = vec![0usize];
+        for g in &w.group {
+            shares.push(g.shares);
+            group_idle.push(g.idle);
+            let parent = g
+                .path
+                .get_ref()
+                .rsplit_once('/')
+                .map(|(a, _)| a)
+                .filter(|a| !a.is_empty())
+                .and_then(|a| w.group.iter().position(|h| h.path.get_ref() == a))
+                .map_or(0, |i| i + 1);
+            group_parent.push(parent);
+        }
+        let ntasks = infos.len();
+        let mut ents = Vec::with_capacity(ntasks + (groups - 1) * cpus);
+        for info in infos {
+            let weight = if info.class == SchedClass::Idle {
+                WEIGHT_IDLE
+            } else {
+                nice_weight(info.nice)
+            };
+            ents.push(Ent {
+                weight,
+                slice: info.slice.unwrap_or(scaled(t.base_slice_ms)),
+                idle: info.class == SchedClass::Idle,
+                no_wakeup_preempt: info.class != SchedClass::Normal,
+                ..Ent::default()
+            });
+        }
+        // Run queue of group g on cpu c: g * cpus + c. Group entity of g ≥ 1 on c:
+        // ntasks + (g - 1) * cpus + c.
+        let mut rqs = vec![Rq::default(); groups * cpus];
+        for g in 1..groups {
+            for c in 0..cpus {
+                let e = ntasks + (g - 1) * cpus + c;
+                ents.push(Ent {
+                    weight: if group_idle[g] {
+                        WEIGHT_IDLE
+                    } else {
+                        shares[g]
+                    },
+                    slice: scaled(t.base_slice_ms),
+                    parent: group_parent[g] * cpus + c,
+                    own: Some(g * cpus + c),
+                    idle: group_idle[g],
+                    ..Ent::default()
+                });
+                rqs[g * cpus + c].owner = Some(e);
+            }
+        }
+        for (i, info) in infos.iter().enumerate() {
+            ents[i].parent = info.group * cpus; // cpu 0 until placed
+        }
+        Fair {
+            mode,
+            cpus,
+            ents,
+            rqs,
+            shares,
+            group_idle,
+            group_load: vec![0; groups],
+            cpu_tasks: vec![0; cpus],
+            cpu_curr: vec![None; cpus],
+            latency: scaled(t.sched_latency_ms),
+            min_gran: scaled(t.min_granularity_ms),
+            wakeup_gran: scaled(t.wakeup_granularity_ms),
+            base_slice: scaled(t.base_slice_ms),
+            scratch: Vec::new(),
+        }
+    }
+
+    fn group_of_rq(&self, rq: usize) -> usize {
+        rq / self.cpus
+    }
+
+    fn key(&self, e: usize) -> i64 {
+        match self.mode {
+            Mode::Cfs => self.ents[e].v,
+            Mode::Eevdf => self.ents[e].deadline,
+        }
+    }
+
+    fn vslice(&self, e: usize) -> i64 {
+        let ent = &self.ents[e];
+        (ent.slice as u128 * NICE_0 as u128 / ent.weight.max(1) as u128) as i64
+    }
+
+    /// EEVDF: Σw and whether `e` is eligible (v ≤ the load-weighted average).
+    fn eligible(&self, rq: usize, e: usize) -> bool {
+        let r = &self.rqs[rq];
+        if r.load == 0 {
+            return true;
+        }
+        (self.ents[e].v as i128) * (r.load as i128) <= r.sum_wv
+    }
+
+    fn avg_v(&self, rq: usize) -> i64 {
+        let r = &self.rqs[rq];
+        if r.load == 0 {
+            r.min_v
+        } else {
+            (r.sum_wv / r.load as i128) as i64
+        }
+    }
+
+    fn update_min_v(&mut self, rq: usize) {
+        if self.mode != Mode::Cfs {
+            return;
+        }
+        let r = &self.rqs[rq];
+        let curr = r.curr.map(|c| self.ents[c].v);
+        let left = r.tree.first().map(|&(v, _)| v);
+        let v = match (curr, left) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => return,
+        };
+        let r = &mut self.rqs[rq];
+        r.min_v = r.min_v.max(v);
+    }
+
+    /// Where an entity joining `rq` starts (sleeper placement, lag, new-task debit).
+    fn place(&mut self, rq: usize, e: usize, how: How) {
+        match self.mode {
+            Mode::Cfs => {
+                let min_v = self.rqs[rq].min_v;
+                let ent = &mut self.ents[e];
+                match how {
+                    How::New => ent.v = min_v + (ent.slice as i64).min(self.latency as i64),
+                    How::Migrated => ent.v += min_v, // was made relative when it left
+                    // Gentle fair sleepers: at most half a latency of credit.
+                    _ => ent.v = ent.v.max(min_v - (self.latency / 2) as i64),
+                }
+            }
+            Mode::Eevdf => {
+                let avg = self.avg_v(rq);
+                let load = self.rqs[rq].load as i128;
+                let vslice = self.vslice(e);
+                let ent = &mut self.ents[e];
+                let lag = if how == How::New || load == 0 {
+                    0
+                } else {
+                    // Keep the lag it left with, as seen after it joins.
+                    (ent.vlag as i128 * (load + ent.weight as i128) / load) as i64
+                };
+                ent.v = avg - lag;
+                ent.deadline = ent.v + if how == How::New { vslice / 2 } else { vslice };
+            }
+        }
+    }
+
+    fn rq_add(&mut self, rq: usize, e: usize) {
+        let w = self.ents[e].weight;
+        let v = self.ents[e].v;
+        self.ents[e].on_rq = true;
+        self.ents[e].parent = rq;
+        let key = self.key(e);
+        let r = &mut self.rqs[rq];
+        r.tree.insert((key, e));
+        r.nr += 1;
+        r.load += w;
+        r.sum_wv += w as i128 * v as i128;
+        self.load_changed(rq, w as i64);
+    }
+
+    /// Removes `e` (queued, or current) from its run queue.
+    fn rq_remove(&mut self, e: usize) {
+        let rq = self.ents[e].parent;
+        let w = self.ents[e].weight;
+        let v = self.ents[e].v;
+        if self.mode == Mode::Eevdf {
+            // Lag, bounded as the kernel bounds it.
+            let limit = 2 * self.vslice(e).max(1);
+            self.ents[e].vlag = (self.avg_v(rq) - v).clamp(-limit, limit);
+        }
+        let key = self.key(e);
+        let r = &mut self.rqs[rq];
+        if r.curr == Some(e) {
+            r.curr = None;
+        } else {
+            r.tree.remove(&(key, e));
+        }
+        r.nr -= 1;
+        r.load -= w;
+        r.sum_wv -= w as i128 * v as i128;
+        self.ents[e].on_rq = false;
+        self.load_changed(rq, -(w as i64));
+    }
+
+    /// A group's load on a CPU changed: its entity there is reweighted, up the tree.
+    fn load_changed(&mut self, rq: usize, delta: i64) {
+        let g = self.group_of_rq(rq);
+        self.group_load[g] = (self.group_load[g] as i64 + delta).max(0) as u64;
+        let Some(ge) = self.rqs[rq].owner else { return };
+        let new = if self.group_idle[g] {
+            WEIGHT_IDLE
+        } else {
+            let total = self.group_load[g].max(1);
+            (self.shares[g] as u128 * self.rqs[rq].load as u128 / total as u128)
+                .clamp(2, self.shares[g] as u128) as u64
+        };
+        self.reweight(ge, new);
+    }
+
+    fn reweight(&mut self, e: usize, new: u64) {
+        let old = self.ents[e].weight;
+        if old == new {
+            return;
+        }
+        if !self.ents[e].on_rq {
+            self.ents[e].weight = new;
+            return;
+        }
+        let rq = self.ents[e].parent;
+        let queued = self.rqs[rq].curr != Some(e);
+        let key = self.key(e);
+        if queued {
+            self.rqs[rq].tree.remove(&(key, e));
+        }
+        let v = self.ents[e].v;
+        if self.mode == Mode::Eevdf {
+            // The rest of its request keeps its real-time size.
+            let ent = &mut self.ents[e];
+            ent.deadline = v + ((ent.deadline - v) as i128 * old as i128 / new as i128) as i64;
+        }
+        self.ents[e].weight = new;
+        let r = &mut self.rqs[rq];
+        r.load = r.load + new - old;
+        r.sum_wv += (new as i128 - old as i128) * v as i128;
+        if queued {
+            let key = self.key(e);
+            self.rqs[rq].tree.insert((key, e));
+        }
+        self.load_changed(rq, new as i64 - old as i64);
+    }
+
+    /// Chooses from one run queue (current entity included).
+    fn pick_rq(&self, rq: usize) -> Option<usize> {
+        let r = &self.rqs[rq];
+        match self.mode {
+            Mode::Cfs => {
+                let left = r.tree.first().map(|&(_, e)| e);
+                match (r.curr, left) {
+                    (Some(c), Some(l)) if self.ents[l].v < self.ents[c].v => Some(l),
+                    (Some(c), _) => Some(c),
+                    (None, l) => l,
+                }
+            }
+            Mode::Eevdf => {
+                let mut best = r.curr.filter(|&c| self.eligible(rq, c));
+                for &(d, e) in &r.tree {
+                    if best.is_some_and(|b| self.ents[b].deadline <= d) {
+                        break;
+                    }
+                    if self.eligible(rq, e) {
+                        best = Some(e);
+                        break;
+                    }
+                }
+                best.or(r.curr).or_else(|| r.tree.first().map(|&(_, e)| e))
+            }
+        }
+    }
+
+    /// Makes `e` the current entity of its queue (off the tree).
+    fn set_curr(&mut self, e: usize) {
+        let rq = self.ents[e].parent;
+        if self.rqs[rq].curr == Some(e) {
+            return;
+        }
+        let key = self.key(e);
+        self.rqs[rq].tree.remove(&(key, e));
+        if let Some(old) = self.rqs[rq].curr.take() {
+            let k = self.key(old);
+            self.rqs[rq].tree.insert((k, old));
+        }
+        self.rqs[rq].curr = Some(e);
+    }
+
+    /// Entities from the task up to its root-level ancestor.
+    fn path(&self, t: TaskId) -> impl Iterator<Item = usize> + '_ {
+        std::iter::successors(Some(t), |&e| self.rqs[self.ents[e].parent].owner)
+    }
+
+    /// The path into the reusable buffer (for loops that change the entities).
+    fn path_buf(&mut self, t: TaskId) -> Vec<usize> {
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        buf.extend(self.path(t));
+        buf
+    }
+
+    fn task_rq(&self, t: TaskId, cpu: usize) -> usize {
+        self.group_of_rq(self.ents[t].parent) * self.cpus + cpu
+    }
+
+    /// Puts the current entities back in their trees (the CPU stops running them).
+    fn clear_curr(&mut self, t: TaskId) {
+        let path = self.path_buf(t);
+        for &e in &path {
+            let rq = self.ents[e].parent;
+            if self.rqs[rq].curr == Some(e) {
+                self.rqs[rq].curr = None;
+                if self.ents[e].on_rq {
+                    let k = self.key(e);
+                    self.rqs[rq].tree.insert((k, e));
+                }
+            }
+        }
+        self.scratch = path;
+    }
+
+    /// Removes a task from its CPU, and group entities left empty on the way up.
+    fn dequeue_task(&mut self, t: TaskId) {
+        let mut e = t;
+        loop {
+            let rq = self.ents[e].parent;
+            self.rq_remove(e);
+            match self.rqs[rq].owner {
+                Some(ge) if self.rqs[rq].nr == 0 => e = ge,
+                _ => break,
+            }
+        }
+    }
+
+    /// Changes a task's nice (the request-elevation policy's lever).
+    pub fn set_nice(&mut self, t: TaskId, nice: i32) {
+        if self.ents[t].idle {
+            return;
+        }
+        self.reweight(t, nice_weight(nice));
+    }
+
+    /// Per-level: the entity of the woken path and of the current path that share a queue.
+    fn matching(&self, curr: TaskId, woken: TaskId) -> (usize, usize) {
+        let mut a: Vec<usize> = self.path(curr).collect();
+        let mut b: Vec<usize> = self.path(woken).collect();
+        loop {
+            match (a.pop(), b.pop()) {
+                (Some(x), Some(y)) if x == y => continue,
+                (Some(x), Some(y)) => return (x, y),
+                _ => return (curr, woken),
+            }
+        }
+    }
+}
+
+impl Scheduler for Fair {
+    fn enqueue(&mut self, cpu: usize, t: TaskId, _now: Ns, how: How, _view: &View) {
+        self.cpu_tasks[cpu] += 1;
+        let mut e = t;
+        let mut rq = self.task_rq(t, cpu);
+        loop {
+            let was_empty = self.rqs[rq].nr == 0;
+            self.place(rq, e, if e == t { how } else { How::Wakeup });
+            self.rq_add(rq, e);
+            self.update_min_v(rq);
+            match self.rqs[rq].owner {
+                Some(ge) if was_empty && !self.ents[ge].on_rq => {
+                    e = ge;
+                    rq = self.ents[ge].parent;
+                }
+                _ => break,
+            }
+        }
+    }
+
+    fn pick(&mut self, cpu: usize, _now: Ns, _view: &View) -> Option<TaskId> {
+        let mut rq = cpu; // the root group's queue on this CPU
+        loop {
+            let e = self.pick_rq(rq)?;
+            self.set_curr(e);
+            match self.ents[e].own {
+                Some(child) => rq = child,
+                None => {
+                    self.cpu_curr[cpu] = Some(e);
+                    return Some(e);
+                }
+            }
+        }
+    }
+
+    fn slice(&mut self, cpu: usize, t: TaskId, _now: Ns, _view: &View) -> Ns {
+        match self.mode {
+            Mode::Cfs => {
+                let nr = self.cpu_tasks[cpu] as u64;
+                let period = if nr * self.min_gran > self.latency {
+                    nr * self.min_gran
+                } else {
+                    self.latency
+                };
+                let mut share = period as f64;
+                for e in self.path(t) {
+                    let r = &self.rqs[self.ents[e].parent];
+                    share *= self.ents[e].weight as f64 / r.load.max(1) as f64;
+                }
+                (share as Ns).max(self.min_gran)
+            }
+            Mode::Eevdf => {
+                // Until the first deadline on its path is reached.
+                let mut until = Ns::MAX;
+                for e in self.path(t) {
+                    let ent = &self.ents[e];
+                    let vleft = (ent.deadline - ent.v).max(0) as u128;
+                    let real = vleft * ent.weight as u128 / NICE_0 as u128;
+                    until = until.min(real as Ns);
+                }
+                until.max(self.base_slice / 10).max(100_000)
+            }
+        }
+    }
+
+    fn charge(&mut self, _cpu: usize, t: TaskId, ran: Ns, _now: Ns) {
+        let path = self.path_buf(t);
+        for &e in &path {
+            let rq = self.ents[e].parent;
+            let w = self.ents[e].weight;
+            let dv = (ran as u128 * NICE_0 as u128 / w.max(1) as u128) as i64;
+            self.ents[e].v += dv;
+            self.rqs[rq].sum_wv += w as i128 * dv as i128;
+            if self.mode == Mode::Eevdf && self.ents[e].v >= self.ents[e].deadline {
+                // Request served: the next one.
+                let vs = self.vslice(e);
+                self.ents[e].deadline = self.ents[e].v + vs;
+            }
+            self.update_min_v(rq);
+        }
+        self.scratch = path;
+    }
+
+    fn put_prev(&mut self, cpu: usize, t: TaskId, _now: Ns, runnable: Option<How>, _view: &View) {
+        self.cpu_curr[cpu] = None;
+        match runnable {
+            Some(_) => self.clear_curr(t),
+            None => {
+                self.cpu_tasks[cpu] -= 1;
+                self.dequeue_task(t);
+                self.clear_curr(t);
+            }
+        }
+    }
+
+    fn preempts(&self, _cpu: usize, curr: TaskId, woken: TaskId, _now: Ns, _view: &View) -> bool {
+        let (c, w) = self.matching(curr, woken);
+        let (ci, wi) = (self.ents[c].idle, self.ents[w].idle);
+        if ci && !wi {
+            return true; // anything non-idle preempts idle
+        }
+        if wi && !ci {
+            return false;
+        }
+        if self.ents[woken].no_wakeup_preempt {
+            return false;
+        }
+        match self.mode {
+            Mode::Cfs => {
+                let gran = (self.wakeup_gran as u128 * NICE_0 as u128
+                    / self.ents[w].weight.max(1) as u128) as i64;
+                self.ents[c].v - self.ents[w].v > gran
+            }
+            Mode::Eevdf => {
+                let rq = self.ents[w].parent;
+                self.eligible(rq, w)
+                    && (self.ents[w].deadline < self.ents[c].deadline || !self.eligible(rq, c))
+            }
+        }
+    }
+
+    fn nr_queued(&self, cpu: usize) -> usize {
+        self.cpu_tasks[cpu] - self.cpu_curr[cpu].is_some() as usize
+    }
+
+    fn steal(&mut self, cpu: usize, _now: Ns) -> Option<TaskId> {
+        let mut rq = cpu;
+        let t = loop {
+            let &(_, e) = self.rqs[rq].tree.last()?;
+            match self.ents[e].own {
+                Some(child) => rq = child,
+                None => break e,
+            }
+        };
+        let min_v = self.rqs[self.ents[t].parent].min_v;
+        self.cpu_tasks[cpu] -= 1;
+        self.dequeue_task(t);
+        if self.mode == Mode::Cfs {
+            self.ents[t].v -= min_v; // relative until it is placed on the new CPU
+        }
+        Some(t)
+    }
+}
