@@ -43,6 +43,7 @@ bench: build
 	./target/release/appease bench synthetic --out bench-out/synthetic
 	./target/release/appease bench web --out bench-out/web
 	./target/release/appease bench utilization --out bench-out/utilization
+	$(CARGO) bench --locked -p appease-sim --bench speed
 
 fmt:
 	$(CARGO) fmt --all
