@@ -242,7 +242,9 @@ fn ladder<'de, D: Deserializer<'de>>(d: D) -> Result<Ladder, D::Error> {
 }
 
 /// Deserializes a value and accepts it only if `ok`; `why` says what is allowed.
-fn checked<'de, D, T>(
+/// Deserializes a value and checks it: a value `ok` refuses becomes the error `why(v)`,
+/// at the value's file position. Shared by every TOML schema of the project.
+pub fn checked<'de, D, T>(
     d: D,
     ok: impl Fn(&T) -> bool,
     why: impl Fn(&T) -> String,

@@ -7,6 +7,7 @@
 use std::ops::Range;
 use std::path::Path;
 
+use appease_config::checked;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
@@ -445,23 +446,6 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     (line, column)
-}
-
-fn checked<'de, D, T>(
-    d: D,
-    ok: impl Fn(&T) -> bool,
-    why: impl Fn(&T) -> String,
-) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    let v = T::deserialize(d)?;
-    if ok(&v) {
-        Ok(v)
-    } else {
-        Err(serde::de::Error::custom(why(&v)))
-    }
 }
 
 fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {

@@ -68,6 +68,17 @@ impl O1 {
         self.effective(t) as i32 <= self.nice[t] + 20 - delta
     }
 
+    /// Onto the active array at its priority: a preempted task at the head.
+    fn requeue(&mut self, cpu: usize, t: TaskId, how: How) {
+        let a = &mut self.cpus[cpu];
+        a.nr += 1;
+        if how == How::Preempted {
+            a.active[self.prio[t]].push_front(t);
+        } else {
+            a.active[self.prio[t]].push_back(t);
+        }
+    }
+
     fn starving(&self, cpu: usize, now: Ns) -> bool {
         let a = &self.cpus[cpu];
         a.expired_since
@@ -83,13 +94,7 @@ impl Scheduler for O1 {
             }
         }
         self.prio[t] = self.effective(t);
-        let a = &mut self.cpus[cpu];
-        a.nr += 1;
-        if how == How::Preempted {
-            a.active[self.prio[t]].push_front(t);
-        } else {
-            a.active[self.prio[t]].push_back(t);
-        }
+        self.requeue(cpu, t, how);
     }
 
     fn pick(&mut self, cpu: usize, now: Ns, _view: &View) -> Option<TaskId> {
@@ -132,15 +137,7 @@ impl Scheduler for O1 {
                     a.expired[self.prio[t]].push_back(t);
                 }
             }
-            Some(how) => {
-                let a = &mut self.cpus[cpu];
-                a.nr += 1;
-                if how == How::Preempted {
-                    a.active[self.prio[t]].push_front(t);
-                } else {
-                    a.active[self.prio[t]].push_back(t);
-                }
-            }
+            Some(how) => self.requeue(cpu, t, how),
         }
     }
 
