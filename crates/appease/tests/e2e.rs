@@ -797,28 +797,36 @@ fn bench_rejects_unknown_scenarios_modes_and_loads() {
     }
 }
 
-#[test]
-fn the_starvation_floor_engages_when_latency_work_saturates_every_cpu() {
-    let Some(_g) = serial() else { return };
-    let dir = TempDir::new("floor");
-    let group = format!("appease-e2e-f{}", std::process::id());
+/// A daemon with the batch config plus `extra` ([batch] keys), and one soaker it has
+/// demoted: (run dir, the group's path, the soaker, the daemon).
+fn demoted_soaker(name: &str, extra: &str) -> (TempDir, String, Soakers, Daemon) {
+    let dir = TempDir::new(name);
+    let group = format!("appease-e2e-{name}{}", std::process::id());
     let cfg = dir.file(
-        "floor.toml",
-        &format!(
-            // 10 %: with 200 ms scans one 10 ms clock tick is 2.5 % of two CPUs.
-            "{}floor_pct = 10.0\nfloor_after_ms = 2000\nfloor_hold_ms = 2000\nfloor_weight = 10\n",
-            batch_config(&group)
-        ),
+        &format!("{name}.toml"),
+        &format!("{}{extra}", batch_config(&group)),
     );
     let soakers = Soakers(vec![forking_soaker()]);
     let pid = soakers.0[0].id();
     let daemon = Daemon::start(&dir.0, &cfg);
     let gpath = format!("/{group}");
-    let in_group = || cpu_cgroup(pid).as_deref() == Some(gpath.as_str());
     assert!(
-        wait_for(Duration::from_secs(8), in_group).is_some(),
+        wait_for(Duration::from_secs(8), || cpu_cgroup(pid).as_deref()
+            == Some(gpath.as_str()))
+        .is_some(),
         "demoted: {}",
         daemon.log_text()
+    );
+    (dir, gpath, soakers, daemon)
+}
+
+#[test]
+fn the_starvation_floor_engages_when_latency_work_saturates_every_cpu() {
+    let Some(_g) = serial() else { return };
+    // 10 %: with 200 ms scans one 10 ms clock tick is 2.5 % of two CPUs.
+    let (_dir, gpath, _soakers, daemon) = demoted_soaker(
+        "floor",
+        "floor_pct = 10.0\nfloor_after_ms = 2000\nfloor_hold_ms = 2000\nfloor_weight = 10\n",
     );
 
     // Latency-sensitive work on every CPU: threads answering requests back to back,
@@ -856,26 +864,8 @@ fn the_starvation_floor_engages_when_latency_work_saturates_every_cpu() {
 #[test]
 fn the_batch_group_is_idle_only_while_requests_arrive() {
     let Some(_g) = serial() else { return };
-    let dir = TempDir::new("quiet");
-    let group = format!("appease-e2e-q{}", std::process::id());
-    let cfg = dir.file(
-        "quiet.toml",
-        &format!(
-            "{}quiet_after_ms = 1500\nquiet_weight = 100\n",
-            batch_config(&group)
-        ),
-    );
-    let soakers = Soakers(vec![forking_soaker()]);
-    let pid = soakers.0[0].id();
-    let daemon = Daemon::start(&dir.0, &cfg);
-    let gpath = format!("/{group}");
-    assert!(
-        wait_for(Duration::from_secs(8), || cpu_cgroup(pid).as_deref()
-            == Some(gpath.as_str()))
-        .is_some(),
-        "demoted: {}",
-        daemon.log_text()
-    );
+    let (_dir, gpath, _soakers, daemon) =
+        demoted_soaker("quiet", "quiet_after_ms = 1500\nquiet_weight = 100\n");
     let cg = appease_cgroup::Cgroups::detect().unwrap();
     let mode = |want: &str| daemon.status_json()["batch"]["mode"].as_str() == Some(want);
     // Nothing answers requests: after the quiet stretch the group is a normal group.
