@@ -148,6 +148,34 @@ enum ModelCommand {
         #[arg(long)]
         json: bool,
     },
+    /// seeds/004's closed forms (eqs. 6–27): the unhappiness one request causes under
+    /// round robin, feedback queues, CFS and CFS with request-based elevation.
+    Unhappiness {
+        /// N: runnable processes, the server included.
+        #[arg(long, default_value_t = 5)]
+        processes: u32,
+        /// q: round-robin quantum, base quantum of the feedback queues.
+        #[arg(long, default_value_t = 10.0)]
+        quantum_ms: f64,
+        /// CFS's sched_latency.
+        #[arg(long, default_value_t = 20.0)]
+        sched_latency_ms: f64,
+        /// τ of the one-request scenario.
+        #[arg(long, default_value_t = 30.0)]
+        request_ms: f64,
+        /// τ1,τ2,τ3 of the service-call scenario.
+        #[arg(long, value_delimiter = ',', default_value = "20,20,10")]
+        tau_ms: Vec<f64>,
+        /// RBPE's elevation level (1..=15).
+        #[arg(long, default_value_t = 5)]
+        nice: u32,
+        /// a_0,a_1,…: processes in each feedback queue when the request arrives, the
+        /// server included (default: the server alone).
+        #[arg(long, value_delimiter = ',')]
+        queues: Vec<u32>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -237,6 +265,36 @@ fn run(cmd: Command) -> Result<()> {
             rate.zip(hold_us).zip(wait_us).map(|((r, h), w)| (r, h, w)),
             json,
         ),
+        Command::Model {
+            command:
+                ModelCommand::Unhappiness {
+                    processes,
+                    quantum_ms,
+                    sched_latency_ms,
+                    request_ms,
+                    tau_ms,
+                    nice,
+                    queues,
+                    json,
+                },
+        } => {
+            let tau: [f64; 3] = tau_ms
+                .as_slice()
+                .try_into()
+                .map_err(|_| appease_model::unhappiness::ParamError::Tau(tau_ms.len()))?;
+            unhappiness(
+                &appease_model::unhappiness::Params {
+                    processes,
+                    quantum_ms,
+                    sched_latency_ms,
+                    request_ms,
+                    tau_ms: tau,
+                    nice,
+                    queues,
+                },
+                json,
+            )
+        }
         Command::Roles {
             command:
                 RolesCommand::Suggest {
@@ -378,6 +436,41 @@ fn bench(args: BenchArgs) -> Result<()> {
     } else {
         println!("{table}");
     }
+    Ok(())
+}
+
+fn unhappiness(p: &appease_model::unhappiness::Params, json: bool) -> Result<()> {
+    let u = appease_model::unhappiness::evaluate(p)?;
+    if json {
+        println!("{}", serde_json::to_string(&u)?);
+        return Ok(());
+    }
+    println!(
+        "seeds/004 closed forms: N = {} processes, q = {} ms, sched_latency = {} ms, \
+         τ = {} ms, τ1,τ2,τ3 = {},{},{} ms, elevation nice −{}",
+        p.processes,
+        p.quantum_ms,
+        p.sched_latency_ms,
+        p.request_ms,
+        p.tau_ms[0],
+        p.tau_ms[1],
+        p.tau_ms[2],
+        p.nice
+    );
+    println!(
+        "{:<9} {:<13} {:<11} {:>12}  note",
+        "policy", "scenario", "eqs.", "unhappy ms"
+    );
+    for r in &u.rows {
+        let v = r
+            .unhappiness_ms
+            .map_or_else(|| "-".to_string(), |v| format!("{v:.3}"));
+        println!(
+            "{:<9} {:<13} {:<11} {:>12}  {}",
+            r.policy, r.scenario, r.equations, v, r.note
+        );
+    }
+    println!("(`appease sim` gives the exact values; docs/sim.md compares them)");
     Ok(())
 }
 
