@@ -38,6 +38,19 @@ pub fn run(file: &Path, policy: Option<&str>, json: bool, out: Option<&Path>) ->
         for (c, u) in &r.unhappiness.per_customer {
             println!("unhappiness of customer {c}: {u:.3} ms");
         }
+        for l in &r.locks {
+            println!(
+                "lock {}: {} contenders, {} acquisitions, held {:.4} of the time, mean wait {:.4} ms \
+                 ({:.4} mean holds), effective power {:.3} CPUs",
+                l.name,
+                l.contenders,
+                l.acquisitions,
+                l.utilization,
+                l.mean_wait_ms,
+                l.wait_per_hold,
+                l.effective_power
+            );
+        }
     }
     Ok(())
 }

@@ -7,11 +7,12 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, Exp};
+use rand_distr::{Distribution, Exp, Exp1};
 
-use crate::workload::{Arrivals, SchedClass, Socket, Workload};
+use crate::workload::{Arrivals, SchedClass, Socket, Times, Workload};
 
 /// Simulated time in nanoseconds.
 pub type Ns = u64;
@@ -90,6 +91,35 @@ enum Kind {
     CpuBound,
     Cycle { cpu: Ns, sleep: Ns },
     Server { queue: VecDeque<Slot>, stage: usize },
+    Lock(LockTask),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct LockTask {
+    lock: usize,
+    compute: Ns,
+    hold: Ns,
+    exponential: bool,
+    holding: bool,
+}
+
+/// A lock the `lock` processes contend for, and what it saw.
+#[derive(Clone, Debug, Default)]
+pub struct Lock {
+    pub name: String,
+    pub contenders: usize,
+    holder: Option<TaskId>,
+    /// Since when the holder holds it.
+    since: Ns,
+    /// Waiters in arrival order, with when they started waiting.
+    waiters: VecDeque<(TaskId, Ns)>,
+    pub acquisitions: u64,
+    pub releases: u64,
+    /// Completed waits and holds.
+    pub wait_ns: u128,
+    pub hold_ns: u128,
+    /// Hold time including the hold in progress at the end.
+    pub held_ns: u128,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -208,6 +238,8 @@ enum Ev {
 struct Cpu {
     curr: Option<TaskId>,
     since: Ns,
+    /// When the running task's slice ends.
+    slice_end: Ns,
     gen: u64,
     busy: Ns,
 }
@@ -225,6 +257,7 @@ pub struct Outcome {
     pub events: u64,
     pub duration: Ns,
     pub busy: Vec<Ns>,
+    pub locks: Vec<Lock>,
 }
 
 pub struct Engine<'w> {
@@ -243,12 +276,14 @@ pub struct Engine<'w> {
     instances: Vec<Vec<TaskId>>,
     next_instance: Vec<usize>,
     balance: Ns,
+    locks: Vec<Lock>,
 }
 
 impl<'w> Engine<'w> {
     pub fn new(w: &'w Workload, sched: Box<dyn Scheduler + 'w>, tasks: Vec<TaskInfo>) -> Self {
         let mut all = Vec::new();
         let mut instances = Vec::new();
+        let mut locks: Vec<Lock> = Vec::new();
         let mut infos = tasks.into_iter();
         for (pi, p) in w.process.iter().enumerate() {
             let mut ids = Vec::new();
@@ -258,6 +293,25 @@ impl<'w> Engine<'w> {
                         cpu: ms(c.cpu_ms),
                         sleep: ms(c.sleep_ms),
                     }
+                } else if let Some(l) = &p.lock {
+                    let lock = locks
+                        .iter()
+                        .position(|k| k.name == l.name)
+                        .unwrap_or_else(|| {
+                            locks.push(Lock {
+                                name: l.name.clone(),
+                                ..Lock::default()
+                            });
+                            locks.len() - 1
+                        });
+                    locks[lock].contenders += 1;
+                    Kind::Lock(LockTask {
+                        lock,
+                        compute: ms(l.compute_ms),
+                        hold: ms(l.hold_ms),
+                        exponential: l.times == Times::Exponential,
+                        holding: false,
+                    })
                 } else if p.serve.is_some() {
                     Kind::Server {
                         queue: VecDeque::new(),
@@ -296,6 +350,7 @@ impl<'w> Engine<'w> {
             .map(|_| Cpu {
                 curr: None,
                 since: 0,
+                slice_end: 0,
                 gen: 0,
                 busy: 0,
             })
@@ -322,6 +377,7 @@ impl<'w> Engine<'w> {
             next_instance: vec![0; instances.len()],
             instances,
             balance: ms(w.tunables.balance_ms),
+            locks,
         }
     }
 
@@ -337,8 +393,13 @@ impl<'w> Engine<'w> {
             match task.kind {
                 Kind::CpuBound => task.remaining = Ns::MAX,
                 Kind::Cycle { cpu, .. } => task.remaining = cpu,
+                Kind::Lock(l) => {
+                    let d = self.draw(l.compute, l.exponential);
+                    self.view.tasks[t].remaining = d;
+                }
                 Kind::Server { .. } => continue,
             }
+            let task = &self.view.tasks[t];
             let cpu = task.cpu;
             self.make_runnable(t, cpu, How::New);
         }
@@ -393,11 +454,17 @@ impl<'w> Engine<'w> {
             }
         }
         self.view.psi_update(self.end);
+        for l in &mut self.locks {
+            if l.holder.is_some() {
+                l.held_ns += (self.end - l.since) as u128;
+            }
+        }
         Outcome {
             events: self.events,
             duration: self.end,
             busy: self.cpus.iter().map(|c| c.busy).collect(),
             view: self.view,
+            locks: self.locks,
         }
     }
 
@@ -466,7 +533,89 @@ impl<'w> Engine<'w> {
                 self.off_cpu(cpu, t, None);
                 self.server_progress(t);
             }
+            Kind::Lock(l) => {
+                let l = *l;
+                if l.holding {
+                    self.release(cpu, t, l);
+                } else if self.locks[l.lock].holder.is_none() {
+                    self.grant(t, l.lock, self.now);
+                    self.keep_running(cpu, t);
+                } else {
+                    self.locks[l.lock].waiters.push_back((t, self.now));
+                    self.view.tasks[t].state = State::Blocked;
+                    self.off_cpu(cpu, t, None);
+                }
+            }
         }
+    }
+
+    /// A time with mean `mean`: itself, or drawn from the exponential distribution.
+    fn draw(&mut self, mean: Ns, exponential: bool) -> Ns {
+        if !exponential {
+            return mean;
+        }
+        let x: f64 = self.rng.sample(Exp1);
+        ((x * mean as f64) as Ns).max(1)
+    }
+
+    /// `t` takes `lock`, having waited since `since`, and starts its hold.
+    fn grant(&mut self, t: TaskId, lock: usize, since: Ns) {
+        let Kind::Lock(l) = self.view.tasks[t].kind else {
+            unreachable!("only lock tasks take locks")
+        };
+        let hold = self.draw(l.hold, l.exponential);
+        let k = &mut self.locks[lock];
+        k.holder = Some(t);
+        k.since = self.now;
+        k.acquisitions += 1;
+        k.wait_ns += (self.now - since) as u128;
+        let task = &mut self.view.tasks[t];
+        task.remaining = hold;
+        if let Kind::Lock(l) = &mut task.kind {
+            l.holding = true;
+        }
+    }
+
+    /// `t` (running on `cpu`) ends its hold: the next waiter takes the lock and `t`
+    /// computes on.
+    fn release(&mut self, cpu: usize, t: TaskId, l: LockTask) {
+        let k = &mut self.locks[l.lock];
+        k.holder = None;
+        k.releases += 1;
+        k.hold_ns += (self.now - k.since) as u128;
+        k.held_ns += (self.now - k.since) as u128;
+        let next = k.waiters.pop_front();
+        let compute = self.draw(l.compute, l.exponential);
+        let task = &mut self.view.tasks[t];
+        task.remaining = compute;
+        if let Kind::Lock(me) = &mut task.kind {
+            me.holding = false;
+        }
+        // Re-arm `t` first: the waiter's wake-up may preempt it.
+        self.keep_running(cpu, t);
+        if let Some((w, since)) = next {
+            self.grant(w, l.lock, since);
+            self.view.tasks[w].state = State::Sleeping;
+            let to = self.select_cpu(w);
+            self.wake(w, to);
+        }
+    }
+
+    /// `t` goes on running on `cpu` with new work, to the end of its slice.
+    fn keep_running(&mut self, cpu: usize, t: TaskId) {
+        let end = self.cpus[cpu].slice_end;
+        if end <= self.now {
+            self.off_cpu(cpu, t, Some(How::Expired));
+            return;
+        }
+        let c = &mut self.cpus[cpu];
+        c.gen += 1;
+        let gen = c.gen;
+        let remaining = self.view.tasks[t].remaining;
+        self.push(
+            end.min(self.now.saturating_add(remaining)),
+            Ev::Stop { cpu, gen },
+        );
     }
 
     /// A server's current request reached a call or its end: issue the call, or answer
@@ -692,6 +841,7 @@ impl<'w> Engine<'w> {
         let c = &mut self.cpus[cpu];
         c.curr = Some(t);
         c.since = self.now;
+        c.slice_end = self.now.saturating_add(slice);
         c.gen += 1;
         let gen = c.gen;
         self.push(

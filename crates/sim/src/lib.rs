@@ -56,6 +56,24 @@ pub struct Unhappiness {
     pub mean_per_request: f64,
 }
 
+/// A lock's contention, in the terms of `appease model contention`.
+#[derive(Clone, Debug, Serialize)]
+pub struct LockReport {
+    pub name: String,
+    /// Processes that use it.
+    pub contenders: usize,
+    pub acquisitions: u64,
+    pub mean_hold_ms: f64,
+    /// Mean time from asking for the lock to getting it.
+    pub mean_wait_ms: f64,
+    /// Share of the run the lock was held.
+    pub utilization: f64,
+    /// Mean wait in mean hold times (the model's `wait_per_hold`).
+    pub wait_per_hold: f64,
+    /// contenders − Λ·W: processors' worth of time not lost waiting.
+    pub effective_power: f64,
+}
+
 /// One answered request, for the CSV.
 #[derive(Clone, Debug, Serialize)]
 pub struct RequestRecord {
@@ -80,6 +98,9 @@ pub struct Report {
     pub processes: Vec<ProcessReport>,
     pub requests: RequestSummary,
     pub unhappiness: Unhappiness,
+    /// Only for workloads with `lock` processes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<LockReport>,
     #[serde(skip)]
     pub records: Vec<RequestRecord>,
 }
@@ -196,8 +217,40 @@ pub fn run(w: &Workload, policy: Option<&str>) -> Result<Report, String> {
         processes,
         requests,
         unhappiness,
+        locks: out
+            .locks
+            .iter()
+            .map(|l| lock_report(l, out.duration))
+            .collect(),
         records,
     })
+}
+
+fn lock_report(l: &engine::Lock, duration: engine::Ns) -> LockReport {
+    let per = |total: u128, n: u64| {
+        if n == 0 {
+            0.0
+        } else {
+            total as f64 / n as f64 / MS
+        }
+    };
+    let mean_hold_ms = per(l.hold_ns, l.releases);
+    let mean_wait_ms = per(l.wait_ns, l.acquisitions);
+    let d = duration.max(1) as f64;
+    LockReport {
+        name: l.name.clone(),
+        contenders: l.contenders,
+        acquisitions: l.acquisitions,
+        mean_hold_ms,
+        mean_wait_ms,
+        utilization: l.held_ns as f64 / d,
+        wait_per_hold: if mean_hold_ms > 0.0 {
+            mean_wait_ms / mean_hold_ms
+        } else {
+            0.0
+        },
+        effective_power: l.contenders as f64 - l.wait_ns as f64 / d,
+    }
 }
 
 /// The per-request CSV (`--out`).

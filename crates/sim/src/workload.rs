@@ -155,6 +155,8 @@ pub struct ProcessDef {
     pub serve: Option<Serve>,
     /// Computes then sleeps, forever (an interactive or periodic task).
     pub cycle: Option<Cycle>,
+    /// Computes, then takes a lock and computes holding it, forever.
+    pub lock: Option<LockUse>,
 }
 
 fn one() -> usize {
@@ -186,6 +188,32 @@ pub struct Cycle {
     pub cpu_ms: f64,
     #[serde(deserialize_with = "positive_ms")]
     pub sleep_ms: f64,
+}
+
+/// A process that computes for `compute_ms`, then waits (asleep, first come first
+/// served) for the lock `name` and computes `hold_ms` holding it. N of them on N CPUs
+/// with exponential times are the machine-repairman queue of `appease model contention`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockUse {
+    pub name: String,
+    #[serde(deserialize_with = "positive_ms")]
+    pub compute_ms: f64,
+    #[serde(deserialize_with = "positive_ms")]
+    pub hold_ms: f64,
+    #[serde(default)]
+    pub times: Times,
+}
+
+/// How the times of a `lock` process are drawn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Times {
+    /// Exactly the given times.
+    #[default]
+    Fixed,
+    /// Exponentially distributed with the given means (the seeded RNG draws them).
+    Exponential,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -328,13 +356,15 @@ impl Workload {
                     ));
                 }
             }
-            let kinds =
-                p.behavior.is_some() as u8 + p.serve.is_some() as u8 + p.cycle.is_some() as u8;
+            let kinds = p.behavior.is_some() as u8
+                + p.serve.is_some() as u8
+                + p.cycle.is_some() as u8
+                + p.lock.is_some() as u8;
             if kinds != 1 {
                 return Err((
                     Some(p.name.span()),
                     format!(
-                        "process {name:?} needs exactly one of behavior = \"cpu-bound\", serve = {{ .. }} or cycle = {{ .. }}"
+                        "process {name:?} needs exactly one of behavior = \"cpu-bound\", serve = {{ .. }}, cycle = {{ .. }} or lock = {{ .. }}"
                     ),
                 ));
             }

@@ -269,3 +269,149 @@ behavior = "cpu-bound"
         assert!(r.utilization > 0.99, "{policy}: {}", r.utilization);
     }
 }
+
+/// seeds/004 §3's second scenario: N − 1 = 3 CPU-bound processes on one CPU; the server
+/// computes τ1 = 20 ms, calls a sleeping service that computes τ2 = 20 ms, then computes
+/// τ3 = 10 ms and answers (α = 0). The request arrives 5 ms into a 10 ms quantum.
+fn service_call() -> String {
+    r#"
+[sim]
+cpus = 1
+duration_ms = 5000
+[tunables]
+quantum_ms = 10.0
+sched_latency_ms = 20.0
+[[process]]
+name = "hog"
+count = 3
+behavior = "cpu-bound"
+[[process]]
+name = "server"
+serve = { cpu_ms = 30.0, calls = [{ to = "service", after_cpu_ms = 20.0 }] }
+[[process]]
+name = "service"
+serve = { cpu_ms = 20.0 }
+[[customer]]
+name = "c"
+to = "server"
+arrivals = { kind = "periodic", period_ms = 100000.0 }
+start_ms = 1005.0
+"#
+    .into()
+}
+
+fn paper(policy: &str, equations: &str) -> f64 {
+    use appease_model::unhappiness::{evaluate, Params};
+    let p = Params {
+        processes: 4,
+        quantum_ms: 10.0,
+        sched_latency_ms: 20.0,
+        tau_ms: [20.0, 20.0, 10.0],
+        ..Params::default()
+    };
+    evaluate(&p)
+        .unwrap()
+        .rows
+        .into_iter()
+        .find(|r| r.policy == policy && r.equations == equations)
+        .and_then(|r| r.unhappiness_ms)
+        .unwrap()
+}
+
+#[test]
+fn round_robin_service_call_waits_a_full_round_per_quantum() {
+    let r = sim(&service_call(), "rr");
+    assert_eq!(r.requests.count, 1);
+    // Exact: τ1 waits 5 + 2·10 then 30 (one round of 3 hogs), the service 30 + 30, τ3 30.
+    let u = r.unhappiness.system;
+    assert!((u - 145.0).abs() < 1e-6, "{u}");
+    // Eq. 7: q((Z1 + Z2 + Z3)(N − 2) + 3) = 10 (5·2 + 3) = 130 counts one process less
+    // per round; docs/sim.md explains.
+    assert_eq!(paper("rr", "7, 9"), 130.0);
+}
+
+#[test]
+fn feedback_queues_serve_each_part_of_a_service_call_at_once() {
+    // The hogs sank long ago; the server and the service each enter Q0 alone and
+    // preempt, so nothing waits. Eq. 13 with a_i = 1 goes negative instead.
+    let r = sim(&service_call(), "mlfq");
+    assert!(
+        r.unhappiness.system.abs() < 1e-6,
+        "{}",
+        r.unhappiness.system
+    );
+    assert!(paper("mlfq", "13") < 0.0);
+}
+
+#[test]
+fn elevation_and_the_ideal_scheduler_cut_the_service_call_unhappiness_of_cfs() {
+    let cfs = sim(&service_call(), "cfs").unhappiness.system;
+    let rbpe = sim(&service_call(), "cfs-rbpe").unhappiness.system;
+    let ideal = sim(&service_call(), "unhappiness").unhappiness.system;
+    let rr = sim(&service_call(), "rr").unhappiness.system;
+    // Fair sharing among N = 4 makes each ms of work wait up to N − 1 ms; the sleeper's
+    // placement ahead of the hogs saves part of that on each of the three wake-ups.
+    assert!(cfs > 0.0 && cfs < 3.0 * 50.0, "{cfs}");
+    // Eq. 27 < eq. 26: the elevated server and service take more of the CPU.
+    assert!(rbpe < cfs, "cfs-rbpe {rbpe} vs cfs {cfs}");
+    // Section 4's two-queue scheduler runs whoever holds the request first.
+    assert!(ideal.abs() < 1e-6, "{ideal}");
+    assert!(cfs < rr, "cfs {cfs} vs rr {rr}");
+    // EEVDF places a waking task at the lag it left with (about 0), no sleeper credit:
+    // fair sharing throughout, each ms of the 50 waits for the N − 1 = 3 hogs.
+    let eevdf = sim(&service_call(), "eevdf").unhappiness.system;
+    assert!((eevdf - 150.0).abs() < 7.5, "{eevdf}");
+}
+
+/// N processes, each alone on its CPU, compute (exponential, mean Z) then hold one lock
+/// (exponential, mean x̄ = 1 ms): the machine-repairman queue `appease model contention`
+/// solves exactly. Ten seeded runs give a 99 % confidence interval that must hold the
+/// model's value.
+#[test]
+fn simulated_machine_repairman_agrees_with_the_contention_model() {
+    for (cpus, demand_pct) in [(8u64, 10.0), (4, 30.0)] {
+        let model = appease_model::contention::solve(cpus, demand_pct).unwrap();
+        let d = demand_pct / 100.0;
+        let compute = (1.0 - d) / d;
+        let mut waits = Vec::new();
+        let mut utils = Vec::new();
+        for seed in 1..=10 {
+            let text = format!(
+                r#"
+[sim]
+cpus = {cpus}
+duration_ms = 20000
+seed = {seed}
+[[process]]
+name = "cpu"
+count = {cpus}
+lock = {{ name = "kernel", compute_ms = {compute}, hold_ms = 1.0, times = "exponential" }}
+"#
+            );
+            let r = sim(&text, "cfs");
+            let l = &r.locks[0];
+            assert_eq!(l.contenders, cpus as usize);
+            assert!(l.acquisitions > 10_000, "{}", l.acquisitions);
+            waits.push(l.wait_per_hold);
+            utils.push(l.utilization);
+        }
+        for (what, xs, expect) in [
+            ("wait per hold", &waits, model.wait_per_hold),
+            ("lock utilization", &utils, model.utilization),
+        ] {
+            let n = xs.len() as f64;
+            let mean = xs.iter().sum::<f64>() / n;
+            let sd = (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+            // Student's t, 9 degrees of freedom, two-sided 99 %.
+            let half = 3.25 * sd / n.sqrt();
+            assert!(
+                (mean - expect).abs() <= half,
+                "{cpus} CPUs at {demand_pct} %: {what} simulated {mean:.4} ± {half:.4}, model {expect:.4}"
+            );
+            assert!(
+                half < 0.1 * expect,
+                "{what}: the interval is too wide to mean anything"
+            );
+        }
+    }
+}
