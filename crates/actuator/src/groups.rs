@@ -19,6 +19,10 @@ pub struct Groups {
     batch_name: String,
     /// Groups created so far, in creation order.
     created: Vec<String>,
+    /// How each group was made (idle, weight), to make it again if it vanishes.
+    made: HashMap<String, (bool, u32)>,
+    /// The batch group was made again: it is idle, whatever mode it had.
+    batch_remade: bool,
     moved: HashMap<u32, Moved>,
 }
 
@@ -54,6 +58,8 @@ impl Groups {
             cg,
             batch_name: batch_name.to_string(),
             created: Vec::new(),
+            made: HashMap::new(),
+            batch_remade: false,
             moved: HashMap::new(),
         }
     }
@@ -117,8 +123,48 @@ impl KernelActuator {
                 .ensure_top_group(name, idle, weight)
                 .map_err(cg_err)?;
         }
-        self.groups_mut()?.created.push(path.clone());
+        let g = self.groups_mut()?;
+        g.created.push(path.clone());
+        g.made.insert(path.clone(), (idle, weight));
         Ok(path)
+    }
+
+    /// Someone removed one of appease's groups (only possible once it is empty): forget
+    /// it, so that the next use makes it again. Never fatal.
+    fn forget_vanished(&mut self, group: &str) -> Result<(), ActError> {
+        let g = self.groups_mut()?;
+        if g.cg.exists(group) || !g.created.iter().any(|c| c == group) {
+            return Ok(());
+        }
+        g.created.retain(|c| c != group);
+        g.moved.retain(|_, m| m.to != group);
+        if group == g.batch_path() {
+            g.batch_remade = true;
+        }
+        tracing::warn!(
+            group,
+            "one of appease's groups vanished; it is made again on next use"
+        );
+        self.journal(Record::GroupRemoved {
+            path: group.to_string(),
+        })
+    }
+
+    /// Makes a vanished group again as it was first made.
+    fn remake(&mut self, group: &str) -> Result<(), ActError> {
+        self.forget_vanished(group)?;
+        let g = self.groups_mut()?;
+        let (idle, weight) = g.made.get(group).copied().unwrap_or((false, 100));
+        self.ensure_group(group.trim_start_matches('/'), idle, weight)?;
+        Ok(())
+    }
+
+    /// True once after the batch group vanished (it is made again idle): its mode must
+    /// be applied again.
+    pub fn take_batch_remade(&mut self) -> bool {
+        self.groups
+            .as_mut()
+            .is_some_and(|g| std::mem::take(&mut g.batch_remade))
     }
 
     /// Creates a latency service's group with its weight (at daemon start, so that an
@@ -193,7 +239,12 @@ impl KernelActuator {
                     from: from.clone(),
                     to: group.to_string(),
                 })?;
-                if let Err(e) = self.groups_mut()?.cg.move_process(pid, group) {
+                let mut result = self.groups_mut()?.cg.move_process(pid, group);
+                if result.is_err() && !self.groups_mut()?.cg.exists(group) {
+                    self.remake(group)?;
+                    result = self.groups_mut()?.cg.move_process(pid, group);
+                }
+                if let Err(e) = result {
                     self.journal(Record::Return { key })?;
                     if !e.is_gone() {
                         self.counters.failures += 1;
@@ -354,17 +405,25 @@ impl KernelActuator {
         }
         // The kernel refuses a weight on an idle group: idle flag off first, and the
         // weight back before the flag goes on again.
-        match weight {
+        let set = match weight {
             Some(weight) => {
-                g.cg.set_idle(&p, false)?;
-                g.cg.set_weight(&p, weight)?;
+                g.cg.set_idle(&p, false)
+                    .and_then(|()| g.cg.set_weight(&p, weight))
             }
             None => {
-                g.cg.set_weight(&p, 100)?;
-                g.cg.set_idle(&p, true)?;
+                g.cg.set_weight(&p, 100)
+                    .and_then(|()| g.cg.set_idle(&p, true))
             }
+        };
+        match set {
+            Ok(()) => Ok(true),
+            Err(e) if !g.cg.exists(&p) => {
+                tracing::debug!(error = %e, "batch group gone");
+                self.forget_vanished(&p)?;
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
         }
-        Ok(true)
     }
 
     /// Whether appease moved `pid` into one of its groups.

@@ -893,6 +893,81 @@ fn the_batch_group_is_idle_only_while_requests_arrive() {
 }
 
 #[test]
+fn a_batch_group_removed_under_the_daemon_is_made_again_on_next_use() {
+    let Some(_g) = serial() else { return };
+    let home = cpu_cgroup(std::process::id()).unwrap();
+    let (_dir, gpath, mut first, mut daemon) = demoted_soaker("vanish", "");
+    // The soaker ends and someone removes the emptied group by hand.
+    first.0.iter_mut().for_each(|c| {
+        drop(c.kill());
+        drop(c.wait());
+    });
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(3), || cg.remove(&gpath).is_ok()
+            && !cg.exists(&gpath))
+        .is_some(),
+        "removed by hand"
+    );
+    // A new soaker: the daemon logs the vanished group, makes it again, demotes.
+    let second = Soakers(vec![forking_soaker()]);
+    let pid = second.0[0].id();
+    let back = wait_for(Duration::from_secs(8), || {
+        cpu_cgroup(pid).as_deref() == Some(gpath.as_str())
+    });
+    assert!(back.is_some(), "demoted again: {}", daemon.log_text());
+    assert!(cg.idle(&gpath).unwrap(), "made again idle");
+    assert!(
+        daemon.log_text().contains("vanished"),
+        "{}",
+        daemon.log_text()
+    );
+    assert!(
+        daemon.status_json()["pid"].as_u64().is_some(),
+        "still running"
+    );
+    // On stop the soaker goes home and the group is removed, as usual.
+    assert!(daemon.signal(libc::SIGTERM).success());
+    assert_eq!(cpu_cgroup(pid).unwrap(), home);
+    assert!(!cg.exists(&gpath), "removed on exit");
+    drop(second);
+}
+
+#[test]
+fn a_service_group_the_kernel_refuses_stops_the_start_and_changes_nothing() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("refused");
+    let name = format!("refused{}", std::process::id() % 100_000);
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    // An idle group of that name already exists: the kernel refuses a weight on it.
+    let gpath = cg
+        .ensure_top_group(&format!("appease.svc.{name}"), true, 100)
+        .unwrap();
+    let cfg = dir.file(
+        "refused.toml",
+        &format!("[[service]]\nname = \"{name}\"\ncomm = \"no-such-comm\"\nweight = 200\n"),
+    );
+    let shares = cg.root().join(&gpath[1..]).join("cpu.shares");
+    let before = std::fs::read_to_string(&shares).ok();
+    let out = appease(&dir.0, &["daemon", "--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("service \"{name}\": cannot set up its group")),
+        "{err}"
+    );
+    assert_eq!(
+        err.lines().filter(|l| l.contains("error:")).count(),
+        1,
+        "one error, with its cause chain: {err}"
+    );
+    // The group that was there is still there, as it was.
+    assert!(cg.exists(&gpath) && cg.idle(&gpath).unwrap());
+    assert_eq!(std::fs::read_to_string(&shares).ok(), before);
+    cg.remove(&gpath).unwrap();
+}
+
+#[test]
 fn latency_services_get_their_own_groups_and_share_the_cpus_by_weight() {
     let Some(_g) = serial() else { return };
     let dir = TempDir::new("services");
@@ -1082,4 +1157,119 @@ fn model_contention_json_has_the_contract_keys() {
         .output()
         .unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--cpus"));
+}
+
+/// `appease ARGS` that must succeed, its stdout as JSON.
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn model_unhappiness_evaluates_every_closed_form() {
+    let v = json_of(&["model", "unhappiness", "--json"]);
+    let rows = v["rows"].as_array().unwrap();
+    for policy in ["rr", "mlfq", "cfs", "cfs-rbpe"] {
+        for scenario in ["one request", "service call"] {
+            assert!(
+                rows.iter()
+                    .any(|r| r["policy"] == policy && r["scenario"] == scenario),
+                "{policy} {scenario}: {v}"
+            );
+        }
+    }
+    // eq. 6 with the defaults (N = 5, q = 10 ms, τ = 30 ms).
+    assert_eq!(rows[0]["unhappiness_ms"].as_f64(), Some(100.0));
+    let text = Command::new(BIN)
+        .args(["model", "unhappiness", "--processes", "4"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("7, 9"));
+    for (args, named) in [
+        (vec!["--tau-ms", "1,2"], "--tau-ms"),
+        (vec!["--processes", "1"], "--processes"),
+        (vec!["--quantum-ms", "0"], "--quantum-ms"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["model", "unhappiness"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(named),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn sim_run_and_compare_report_every_key_and_refuse_bad_workloads() {
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/sim/web-db.toml"
+    );
+    let r = json_of(&["sim", "run", example, "--policy", "eevdf", "--json"]);
+    for k in ["policy", "events", "events_per_sec", "utilization"] {
+        assert!(!r[k].is_null(), "{k}: {r}");
+    }
+    assert_eq!(r["policy"], "eevdf");
+    let p = &r["processes"][0];
+    for k in ["name", "cpu_ms", "cpu_share"] {
+        assert!(!p[k].is_null(), "processes.{k}: {r}");
+    }
+    for k in ["count", "mean_ms", "p50_ms", "p99_ms", "max_ms"] {
+        assert!(r["requests"][k].is_number(), "requests.{k}: {r}");
+    }
+    assert!(r["unhappiness"]["system"].is_number());
+    assert!(r["unhappiness"]["per_customer"].is_object());
+
+    let dir = TempDir::new("simcli");
+    let out = dir.0.join("out");
+    let all = json_of(&[
+        "sim",
+        "compare",
+        example,
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let names: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, appease_sim::POLICIES);
+    let csv = std::fs::read_to_string(out.join("requests.csv")).unwrap();
+    assert!(csv.starts_with("policy,customer,arrive_ms,response_ms,cpu_ms,unhappiness_ms\n"));
+    assert!(out.join("compare.json").exists());
+
+    for (text, expect) in [
+        ("[sim]\ncpus = 1\nduration_ms = 100\nbogus = 2\n", "line 4"),
+        (
+            "[sim]\ncpus = 1\nduration_ms = 100\nalpha = 0.7\n[[process]]\nname = \"a\"\nbehavior = \"cpu-bound\"\n",
+            "alpha",
+        ),
+        (
+            "[sim]\ncpus = 1\nduration_ms = 100\n[[process]]\nname = \"a\"\nserve = { cpu_ms = 1.0, calls = [{ to = \"nobody\", after_cpu_ms = 0.5 }] }\n",
+            "\"nobody\", which is not defined",
+        ),
+    ] {
+        let f = dir.file("bad.toml", text);
+        let out = Command::new(BIN)
+            .args(["sim", "run"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text}");
+        assert!(err.contains("bad.toml") && err.contains(expect), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
 }

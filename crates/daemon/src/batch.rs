@@ -101,6 +101,9 @@ impl BatchManager {
 
     /// Gives the batch group the mode it should have now, if it has not got it yet.
     fn sync_mode(&mut self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
+        if actuator.take_batch_remade() {
+            self.applied = GroupMode::Idle;
+        }
         let want = self.mode.mode(now);
         if want == self.applied {
             return;
