@@ -181,7 +181,16 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                     if mode == Mode::Unloaded { 0 } else { soakers },
                     params.measure_s
                 );
-                runs[i].push(run_mode(opts, &params, mode, soakers)?);
+                let r = run_mode(opts, &params, mode, soakers)?;
+                eprintln!(
+                    "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms; batch {:.0} units/s",
+                    r.latency_ms.mean,
+                    r.latency_ms.p95,
+                    r.latency_ms.p99,
+                    r.latency_ms.max,
+                    r.batch_throughput
+                );
+                runs[i].push(r);
             }
         }
         let modes: Vec<ModeResult> = runs
