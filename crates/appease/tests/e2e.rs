@@ -1102,15 +1102,7 @@ fn roles_give_fixed_staggered_priorities_and_are_restored() {
 
 #[test]
 fn model_contention_json_has_the_contract_keys() {
-    let run = |args: &[&str]| -> serde_json::Value {
-        let out = Command::new(BIN).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let run = json_of;
     let v = run(&[
         "model",
         "contention",
