@@ -105,6 +105,21 @@ fn rbpe_part(p: &Params, z: f64) -> f64 {
         .sum()
 }
 
+/// Eqs. 17/24 and 20/25: zero when the request fits in the first slice, else no form.
+fn first_slice(tau: f64, slice: f64, name: &str, at: &str) -> (Option<f64>, String) {
+    if tau <= slice {
+        (
+            Some(0.0),
+            format!("τ ≤ {name} = {slice:.3} ms{at}: answered within the first slice"),
+        )
+    } else {
+        (
+            None,
+            format!("τ > {name} = {slice:.3} ms{at}: the paper gives no form for this case"),
+        )
+    }
+}
+
 pub fn evaluate(p: &Params) -> Result<Unhappiness, ParamError> {
     if p.processes < 2 {
         return Err(ParamError::Processes(p.processes));
@@ -174,17 +189,8 @@ pub fn evaluate(p: &Params) -> Result<Unhappiness, ParamError> {
 
     // CFS.
     let slice = p.sched_latency_ms / n;
-    row(
-        "cfs",
-        "one request",
-        "14, 17, 24",
-        (p.request_ms <= slice).then_some(0.0),
-        if p.request_ms <= slice {
-            format!("τ ≤ q(N) = {slice:.3} ms: answered within the first slice")
-        } else {
-            format!("τ > q(N) = {slice:.3} ms: the paper gives no form for this case")
-        },
-    );
+    let (v, note) = first_slice(p.request_ms, slice, "q(N)", "");
+    row("cfs", "one request", "14, 17, 24", v, note);
     row(
         "cfs",
         "service call",
@@ -203,20 +209,9 @@ pub fn evaluate(p: &Params) -> Result<Unhappiness, ParamError> {
     // CFS with request-based priority elevation.
     let boost = 1.25f64.powf(p.nice as f64);
     let elevated = boost * p.sched_latency_ms / (n - 1.0 + boost);
-    row(
-        "cfs-rbpe",
-        "one request",
-        "19, 20, 25",
-        (p.request_ms <= elevated).then_some(0.0),
-        if p.request_ms <= elevated {
-            format!("τ ≤ q(Pj, N) = {elevated:.3} ms at nice −{}", p.nice)
-        } else {
-            format!(
-                "τ > q(Pj, N) = {elevated:.3} ms at nice −{}: the paper gives no form for this case",
-                p.nice
-            )
-        },
-    );
+    let at = format!(" at nice −{}", p.nice);
+    let (v, note) = first_slice(p.request_ms, elevated, "q(Pj, N)", &at);
+    row("cfs-rbpe", "one request", "19, 20, 25", v, note);
     let rz = p.tau_ms.map(|t| quanta(t, elevated));
     let assumption = if rz.iter().any(|&z| z > p.nice as f64 + 1.0) {
         format!("; the paper assumes Z ≤ nice + 1 = {}", p.nice + 1)

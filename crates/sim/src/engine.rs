@@ -118,8 +118,8 @@ pub struct Lock {
     /// Completed waits and holds.
     pub wait_ns: u128,
     pub hold_ns: u128,
-    /// Hold time including the hold in progress at the end.
-    pub held_ns: u128,
+    /// The hold in progress when the run ended (for utilization).
+    pub open_hold_ns: u128,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -456,7 +456,7 @@ impl<'w> Engine<'w> {
         self.view.psi_update(self.end);
         for l in &mut self.locks {
             if l.holder.is_some() {
-                l.held_ns += (self.end - l.since) as u128;
+                l.open_hold_ns = (self.end - l.since) as u128;
             }
         }
         Outcome {
@@ -583,7 +583,6 @@ impl<'w> Engine<'w> {
         k.holder = None;
         k.releases += 1;
         k.hold_ns += (self.now - k.since) as u128;
-        k.held_ns += (self.now - k.since) as u128;
         let next = k.waiters.pop_front();
         let compute = self.draw(l.compute, l.exponential);
         let task = &mut self.view.tasks[t];

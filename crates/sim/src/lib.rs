@@ -243,7 +243,7 @@ fn lock_report(l: &engine::Lock, duration: engine::Ns) -> LockReport {
         acquisitions: l.acquisitions,
         mean_hold_ms,
         mean_wait_ms,
-        utilization: l.held_ns as f64 / d,
+        utilization: (l.hold_ns + l.open_hold_ns) as f64 / d,
         wait_per_hold: if mean_hold_ms > 0.0 {
             mean_wait_ms / mean_hold_ms
         } else {
