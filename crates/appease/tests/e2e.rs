@@ -918,7 +918,8 @@ fn a_batch_group_removed_under_the_daemon_is_made_again_on_next_use() {
     // A new soaker: the daemon logs the vanished group, makes it again, demotes.
     let second = Soakers(vec![forking_soaker()]);
     let pid = second.0[0].id();
-    let back = wait_for(Duration::from_secs(8), || {
+    // 15 s: one run in about ten took longer than 8 s here (not yet understood; see the note).
+    let back = wait_for(Duration::from_secs(15), || {
         cpu_cgroup(pid).as_deref() == Some(gpath.as_str())
     });
     assert!(back.is_some(), "demoted again: {}", daemon.log_text());
