@@ -12,6 +12,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp, Exp1};
 
+use crate::cpuset::CpuSet;
+use crate::stops::Stops;
 use crate::workload::{Arrivals, SchedClass, Socket, Times, Workload};
 
 /// Simulated time in nanoseconds.
@@ -86,12 +88,22 @@ pub enum State {
     Blocked,
 }
 
+/// What a task does. Boxed where large, so that a task fits a cache line: thousands
+/// of CPU-bound tasks cycle through the CPUs and each switch touches one.
 #[derive(Clone, Debug)]
 enum Kind {
     CpuBound,
-    Cycle { cpu: Ns, sleep: Ns },
-    Server { queue: VecDeque<Slot>, stage: usize },
-    Lock(LockTask),
+    /// Computes, sleeps, again (times from its process's `cycle`).
+    Cycle,
+    Server(Box<Inbox>),
+    Lock(Box<LockTask>),
+}
+
+/// A server's queued requests and how far it is into the first.
+#[derive(Clone, Debug, Default)]
+struct Inbox {
+    queue: VecDeque<Slot>,
+    stage: usize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -130,23 +142,25 @@ struct Slot {
 
 #[derive(Clone, Debug)]
 pub struct Task {
-    pub info: TaskInfo,
     /// Index of its [[process]].
-    pub process: usize,
+    pub process: u32,
     pub state: State,
-    pub cpu: usize,
+    pub cpu: u32,
     /// CPU time left in the current segment (until a call, an answer or a sleep).
     remaining: Ns,
     pub cpu_total: Ns,
     kind: Kind,
 }
+const _: () = assert!(std::mem::size_of::<Task>() == 48);
 
-/// One customer request and the unhappiness of the processes serving it (seeds/004 §2).
-#[derive(Clone, Debug)]
+/// One open customer request and the unhappiness of the processes serving it
+/// (seeds/004 §2). Its slot is reused once it is answered.
+#[derive(Clone, Debug, Default)]
 pub struct Request {
+    /// Arrival order (the index of its record).
+    pub id: u64,
     pub customer: usize,
     pub arrive: Ns,
-    pub done: Option<Ns>,
     pub cpu: Ns,
     /// The call chain: (task, unhappiness). The last entry is the process working on
     /// it (or queued at); the others are blocked callers with their kept share.
@@ -154,7 +168,17 @@ pub struct Request {
     /// Since when the top's unhappiness grows, and the CPU it got for this since then.
     top_since: Ns,
     top_cpu: Ns,
-    /// Final unhappiness in ns (elapsed beyond the CPU it needed), unweighted.
+}
+
+/// An answered request, as the report needs it.
+#[derive(Clone, Copy, Debug)]
+pub struct Answered {
+    pub id: u64,
+    pub customer: usize,
+    pub arrive: Ns,
+    pub done: Ns,
+    pub cpu: Ns,
+    /// Elapsed beyond the CPU it needed, in ns, unweighted.
     pub unhappiness: f64,
 }
 
@@ -175,7 +199,12 @@ impl Request {
 /// What the engine shows a policy.
 pub struct View {
     pub tasks: Vec<Task>,
-    pub requests: Vec<Request>,
+    /// Open requests by slot; `free` lists the slots of answered ones.
+    requests: Vec<Request>,
+    free: Vec<usize>,
+    pub answered: Vec<Answered>,
+    /// Requests so far (the next one's id).
+    arrived: u64,
     pub cpus: usize,
     /// Tasks runnable but not running, now.
     pub waiting: usize,
@@ -187,10 +216,11 @@ pub struct View {
 impl View {
     /// The unhappiness `t` holds right now: the requests it works on or has queued.
     pub fn unhappiness(&self, t: TaskId, now: Ns) -> f64 {
-        let Kind::Server { queue, .. } = &self.tasks[t].kind else {
+        let Kind::Server(inbox) = &self.tasks[t].kind else {
             return 0.0;
         };
-        queue
+        inbox
+            .queue
             .iter()
             .map(|s| &self.requests[s.req])
             .filter(|r| r.chain.last().map(|c| c.0) == Some(t))
@@ -198,9 +228,14 @@ impl View {
             .sum()
     }
 
+    /// Requests that arrived and were not answered by the end.
+    pub fn unanswered(&self) -> usize {
+        self.requests.len() - self.free.len()
+    }
+
     /// Whether `t` holds a request (works on one, queued one, or waits for a callee).
     pub fn holds_request(&self, t: TaskId) -> bool {
-        matches!(&self.tasks[t].kind, Kind::Server { queue, .. } if !queue.is_empty())
+        matches!(&self.tasks[t].kind, Kind::Server(inbox) if !inbox.queue.is_empty())
     }
 
     pub fn runnable(&self) -> usize {
@@ -220,10 +255,9 @@ impl View {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
-    /// The running task's slice or segment ends (stale if `gen` moved on).
+    /// The running task's slice or segment ends (kept in `stops`, never in the heap).
     Stop {
         cpu: usize,
-        gen: u64,
     },
     Arrive {
         customer: usize,
@@ -240,7 +274,6 @@ struct Cpu {
     since: Ns,
     /// When the running task's slice ends.
     slice_end: Ns,
-    gen: u64,
     busy: Ns,
 }
 
@@ -266,6 +299,10 @@ pub struct Engine<'w> {
     view: View,
     cpus: Vec<Cpu>,
     heap: BinaryHeap<Reverse<(Ns, u64, Ev)>>,
+    /// The running tasks' stops, ordered with the heap's events by (time, sequence).
+    stops: Stops,
+    /// CPUs with no running task: the only candidates for an idle CPU.
+    vacant: CpuSet,
     seq: u64,
     now: Ns,
     end: Ns,
@@ -280,19 +317,15 @@ pub struct Engine<'w> {
 }
 
 impl<'w> Engine<'w> {
-    pub fn new(w: &'w Workload, sched: Box<dyn Scheduler + 'w>, tasks: Vec<TaskInfo>) -> Self {
+    pub fn new(w: &'w Workload, sched: Box<dyn Scheduler + 'w>) -> Self {
         let mut all = Vec::new();
         let mut instances = Vec::new();
         let mut locks: Vec<Lock> = Vec::new();
-        let mut infos = tasks.into_iter();
         for (pi, p) in w.process.iter().enumerate() {
             let mut ids = Vec::new();
             for _ in 0..p.count {
-                let kind = if let Some(c) = &p.cycle {
-                    Kind::Cycle {
-                        cpu: ms(c.cpu_ms),
-                        sleep: ms(c.sleep_ms),
-                    }
+                let kind = if p.cycle.is_some() {
+                    Kind::Cycle
                 } else if let Some(l) = &p.lock {
                     let lock = locks
                         .iter()
@@ -305,27 +338,23 @@ impl<'w> Engine<'w> {
                             locks.len() - 1
                         });
                     locks[lock].contenders += 1;
-                    Kind::Lock(LockTask {
+                    Kind::Lock(Box::new(LockTask {
                         lock,
                         compute: ms(l.compute_ms),
                         hold: ms(l.hold_ms),
                         exponential: l.times == Times::Exponential,
                         holding: false,
-                    })
+                    }))
                 } else if p.serve.is_some() {
-                    Kind::Server {
-                        queue: VecDeque::new(),
-                        stage: 0,
-                    }
+                    Kind::Server(Box::default())
                 } else {
                     Kind::CpuBound
                 };
                 ids.push(all.len());
                 all.push(Task {
-                    info: infos.next().expect("one TaskInfo per instance"),
-                    process: pi,
+                    process: pi as u32,
                     state: State::Sleeping,
-                    cpu: all.len() % w.sim.cpus,
+                    cpu: (all.len() % w.sim.cpus) as u32,
                     remaining: 0,
                     cpu_total: 0,
                     kind,
@@ -351,7 +380,6 @@ impl<'w> Engine<'w> {
                 curr: None,
                 since: 0,
                 slice_end: 0,
-                gen: 0,
                 busy: 0,
             })
             .collect();
@@ -361,6 +389,9 @@ impl<'w> Engine<'w> {
             view: View {
                 tasks: all,
                 requests: Vec::new(),
+                free: Vec::new(),
+                answered: Vec::new(),
+                arrived: 0,
                 cpus: w.sim.cpus,
                 waiting: 0,
                 some_waiting_ns: 0,
@@ -368,6 +399,8 @@ impl<'w> Engine<'w> {
             },
             cpus,
             heap: BinaryHeap::new(),
+            stops: Stops::new(w.sim.cpus),
+            vacant: CpuSet::full(w.sim.cpus),
             seq: 0,
             now: 0,
             end: ms(w.sim.duration_ms),
@@ -386,21 +419,40 @@ impl<'w> Engine<'w> {
         self.heap.push(Reverse((at, self.seq, ev)));
     }
 
+    /// The task running on `cpu` stops at `at` (replacing any earlier stop).
+    fn set_stop(&mut self, cpu: usize, at: Ns) {
+        self.seq += 1;
+        self.stops.set(cpu, (at, self.seq));
+    }
+
+    /// The next event: a CPU's stop or the heap's first, whichever is earlier.
+    fn next_event(&mut self) -> Option<(Ns, Ev)> {
+        let heap = self.heap.peek().map(|Reverse((at, seq, _))| (*at, *seq));
+        match self.stops.first() {
+            // Left in place: handling it replaces or clears it.
+            Some((stop, cpu)) if heap.is_none_or(|h| stop < h) => Some((stop.0, Ev::Stop { cpu })),
+            _ => self.heap.pop().map(|Reverse((at, _, ev))| (at, ev)),
+        }
+    }
+
     pub fn run(mut self) -> Outcome {
         // Start: CPU-bound and cycling tasks are runnable; servers wait for requests.
         for t in 0..self.view.tasks.len() {
             let task = &mut self.view.tasks[t];
-            match task.kind {
+            match &task.kind {
                 Kind::CpuBound => task.remaining = Ns::MAX,
-                Kind::Cycle { cpu, .. } => task.remaining = cpu,
+                Kind::Cycle => {
+                    let c = self.cycle(t).0;
+                    self.view.tasks[t].remaining = c;
+                }
                 Kind::Lock(l) => {
-                    let d = self.draw(l.compute, l.exponential);
+                    let (compute, exponential) = (l.compute, l.exponential);
+                    let d = self.draw(compute, exponential);
                     self.view.tasks[t].remaining = d;
                 }
                 Kind::Server { .. } => continue,
             }
-            let task = &self.view.tasks[t];
-            let cpu = task.cpu;
+            let cpu = self.view.tasks[t].cpu as usize;
             self.make_runnable(t, cpu, How::New);
         }
         for c in 0..self.customers.len() {
@@ -416,17 +468,18 @@ impl<'w> Engine<'w> {
         for cpu in 0..self.cpus.len() {
             self.schedule(cpu);
         }
-        while let Some(Reverse((at, _, ev))) = self.heap.pop() {
+        while let Some((at, ev)) = self.next_event() {
             if at > self.end {
                 break;
             }
             self.now = at;
             self.events += 1;
             match ev {
-                Ev::Stop { cpu, gen } => {
-                    if self.cpus[cpu].gen == gen {
-                        self.stop(cpu);
-                    }
+                Ev::Stop { cpu } => {
+                    let fired = self.stops.get(cpu);
+                    self.stop(cpu);
+                    // Every path re-arms or clears the stop; else it would fire forever.
+                    debug_assert_ne!(self.stops.get(cpu), fired, "stop of cpu {cpu} not handled");
                 }
                 Ev::Arrive { customer } => self.arrive(customer),
                 Ev::WakeSleeper { task } => {
@@ -475,8 +528,8 @@ impl<'w> Engine<'w> {
         let task = &mut self.view.tasks[t];
         task.cpu_total += ran;
         task.remaining = task.remaining.saturating_sub(ran);
-        if let Kind::Server { queue, .. } = &task.kind {
-            if let Some(s) = queue.front() {
+        if let Kind::Server(inbox) = &task.kind {
+            if let Some(s) = inbox.queue.front() {
                 let r = &mut self.view.requests[s.req];
                 r.cpu += ran;
                 r.top_cpu += ran;
@@ -502,7 +555,8 @@ impl<'w> Engine<'w> {
 
     fn off_cpu(&mut self, cpu: usize, t: TaskId, runnable: Option<How>) {
         self.cpus[cpu].curr = None;
-        self.cpus[cpu].gen += 1;
+        // Its stop stays until `schedule`, which always follows, replaces or clears it.
+        self.vacant.insert(cpu);
         let task = &mut self.view.tasks[t];
         task.state = if runnable.is_some() {
             State::Runnable
@@ -520,9 +574,13 @@ impl<'w> Engine<'w> {
     fn segment_done(&mut self, cpu: usize, t: TaskId) {
         let task = &mut self.view.tasks[t];
         match &mut task.kind {
-            Kind::CpuBound => task.remaining = Ns::MAX,
-            Kind::Cycle { cpu: c, sleep } => {
-                let (c, sleep) = (*c, *sleep);
+            Kind::CpuBound => {
+                task.remaining = Ns::MAX;
+                self.keep_running(cpu, t);
+            }
+            Kind::Cycle => {
+                let (c, sleep) = self.cycle(t);
+                let task = &mut self.view.tasks[t];
                 task.remaining = c;
                 task.state = State::Sleeping;
                 self.off_cpu(cpu, t, None);
@@ -534,7 +592,7 @@ impl<'w> Engine<'w> {
                 self.server_progress(t);
             }
             Kind::Lock(l) => {
-                let l = *l;
+                let l = **l;
                 if l.holding {
                     self.release(cpu, t, l);
                 } else if self.locks[l.lock].holder.is_none() {
@@ -549,6 +607,15 @@ impl<'w> Engine<'w> {
         }
     }
 
+    /// A cycling task's compute and sleep times.
+    fn cycle(&self, t: TaskId) -> (Ns, Ns) {
+        let c = self.w.process[self.view.tasks[t].process as usize]
+            .cycle
+            .as_ref()
+            .expect("a cycling task's process cycles");
+        (ms(c.cpu_ms), ms(c.sleep_ms))
+    }
+
     /// A time with mean `mean`: itself, or drawn from the exponential distribution.
     fn draw(&mut self, mean: Ns, exponential: bool) -> Ns {
         if !exponential {
@@ -560,7 +627,7 @@ impl<'w> Engine<'w> {
 
     /// `t` takes `lock`, having waited since `since`, and starts its hold.
     fn grant(&mut self, t: TaskId, lock: usize, since: Ns) {
-        let Kind::Lock(l) = self.view.tasks[t].kind else {
+        let Kind::Lock(ref l) = self.view.tasks[t].kind else {
             unreachable!("only lock tasks take locks")
         };
         let hold = self.draw(l.hold, l.exponential);
@@ -607,25 +674,20 @@ impl<'w> Engine<'w> {
             self.off_cpu(cpu, t, Some(How::Expired));
             return;
         }
-        let c = &mut self.cpus[cpu];
-        c.gen += 1;
-        let gen = c.gen;
         let remaining = self.view.tasks[t].remaining;
-        self.push(
-            end.min(self.now.saturating_add(remaining)),
-            Ev::Stop { cpu, gen },
-        );
+        self.set_stop(cpu, end.min(self.now.saturating_add(remaining)));
     }
 
     /// A server's current request reached a call or its end: issue the call, or answer
     /// and start on the next; makes `t` runnable if it has work, else leaves it asleep.
     fn server_progress(&mut self, t: TaskId) {
         loop {
-            let p = &self.w.process[self.view.tasks[t].process];
+            let p = &self.w.process[self.view.tasks[t].process as usize];
             let serve = p.serve.as_ref().expect("server");
-            let Kind::Server { queue, stage } = &mut self.view.tasks[t].kind else {
+            let Kind::Server(inbox) = &mut self.view.tasks[t].kind else {
                 unreachable!()
             };
+            let Inbox { queue, stage } = &mut **inbox;
             let Some(&slot) = queue.front() else { return };
             let stage_now = *stage;
             // Boundaries: after each call's after_cpu_ms, then the end.
@@ -645,9 +707,10 @@ impl<'w> Engine<'w> {
                 return;
             }
             // The request is done here.
-            let Kind::Server { queue, stage } = &mut self.view.tasks[t].kind else {
+            let Kind::Server(inbox) = &mut self.view.tasks[t].kind else {
                 unreachable!()
             };
+            let Inbox { queue, stage } = &mut **inbox;
             queue.pop_front();
             *stage = 0;
             let r = &mut self.view.requests[slot.req];
@@ -661,9 +724,17 @@ impl<'w> Engine<'w> {
                     self.resume_caller(caller);
                 }
                 None => {
-                    r.done = Some(self.now);
-                    r.unhappiness = r.chain.pop().expect("open").1;
+                    let (_, unhappiness) = r.chain.pop().expect("open");
                     let c = r.customer;
+                    self.view.answered.push(Answered {
+                        id: r.id,
+                        customer: c,
+                        arrive: r.arrive,
+                        done: self.now,
+                        cpu: r.cpu,
+                        unhappiness,
+                    });
+                    self.view.free.push(slot.req);
                     if let Arrivals::Closed { think_ms } = self.w.customer[c].arrivals {
                         self.push(self.now + ms(think_ms), Ev::Arrive { customer: c });
                     }
@@ -677,13 +748,14 @@ impl<'w> Engine<'w> {
 
     /// Sets up the head request's first segment; true if `t` now has CPU work.
     fn start_head(&mut self, t: TaskId) -> bool {
-        let serve = self.w.process[self.view.tasks[t].process]
+        let serve = self.w.process[self.view.tasks[t].process as usize]
             .serve
             .as_ref()
             .expect("server");
-        let Kind::Server { queue, stage } = &mut self.view.tasks[t].kind else {
+        let Kind::Server(inbox) = &mut self.view.tasks[t].kind else {
             unreachable!()
         };
+        let Inbox { queue, stage } = &mut **inbox;
         if queue.is_empty() {
             return false;
         }
@@ -700,13 +772,14 @@ impl<'w> Engine<'w> {
 
     /// The callee answered: the caller goes on with its next segment.
     fn resume_caller(&mut self, caller: TaskId) {
-        let serve = self.w.process[self.view.tasks[caller].process]
+        let serve = self.w.process[self.view.tasks[caller].process as usize]
             .serve
             .as_ref()
             .expect("server");
-        let Kind::Server { stage, .. } = &mut self.view.tasks[caller].kind else {
+        let Kind::Server(inbox) = &mut self.view.tasks[caller].kind else {
             unreachable!()
         };
+        let stage = &mut inbox.stage;
         let from = serve.calls[*stage].after_cpu_ms;
         *stage += 1;
         let to = serve
@@ -734,9 +807,10 @@ impl<'w> Engine<'w> {
     fn deliver(&mut self, t: TaskId, req: usize, caller: Option<TaskId>, unix: bool) {
         self.sched
             .on_request(t, self.now, unix || caller.is_some(), &self.view);
-        let Kind::Server { queue, .. } = &mut self.view.tasks[t].kind else {
+        let Kind::Server(inbox) = &mut self.view.tasks[t].kind else {
             unreachable!("checked: requests go to servers")
         };
+        let queue = &mut inbox.queue;
         queue.push_back(Slot { req, caller });
         if queue.len() == 1 && self.view.tasks[t].state == State::Sleeping && !self.start_head(t) {
             self.server_progress(t);
@@ -763,37 +837,40 @@ impl<'w> Engine<'w> {
         if let Some(at) = next {
             self.push(at, Ev::Arrive { customer: c });
         }
-        let req = self.view.requests.len();
-        self.view.requests.push(Request {
-            customer: c,
-            arrive: self.now,
-            done: None,
-            cpu: 0,
-            chain: vec![(target, 0.0)],
-            top_since: self.now,
-            top_cpu: 0,
-            unhappiness: 0.0,
+        let req = self.view.free.pop().unwrap_or_else(|| {
+            self.view.requests.push(Request::default());
+            self.view.requests.len() - 1
         });
+        let r = &mut self.view.requests[req];
+        // The slot's chain keeps its capacity: no allocation per request.
+        r.chain.clear();
+        r.chain.push((target, 0.0));
+        r.id = self.view.arrived;
+        self.view.arrived += 1;
+        r.customer = c;
+        r.arrive = self.now;
+        r.cpu = 0;
+        r.top_since = self.now;
+        r.top_cpu = 0;
         self.deliver(target, req, None, def.socket == Socket::Unix);
     }
 
     /// Where a waking task goes: its last CPU if idle, else any idle CPU, else its last.
     fn select_cpu(&self, t: TaskId) -> usize {
-        let prev = self.view.tasks[t].cpu;
-        let n = self.cpus.len();
+        let prev = self.view.tasks[t].cpu as usize;
         if self.cpus[prev].curr.is_none() && self.sched.nr_queued(prev) == 0 {
             return prev;
         }
-        (1..n)
-            .map(|i| (prev + i) % n)
-            .find(|&c| self.cpus[c].curr.is_none() && self.sched.nr_queued(c) == 0)
+        self.vacant
+            .after(prev)
+            .find(|&c| self.sched.nr_queued(c) == 0)
             .unwrap_or(prev)
     }
 
     fn make_runnable(&mut self, t: TaskId, cpu: usize, how: How) {
         let task = &mut self.view.tasks[t];
         task.state = State::Runnable;
-        task.cpu = cpu;
+        task.cpu = cpu as u32;
         self.view.psi_update(self.now);
         self.view.waiting += 1;
         self.sched.enqueue(cpu, t, self.now, how, &self.view);
@@ -828,25 +905,22 @@ impl<'w> Engine<'w> {
             self.idle_pull(cpu);
         }
         let Some(t) = self.sched.pick(cpu, self.now, &self.view) else {
+            self.stops.clear(cpu);
             return;
         };
         self.view.psi_update(self.now);
         self.view.waiting -= 1;
         let task = &mut self.view.tasks[t];
         task.state = State::Running;
-        task.cpu = cpu;
+        task.cpu = cpu as u32;
         let remaining = task.remaining;
         let slice = self.sched.slice(cpu, t, self.now, &self.view).max(1);
         let c = &mut self.cpus[cpu];
         c.curr = Some(t);
         c.since = self.now;
         c.slice_end = self.now.saturating_add(slice);
-        c.gen += 1;
-        let gen = c.gen;
-        self.push(
-            self.now.saturating_add(slice.min(remaining)),
-            Ev::Stop { cpu, gen },
-        );
+        self.vacant.remove(cpu);
+        self.set_stop(cpu, self.now.saturating_add(slice.min(remaining)));
     }
 
     fn idle_pull(&mut self, cpu: usize) {
@@ -856,7 +930,7 @@ impl<'w> Engine<'w> {
         if let Some(from) = busiest {
             if self.sched.nr_queued(from) > 0 {
                 if let Some(t) = self.sched.steal(from, self.now) {
-                    self.view.tasks[t].cpu = cpu;
+                    self.view.tasks[t].cpu = cpu as u32;
                     self.sched
                         .enqueue(cpu, t, self.now, How::Migrated, &self.view);
                 }
@@ -880,7 +954,7 @@ impl<'w> Engine<'w> {
             let Some(t) = self.sched.steal(max, self.now) else {
                 return;
             };
-            self.view.tasks[t].cpu = min;
+            self.view.tasks[t].cpu = min as u32;
             self.sched
                 .enqueue(min, t, self.now, How::Migrated, &self.view);
             self.schedule(min);

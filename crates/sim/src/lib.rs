@@ -2,8 +2,10 @@
 //! scheduling policies, with seeds/004's customer-unhappiness accounting. Same workload,
 //! policy and seed: same numbers, on any machine.
 
+mod cpuset;
 pub mod engine;
 pub mod policies;
+mod stops;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -134,7 +136,7 @@ pub fn run(w: &Workload, policy: Option<&str>) -> Result<Report, String> {
     let sched = policies::build(&name, w, &infos)
         .ok_or_else(|| format!("unknown policy {name:?} (one of {})", POLICIES.join(", ")))?;
     let started = Instant::now();
-    let out = Engine::new(w, sched, infos).run();
+    let out = Engine::new(w, sched).run();
     let wall = started.elapsed().as_secs_f64();
     let total = out.duration as f64 * w.sim.cpus as f64;
     let busy: u64 = out.busy.iter().sum();
@@ -150,7 +152,7 @@ pub fn run(w: &Workload, policy: Option<&str>) -> Result<Report, String> {
         })
         .collect();
     for t in &out.view.tasks {
-        processes[t.process].cpu_ms += t.cpu_total as f64 / MS;
+        processes[t.process as usize].cpu_ms += t.cpu_total as f64 / MS;
     }
     for p in &mut processes {
         p.cpu_share = p.cpu_ms * MS / total;
@@ -161,12 +163,11 @@ pub fn run(w: &Workload, policy: Option<&str>) -> Result<Report, String> {
         unhappiness.per_customer.insert(c.name.clone(), 0.0);
     }
     let mut records = Vec::new();
-    let mut unfinished = 0;
-    for r in &out.view.requests {
-        let Some(done) = r.done else {
-            unfinished += 1;
-            continue;
-        };
+    let unfinished = out.view.unanswered();
+    let mut answered = out.view.answered;
+    answered.sort_unstable_by_key(|a| a.id); // arrival order
+    for r in &answered {
+        let done = r.done;
         let c = &w.customer[r.customer];
         let u = r.unhappiness / MS;
         let weighted = c.weight * c.request_weight * u;

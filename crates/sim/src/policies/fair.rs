@@ -15,6 +15,8 @@ pub const NICE_WEIGHT: [u64; 40] = [
     3906, 3121, 2501, 1991, 1586, 1277, 1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87,
     70, 56, 45, 36, 29, 23, 18, 15,
 ];
+/// `Ent::own` of a task (it stands for no run queue).
+const TASK: u32 = u32::MAX;
 /// SCHED_IDLE tasks and idle groups.
 pub const WEIGHT_IDLE: u64 = 3;
 const NICE_0: u64 = 1024;
@@ -29,23 +31,26 @@ pub enum Mode {
     Eevdf,
 }
 
+/// Kept small (48 bytes): thousands of tasks rotate through the CPUs, and each pick
+/// touches the chosen entity, so how many fit in cache sets the simulator's speed.
 #[derive(Clone, Debug, Default)]
 struct Ent {
     v: i64,
     deadline: i64,
     vlag: i64,
-    weight: u64,
+    weight: u32,
     /// Real-time slice (EEVDF request size).
     slice: Ns,
     on_rq: bool,
     /// The run queue this entity is queued on.
-    parent: usize,
-    /// Group entities: the run queue they stand for.
-    own: Option<usize>,
+    parent: u32,
+    /// Group entities: the run queue they stand for; tasks: `TASK`.
+    own: u32,
     idle: bool,
     /// Tasks only: SCHED_BATCH or SCHED_IDLE never preempt on wakeup.
     no_wakeup_preempt: bool,
 }
+const _: () = assert!(std::mem::size_of::<Ent>() == 48);
 
 #[derive(Clone, Debug, Default)]
 struct Rq {
@@ -116,7 +121,8 @@ impl Fair {
                 nice_weight(info.nice)
             };
             ents.push(Ent {
-                weight,
+                weight: weight as u32,
+                own: TASK,
                 slice: info.slice.unwrap_or(scaled(t.base_slice_ms)),
                 idle: info.class == SchedClass::Idle,
                 no_wakeup_preempt: info.class != SchedClass::Normal,
@@ -134,10 +140,10 @@ impl Fair {
                         WEIGHT_IDLE
                     } else {
                         shares[g]
-                    },
+                    } as u32,
                     slice: scaled(t.base_slice_ms),
-                    parent: group_parent[g] * cpus + c,
-                    own: Some(g * cpus + c),
+                    parent: (group_parent[g] * cpus + c) as u32,
+                    own: (g * cpus + c) as u32,
                     idle: group_idle[g],
                     ..Ent::default()
                 });
@@ -145,7 +151,7 @@ impl Fair {
             }
         }
         for (i, info) in infos.iter().enumerate() {
-            ents[i].parent = info.group * cpus; // cpu 0 until placed
+            ents[i].parent = (info.group * cpus) as u32; // cpu 0 until placed
         }
         Fair {
             mode,
@@ -163,6 +169,12 @@ impl Fair {
             base_slice: scaled(t.base_slice_ms),
             scratch: Vec::new(),
         }
+    }
+
+    /// Group entities: the run queue they stand for.
+    fn own(&self, e: usize) -> Option<usize> {
+        let own = self.ents[e].own;
+        (own != TASK).then_some(own as usize)
     }
 
     fn group_of_rq(&self, rq: usize) -> usize {
@@ -246,10 +258,10 @@ impl Fair {
     }
 
     fn rq_add(&mut self, rq: usize, e: usize) {
-        let w = self.ents[e].weight;
+        let w = self.ents[e].weight as u64;
         let v = self.ents[e].v;
         self.ents[e].on_rq = true;
-        self.ents[e].parent = rq;
+        self.ents[e].parent = rq as u32;
         let key = self.key(e);
         let r = &mut self.rqs[rq];
         r.tree.insert((key, e));
@@ -261,8 +273,8 @@ impl Fair {
 
     /// Removes `e` (queued, or current) from its run queue.
     fn rq_remove(&mut self, e: usize) {
-        let rq = self.ents[e].parent;
-        let w = self.ents[e].weight;
+        let rq = self.ents[e].parent as usize;
+        let w = self.ents[e].weight as u64;
         let v = self.ents[e].v;
         if self.mode == Mode::Eevdf {
             // Lag, bounded as the kernel bounds it.
@@ -299,15 +311,15 @@ impl Fair {
     }
 
     fn reweight(&mut self, e: usize, new: u64) {
-        let old = self.ents[e].weight;
+        let old = self.ents[e].weight as u64;
         if old == new {
             return;
         }
         if !self.ents[e].on_rq {
-            self.ents[e].weight = new;
+            self.ents[e].weight = new as u32;
             return;
         }
-        let rq = self.ents[e].parent;
+        let rq = self.ents[e].parent as usize;
         let queued = self.rqs[rq].curr != Some(e);
         let key = self.key(e);
         if queued {
@@ -319,7 +331,7 @@ impl Fair {
             let ent = &mut self.ents[e];
             ent.deadline = v + ((ent.deadline - v) as i128 * old as i128 / new as i128) as i64;
         }
-        self.ents[e].weight = new;
+        self.ents[e].weight = new as u32;
         let r = &mut self.rqs[rq];
         r.load = r.load + new - old;
         r.sum_wv += (new as i128 - old as i128) * v as i128;
@@ -360,7 +372,7 @@ impl Fair {
 
     /// Makes `e` the current entity of its queue (off the tree).
     fn set_curr(&mut self, e: usize) {
-        let rq = self.ents[e].parent;
+        let rq = self.ents[e].parent as usize;
         if self.rqs[rq].curr == Some(e) {
             return;
         }
@@ -375,7 +387,7 @@ impl Fair {
 
     /// Entities from the task up to its root-level ancestor.
     fn path(&self, t: TaskId) -> impl Iterator<Item = usize> + '_ {
-        std::iter::successors(Some(t), |&e| self.rqs[self.ents[e].parent].owner)
+        std::iter::successors(Some(t), |&e| self.rqs[self.ents[e].parent as usize].owner)
     }
 
     /// The path into the reusable buffer (for loops that change the entities).
@@ -387,14 +399,14 @@ impl Fair {
     }
 
     fn task_rq(&self, t: TaskId, cpu: usize) -> usize {
-        self.group_of_rq(self.ents[t].parent) * self.cpus + cpu
+        self.group_of_rq(self.ents[t].parent as usize) * self.cpus + cpu
     }
 
     /// Puts the current entities back in their trees (the CPU stops running them).
     fn clear_curr(&mut self, t: TaskId) {
         let path = self.path_buf(t);
         for &e in &path {
-            let rq = self.ents[e].parent;
+            let rq = self.ents[e].parent as usize;
             if self.rqs[rq].curr == Some(e) {
                 self.rqs[rq].curr = None;
                 if self.ents[e].on_rq {
@@ -410,7 +422,7 @@ impl Fair {
     fn dequeue_task(&mut self, t: TaskId) {
         let mut e = t;
         loop {
-            let rq = self.ents[e].parent;
+            let rq = self.ents[e].parent as usize;
             self.rq_remove(e);
             match self.rqs[rq].owner {
                 Some(ge) if self.rqs[rq].nr == 0 => e = ge,
@@ -427,17 +439,28 @@ impl Fair {
         self.reweight(t, nice_weight(nice));
     }
 
-    /// Per-level: the entity of the woken path and of the current path that share a queue.
+    /// The ancestors (or selves) of the current and the woken task that share a queue,
+    /// the level where the kernel compares them.
     fn matching(&self, curr: TaskId, woken: TaskId) -> (usize, usize) {
-        let mut a: Vec<usize> = self.path(curr).collect();
-        let mut b: Vec<usize> = self.path(woken).collect();
-        loop {
-            match (a.pop(), b.pop()) {
-                (Some(x), Some(y)) if x == y => continue,
-                (Some(x), Some(y)) => return (x, y),
-                _ => return (curr, woken),
+        let up = |e: usize| self.rqs[self.ents[e].parent as usize].owner;
+        let depth = |t: TaskId| self.path(t).count();
+        let (mut a, mut b) = (curr, woken);
+        let (mut da, mut db) = (depth(curr), depth(woken));
+        while da > db {
+            a = up(a).expect("deeper than the root");
+            da -= 1;
+        }
+        while db > da {
+            b = up(b).expect("deeper than the root");
+            db -= 1;
+        }
+        while self.ents[a].parent != self.ents[b].parent {
+            match (up(a), up(b)) {
+                (Some(x), Some(y)) => (a, b) = (x, y),
+                _ => return (curr, woken), // different CPUs' roots
             }
         }
+        (a, b)
     }
 }
 
@@ -454,7 +477,7 @@ impl Scheduler for Fair {
             match self.rqs[rq].owner {
                 Some(ge) if was_empty && !self.ents[ge].on_rq => {
                     e = ge;
-                    rq = self.ents[ge].parent;
+                    rq = self.ents[ge].parent as usize;
                 }
                 _ => break,
             }
@@ -466,7 +489,7 @@ impl Scheduler for Fair {
         loop {
             let e = self.pick_rq(rq)?;
             self.set_curr(e);
-            match self.ents[e].own {
+            match self.own(e) {
                 Some(child) => rq = child,
                 None => {
                     self.cpu_curr[cpu] = Some(e);
@@ -487,7 +510,7 @@ impl Scheduler for Fair {
                 };
                 let mut share = period as f64;
                 for e in self.path(t) {
-                    let r = &self.rqs[self.ents[e].parent];
+                    let r = &self.rqs[self.ents[e].parent as usize];
                     share *= self.ents[e].weight as f64 / r.load.max(1) as f64;
                 }
                 (share as Ns).max(self.min_gran)
@@ -509,8 +532,8 @@ impl Scheduler for Fair {
     fn charge(&mut self, _cpu: usize, t: TaskId, ran: Ns, _now: Ns) {
         let path = self.path_buf(t);
         for &e in &path {
-            let rq = self.ents[e].parent;
-            let w = self.ents[e].weight;
+            let rq = self.ents[e].parent as usize;
+            let w = self.ents[e].weight as u64;
             let dv = (ran as u128 * NICE_0 as u128 / w.max(1) as u128) as i64;
             self.ents[e].v += dv;
             self.rqs[rq].sum_wv += w as i128 * dv as i128;
@@ -555,7 +578,7 @@ impl Scheduler for Fair {
                 self.ents[c].v - self.ents[w].v > gran
             }
             Mode::Eevdf => {
-                let rq = self.ents[w].parent;
+                let rq = self.ents[w].parent as usize;
                 self.eligible(rq, w)
                     && (self.ents[w].deadline < self.ents[c].deadline || !self.eligible(rq, c))
             }
@@ -570,12 +593,12 @@ impl Scheduler for Fair {
         let mut rq = cpu;
         let t = loop {
             let &(_, e) = self.rqs[rq].tree.last()?;
-            match self.ents[e].own {
+            match self.own(e) {
                 Some(child) => rq = child,
                 None => break e,
             }
         };
-        let min_v = self.rqs[self.ents[t].parent].min_v;
+        let min_v = self.rqs[self.ents[t].parent as usize].min_v;
         self.cpu_tasks[cpu] -= 1;
         self.dequeue_task(t);
         if self.mode == Mode::Cfs {
