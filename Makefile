@@ -4,15 +4,22 @@ CARGO ?= cargo
 # Debian packages the build and the tests need (clang compiles the BPF program,
 # libelf/zlib/pkg-config build the bundled libbpf).
 APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
+# The servers the tests and the bench run: PostgreSQL (db scenario, tested end to end);
+# nginx (web scenario, bench only).
+TEST_PACKAGES := postgresql
+BENCH_PACKAGES := postgresql nginx
 CONFIG ?=
 
-.PHONY: all deps build run test bench fmt clippy clean
+.PHONY: all deps test-deps bench-deps build run test bench fmt clippy clean
 
 all: build
 
 # Installs only what is missing; apt-get update only when something is.
-deps:
-	@missing=""; for p in $(APT_PACKAGES); do \
+deps: PACKAGES = $(APT_PACKAGES)
+test-deps: PACKAGES = $(APT_PACKAGES) $(TEST_PACKAGES)
+bench-deps: PACKAGES = $(APT_PACKAGES) $(BENCH_PACKAGES)
+deps test-deps bench-deps:
+	@missing=""; for p in $(PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -29,19 +36,18 @@ build: deps
 run: build
 	./target/release/appease daemon $(if $(CONFIG),--config $(CONFIG),)
 
-test: deps
+test: test-deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) build --release --locked -p appease
 	$(CARGO) test --workspace --locked --release
 
-# The figures in docs/RESULTS.md (root; about 15 minutes). nginx for the web scenario.
-bench: build
-	@dpkg-query -W -f='$${Status}' nginx 2>/dev/null | grep -q "install ok installed" || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null)
+# The figures in docs/RESULTS.md (root; about 20 minutes).
+bench: bench-deps build
 	$(CARGO) bench --locked -p appease-probe --bench read_cost
 	$(CARGO) bench --locked -p appease --bench daemon
 	./target/release/appease bench synthetic --out bench-out/synthetic
 	./target/release/appease bench web --out bench-out/web
+	./target/release/appease bench db --out bench-out/db
 	./target/release/appease bench utilization --out bench-out/utilization
 	$(CARGO) bench --locked -p appease-sim --bench speed
 

@@ -72,7 +72,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// synthetic, web or utilization (db, frames, pipeline: not yet)
+    /// synthetic, web, db or utilization (frames, pipeline: not yet)
     scenario: String,
     /// A short run (5 s per mode) for CI and a first look.
     #[arg(long)]
@@ -80,7 +80,7 @@ struct BenchArgs {
     /// Print the result as one JSON object on stdout.
     #[arg(long)]
     json: bool,
-    /// Also write result.json and result.csv into this directory.
+    /// Also write result.json, result.csv and SVG plots (response-time CDFs, latency against load) into this directory.
     #[arg(long)]
     out: Option<PathBuf>,
     /// Comma-separated subset of modes (default: all).
@@ -95,6 +95,9 @@ struct BenchArgs {
     /// synthetic: serve over a UNIX socket instead of TCP loopback.
     #[arg(long)]
     unix: bool,
+    /// How the client spaces requests: fixed (every 1/rate s) or poisson.
+    #[arg(long, default_value = "fixed")]
+    arrivals: String,
     /// Run every mode this many times, interleaved, and report each metric's median.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     repeat: u32,
@@ -371,8 +374,10 @@ fn bench(args: BenchArgs) -> Result<()> {
         load,
         config,
         unix,
+        arrivals,
         repeat,
     } = args;
+    let arrivals = appease_bench::client::Arrivals::parse(&arrivals)?;
     if let Some(c) = &config {
         appease_config::Config::load(c)?;
     }
@@ -399,10 +404,11 @@ fn bench(args: BenchArgs) -> Result<()> {
         appease: std::env::current_exe().context("finding the appease binary")?,
         config,
         unix,
+        arrivals,
         repeat: repeat as usize,
         stop,
     };
-    let (value, table, csv) = match appease_bench::run(&opts)? {
+    let (value, table, csv, plots) = match appease_bench::run(&opts)? {
         appease_bench::Report::Latency(results) => {
             let value = match results.as_slice() {
                 [one] => serde_json::to_value(one)?,
@@ -413,13 +419,20 @@ fn bench(args: BenchArgs) -> Result<()> {
                 }),
             };
             let table: Vec<String> = results.iter().map(|r| r.table()).collect();
+            let plots = match &out {
+                Some(_) => appease_bench::plot::all(&results)?,
+                None => Vec::new(),
+            };
             (
                 value,
                 table.join("\n"),
                 Some(appease_bench::report::csv(&results)),
+                plots,
             )
         }
-        appease_bench::Report::Utilization(u) => (serde_json::to_value(&u)?, u.table(), None),
+        appease_bench::Report::Utilization(u) => {
+            (serde_json::to_value(&u)?, u.table(), None, Vec::new())
+        }
     };
     if let Some(dir) = &out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -429,6 +442,10 @@ fn bench(args: BenchArgs) -> Result<()> {
         )?;
         if let Some(csv) = csv {
             std::fs::write(dir.join("result.csv"), csv)?;
+        }
+        for (name, svg) in plots {
+            std::fs::write(dir.join(&name), svg)?;
+            eprintln!("wrote {}", dir.join(name).display());
         }
     }
     if json {

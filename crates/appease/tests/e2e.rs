@@ -733,8 +733,10 @@ impl Drop for KillOnDrop {
 #[test]
 fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
     let Some(_g) = serial() else { return };
+    let dir = TempDir::new("bench-out");
     let out = Command::new(BIN)
-        .args(["bench", "synthetic", "--quick", "--json"])
+        .args(["bench", "synthetic", "--quick", "--json", "--out"])
+        .arg(&dir.0)
         .stderr(Stdio::inherit())
         .output()
         .unwrap();
@@ -764,7 +766,19 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
             assert!(m[k].is_number(), "{k} in {m}");
         }
         assert!(m["requests"].as_u64().unwrap() > 100, "{m}");
+        // The CDF climbs from the fastest answer to the slowest.
+        let cdf: Vec<(f64, f64)> = serde_json::from_value(m["cdf_ms"].clone()).unwrap();
+        assert_eq!(cdf.first().map(|c| c.0), Some(0.0), "{m}");
+        assert_eq!(cdf.last().map(|c| c.0), Some(100.0), "{m}");
+        assert!(cdf.windows(2).all(|w| w[0].1 <= w[1].1), "{m}");
     }
+    // The plot shows every mode's curve.
+    let svg = std::fs::read_to_string(dir.0.join("cdf.svg")).expect("cdf.svg written");
+    assert!(svg.starts_with("<svg"), "{svg:.100}");
+    for name in &names {
+        assert!(svg.contains(&format!("\n{name}\n")), "{name} in the legend");
+    }
+    assert!(dir.0.join("result.json").exists() && dir.0.join("result.csv").exists());
     let get = |name: &str, k: &str| {
         let m = modes.iter().find(|m| m["mode"] == name).unwrap();
         m["latency_ms"][k].as_f64().unwrap()
@@ -776,6 +790,51 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
     );
     let unloaded_batch = modes[0]["batch_throughput"].as_f64().unwrap();
     assert_eq!(unloaded_batch, 0.0, "no soakers when unloaded");
+}
+
+/// PostgreSQL processes started from a bench's private directory, still running.
+fn bench_postgres_left() -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("postgres") && c.contains("appease-bench-"))
+        .collect()
+}
+
+#[test]
+fn bench_db_quick_runs_postgresql_under_pgbench_and_cleans_up() {
+    let Some(_g) = serial() else { return };
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "db",
+            "--quick",
+            "--json",
+            "--modes",
+            "unloaded,unmanaged",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bench failed");
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    assert_eq!(v["scenario"], "db");
+    let modes = v["modes"].as_array().unwrap();
+    for m in modes {
+        // 100 transactions/s for 5 s.
+        assert!(m["requests"].as_u64().unwrap() > 300, "{m}");
+        assert!(m["latency_ms"]["p99"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    let mean = |i: usize| modes[i]["latency_ms"]["mean"].as_f64().unwrap();
+    // Eight soakers at nice 0 beside PostgreSQL's backends on 2 CPUs.
+    assert!(
+        mean(1) > 1.5 * mean(0),
+        "unmanaged is measurably worse: {v}"
+    );
+    assert_eq!(bench_postgres_left(), Vec::<String>::new());
 }
 
 #[test]

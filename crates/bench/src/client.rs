@@ -1,6 +1,6 @@
-//! Open-loop load: requests go out on a fixed schedule whether or not earlier answers
-//! came back, and each latency is taken from the request's intended send time, so a
-//! slow server (or a starved client) cannot hide queueing.
+//! Open-loop load: requests go out on a schedule (fixed or Poisson) whether or not
+//! earlier answers came back, and each latency is taken from the request's intended send
+//! time, so a slow server (or a starved client) cannot hide queueing.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -13,6 +13,54 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Exp};
+use serde::Serialize;
+
+/// How requests are spaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Arrivals {
+    /// Every 1/rate seconds (the DESIGN.md experiment).
+    Fixed,
+    /// Exponential gaps with mean 1/rate, as independent customers send. The seed is
+    /// fixed, so every mode sees the same schedule.
+    Poisson,
+}
+
+impl Arrivals {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "fixed" => Ok(Arrivals::Fixed),
+            "poisson" => Ok(Arrivals::Poisson),
+            _ => anyhow::bail!("unknown arrivals {s:?}; one of fixed, poisson"),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arrivals::Fixed => "fixed",
+            Arrivals::Poisson => "Poisson",
+        }
+    }
+
+    /// Send times after the start: request n goes out at the n-th offset.
+    pub fn offsets(self, rate: f64) -> Box<dyn Iterator<Item = Duration> + Send> {
+        let period = Duration::from_secs_f64(1.0 / rate);
+        match self {
+            // Multiplied, not summed: no drift over a long run.
+            Arrivals::Fixed => Box::new((0u32..).map(move |n| period * n)),
+            Arrivals::Poisson => {
+                let mut rng = ChaCha8Rng::seed_from_u64(1);
+                let gap = Exp::new(rate).expect("a positive rate");
+                Box::new(std::iter::successors(Some(Duration::ZERO), move |t| {
+                    Some(*t + Duration::from_secs_f64(gap.sample(&mut rng)))
+                }))
+            }
+        }
+    }
+}
 
 pub struct ClientResult {
     /// Response time in µs, from intended send time to the answer.
@@ -155,6 +203,7 @@ fn hist() -> Histogram<u64> {
 pub fn open_loop(
     target: &Target,
     protocol: &Protocol,
+    arrivals: Arrivals,
     rate: f64,
     duration: Duration,
     drain: Duration,
@@ -163,7 +212,7 @@ pub fn open_loop(
     let (mut tx_sock, mut rx_sock) = connect(target)?;
     let (due_tx, due_rx) = mpsc::channel::<Instant>();
     let start = Instant::now() + Duration::from_millis(20);
-    let period = Duration::from_secs_f64(1.0 / rate);
+    let mut offsets = arrivals.offsets(rate);
     let sent_count = Arc::new(AtomicU64::new(0));
     let (sender_stop, sender_count) = (stop.clone(), sent_count.clone());
     let sender_protocol = protocol.clone();
@@ -172,7 +221,7 @@ pub fn open_loop(
         let _prio = Latency::enter();
         let mut sent = 0u64;
         loop {
-            let due = start + period.mul_f64(sent as f64);
+            let due = start + offsets.next().expect("schedules are endless");
             if due >= start + duration || sender_stop.load(Ordering::Relaxed) {
                 return Ok(sent);
             }
@@ -242,4 +291,39 @@ pub fn open_loop(
         answered,
         elapsed: start.elapsed(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_arrivals_are_evenly_spaced() {
+        let t: Vec<Duration> = Arrivals::Fixed.offsets(40.0).take(4).collect();
+        let ms = |v: u64| Duration::from_millis(v);
+        assert_eq!(t, vec![ms(0), ms(25), ms(50), ms(75)]);
+    }
+
+    #[test]
+    fn poisson_arrivals_have_the_rate_and_the_spread_of_a_poisson_process() {
+        let n = 20_000;
+        let t: Vec<f64> = Arrivals::Poisson
+            .offsets(40.0)
+            .take(n + 1)
+            .map(|d| d.as_secs_f64())
+            .collect();
+        let gaps: Vec<f64> = t.windows(2).map(|w| w[1] - w[0]).collect();
+        let mean = gaps.iter().sum::<f64>() / n as f64;
+        let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / n as f64;
+        // Exponential gaps: mean 1/rate, coefficient of variation 1 (fixed gaps: 0).
+        assert!((mean - 0.025).abs() < 0.025 * 0.03, "mean gap {mean}");
+        let cv = var.sqrt() / mean;
+        assert!((cv - 1.0).abs() < 0.05, "coefficient of variation {cv}");
+        let again: Vec<f64> = Arrivals::Poisson
+            .offsets(40.0)
+            .take(n + 1)
+            .map(|d| d.as_secs_f64())
+            .collect();
+        assert_eq!(t, again, "every mode sees the same schedule");
+    }
 }

@@ -2,6 +2,8 @@
 //! in one run on the same machine.
 
 pub mod client;
+mod db;
+pub mod plot;
 pub mod report;
 pub mod utilization;
 pub mod worker;
@@ -90,6 +92,8 @@ pub struct Options {
     pub config: Option<PathBuf>,
     /// The synthetic server listens on a UNIX socket instead of TCP loopback.
     pub unix: bool,
+    /// How the client spaces its requests.
+    pub arrivals: client::Arrivals,
     /// Rounds of every mode; the report gives each metric's median over them.
     pub repeat: usize,
     /// Ctrl-C: stop measuring, clean up, report what was measured.
@@ -117,6 +121,7 @@ pub struct Synthetic {
     pub transport: String,
     pub cpu_ms: f64,
     pub rate_per_s: f64,
+    pub arrivals: client::Arrivals,
     pub measure_s: f64,
     pub warmup_s: f64,
     /// Each metric is the median over this many interleaved rounds.
@@ -132,9 +137,9 @@ pub enum Report {
 
 pub fn run(opts: &Options) -> Result<Report> {
     match opts.scenario.as_str() {
-        "synthetic" | "utilization" | "web" => {}
+        "synthetic" | "utilization" | "web" | "db" => {}
         s if SCENARIOS.contains(&s) => bail!(
-            "scenario {s:?} is not implemented yet in this version; available: synthetic, web, utilization"
+            "scenario {s:?} is not implemented yet in this version; available: synthetic, web, db, utilization"
         ),
         s => bail!("unknown scenario {s:?}; scenarios are {}", SCENARIOS.join(", ")),
     }
@@ -149,13 +154,26 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
-    let web = opts.scenario == "web";
+    let (server, transport, cpu_ms, rate_per_s, arrivals) = match opts.scenario.as_str() {
+        // nginx's work per request is its own; 2,000 small requests/s.
+        "web" => ("nginx", "tcp", 0.0, 2000.0, opts.arrivals),
+        // pgbench's TPC-B-like transactions; its rate schedule is always Poisson.
+        "db" => ("postgresql", "unix", 0.0, 100.0, client::Arrivals::Poisson),
+        // The DESIGN.md experiment.
+        _ => (
+            "synthetic",
+            if opts.unix { "unix" } else { "tcp" },
+            5.0,
+            40.0,
+            opts.arrivals,
+        ),
+    };
     let params = Synthetic {
-        server: if web { "nginx" } else { "synthetic" }.into(),
-        transport: if opts.unix && !web { "unix" } else { "tcp" }.into(),
-        // nginx's work per request is its own; the DESIGN case sends 2,000 small requests/s.
-        cpu_ms: if web { 0.0 } else { 5.0 },
-        rate_per_s: if web { 2000.0 } else { 40.0 },
+        server: server.into(),
+        transport: transport.into(),
+        cpu_ms,
+        rate_per_s,
+        arrivals,
         measure_s: if opts.quick { 5.0 } else { 30.0 },
         warmup_s: 1.0,
         rounds: opts.repeat.max(1),
@@ -294,14 +312,17 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     std::fs::create_dir_all(&tmp)?;
     run.tmp = Some(tmp.clone());
 
-    // The server.
-    let (target, protocol) = if p.server == "nginx" {
-        start_nginx(&mut run, &tmp)?
-    } else {
-        (
+    // The server, and what sends it requests.
+    let load = match p.server.as_str() {
+        "nginx" => {
+            let (target, protocol) = start_nginx(&mut run, &tmp)?;
+            Load::OpenLoop(target, protocol)
+        }
+        "postgresql" => Load::Pgbench(db::start(&mut run, &tmp)?),
+        _ => Load::OpenLoop(
             start_synthetic(&mut run, opts, p, &tmp)?,
             client::Protocol::Synthetic,
-        )
+        ),
     };
 
     // The batch load.
@@ -319,22 +340,8 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     // answers requests. For `appease`, until it has demoted the soakers.
     let warm_stop = Arc::new(AtomicBool::new(false));
     let warm = {
-        let (stop, rate, target, protocol) = (
-            warm_stop.clone(),
-            p.rate_per_s,
-            target.clone(),
-            protocol.clone(),
-        );
-        std::thread::spawn(move || {
-            client::open_loop(
-                &target,
-                &protocol,
-                rate,
-                Duration::from_secs(3600),
-                Duration::ZERO,
-                &stop,
-            )
-        })
+        let (stop, load, p) = (warm_stop.clone(), load.clone(), p.clone());
+        std::thread::spawn(move || load.run(&p, Duration::from_secs(3600), Duration::ZERO, &stop))
     };
     let settle = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(p.warmup_s));
@@ -359,10 +366,8 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     }
 
     let (busy0, total0) = cpu_jiffies();
-    let result = client::open_loop(
-        &target,
-        &protocol,
-        p.rate_per_s,
+    let result = load.run(
+        p,
         Duration::from_secs_f64(p.measure_s),
         Duration::from_secs(3),
         &opts.stop,
@@ -393,6 +398,39 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
         units as f64 / soak_time,
         util,
     ))
+}
+
+/// What sends the server its requests.
+#[derive(Clone)]
+enum Load {
+    /// Our open-loop client, to the synthetic server or nginx.
+    OpenLoop(client::Target, client::Protocol),
+    /// pgbench, to PostgreSQL.
+    Pgbench(db::Postgres),
+}
+
+impl Load {
+    /// Sends requests for `duration` (or until `stop`); waits up to `drain` for answers.
+    fn run(
+        &self,
+        p: &Synthetic,
+        duration: Duration,
+        drain: Duration,
+        stop: &Arc<AtomicBool>,
+    ) -> Result<client::ClientResult> {
+        match self {
+            Load::OpenLoop(target, protocol) => client::open_loop(
+                target,
+                protocol,
+                p.arrivals,
+                p.rate_per_s,
+                duration,
+                drain,
+                stop,
+            ),
+            Load::Pgbench(pg) => pg.run(p.rate_per_s, duration, stop),
+        }
+    }
 }
 
 fn apply_mode(

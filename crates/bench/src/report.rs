@@ -34,6 +34,12 @@ impl Latency {
     }
 }
 
+/// Where the response-time CDF is sampled (percent of requests), dense in the tail.
+pub const CDF_PCTS: [f64; 24] = [
+    0.0, 1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 92.0, 94.0, 95.0, 96.0,
+    97.0, 98.0, 99.0, 99.5, 99.7, 99.9, 99.95, 100.0,
+];
+
 #[derive(Clone, Debug, Serialize)]
 pub struct ModeResult {
     pub mode: Mode,
@@ -50,6 +56,8 @@ pub struct ModeResult {
     pub max_min_ms: f64,
     pub p95_min_ms: f64,
     pub requests_per_s: f64,
+    /// The response-time CDF: (percent of requests, answered within ms) at `CDF_PCTS`.
+    pub cdf_ms: Vec<(f64, f64)>,
 }
 
 impl ModeResult {
@@ -66,6 +74,10 @@ impl ModeResult {
             max_min_ms: latency_ms.max - latency_ms.min,
             p95_min_ms: latency_ms.p95 - latency_ms.min,
             requests_per_s: r.answered as f64 / r.elapsed.as_secs_f64().max(1e-9),
+            cdf_ms: CDF_PCTS
+                .iter()
+                .map(|&p| (p, r.latency_us.value_at_percentile(p) as f64 / 1000.0))
+                .collect(),
             latency_ms,
         }
     }
@@ -85,19 +97,25 @@ impl ScenarioResult {
     /// The side-by-side table, with ratios against `unloaded` and `unmanaged`.
     pub fn table(&self) -> String {
         let p = &self.params;
-        let server = if p.server == "nginx" {
-            "nginx from Debian (1 worker) serving 200 static files of 0.5-16 KiB".to_string()
-        } else {
-            format!(
+        let server = match p.server.as_str() {
+            "nginx" => {
+                "nginx from Debian (1 worker) serving 200 static files of 0.5-16 KiB".to_string()
+            }
+            "postgresql" => {
+                "PostgreSQL from Debian, pgbench TPC-B-like transactions (scale 4, 4 clients)"
+                    .to_string()
+            }
+            _ => format!(
                 "one single-threaded server ({} ms CPU per request)",
                 p.cpu_ms
-            )
+            ),
         };
         let mut s = format!(
-            "{}: {server}, {} req/s open loop over {}, {} soakers ({} per CPU) on {} CPUs, {} s per mode, \
-             median of {} round(s)\n",
+            "{}: {server}, {} req/s open loop ({} arrivals) over {}, {} soakers ({} per CPU) on {} CPUs, \
+             {} s per mode, median of {} round(s)\n",
             self.scenario,
             p.rate_per_s,
+            p.arrivals.name(),
             p.transport.to_uppercase(),
             self.soakers,
             self.load_per_cpu,
@@ -234,6 +252,13 @@ pub fn median(runs: &[ModeResult]) -> ModeResult {
         max_min_ms: m(|r| r.max_min_ms),
         p95_min_ms: m(|r| r.p95_min_ms),
         requests_per_s: m(|r| r.requests_per_s),
+        // Point by point, like every other metric.
+        cdf_ms: (0..runs[0].cdf_ms.len())
+            .map(|i| {
+                let pct = runs[0].cdf_ms[i].0;
+                (pct, median_of(runs.iter().map(|r| r.cdf_ms[i].1).collect()))
+            })
+            .collect(),
         latency_ms,
     }
 }
@@ -267,6 +292,7 @@ mod tests {
             max_min_ms: 0.0,
             p95_min_ms: 0.0,
             requests_per_s: 40.0,
+            cdf_ms: vec![(50.0, x), (99.0, 2.0 * x)],
         }
     }
 
@@ -276,6 +302,7 @@ mod tests {
         assert_eq!(m.latency_ms, lat(6.0));
         assert_eq!(m.batch_throughput, 60.0);
         assert_eq!(m.unhappiness_ms, Some(lat(3.0)));
+        assert_eq!(m.cdf_ms, vec![(50.0, 6.0), (99.0, 12.0)]);
         let m = median(&[result(5.0), result(7.0)]);
         assert_eq!(m.latency_ms.p99, 6.0);
         assert!(median_of(vec![]).is_nan());

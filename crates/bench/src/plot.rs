@@ -1,0 +1,163 @@
+//! Plots a person would rather look at than read: each mode's response-time CDF against
+//! the unloaded one (seeds/000 Figures 2 and 5), and latency against the batch level
+//! (seeds/004 Figures 1–2). SVG, written with `--out`.
+
+use plotters::prelude::*;
+
+use crate::report::ScenarioResult;
+use crate::Mode;
+
+const SIZE: (u32, u32) = (900, 560);
+
+/// Mode colours, the same in every plot; `unloaded` black, `appease` the boldest.
+fn colour(mode: Mode) -> RGBColor {
+    match mode {
+        Mode::Unloaded => BLACK,
+        Mode::Unmanaged => RGBColor(214, 39, 40),
+        Mode::BatchNice19 => RGBColor(255, 127, 14),
+        Mode::BatchSchedIdle => RGBColor(148, 103, 189),
+        Mode::BatchCgroupIdle => RGBColor(140, 86, 75),
+        Mode::RbpeClassic => RGBColor(127, 127, 127),
+        Mode::Appease => RGBColor(31, 119, 180),
+    }
+}
+
+fn stroke(mode: Mode) -> ShapeStyle {
+    colour(mode).stroke_width(if mode == Mode::Appease { 3 } else { 2 })
+}
+
+/// The plot's error as text: plotters' error types borrow the backend.
+fn svg(
+    draw: impl FnOnce(&DrawingArea<SVGBackend, plotters::coord::Shift>) -> Result<(), String>,
+) -> anyhow::Result<String> {
+    let mut buf = String::new();
+    {
+        let root = SVGBackend::with_string(&mut buf, SIZE).into_drawing_area();
+        root.fill(&WHITE)
+            .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+        draw(&root).map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+        root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    }
+    Ok(buf)
+}
+
+/// Response-time CDF of every mode at one batch level. The x axis ends a little past the
+/// largest p99, so the body of each curve stays readable; slower tails run off the edge.
+pub fn cdf(r: &ScenarioResult) -> anyhow::Result<String> {
+    let p99 = |m: &crate::report::ModeResult| m.latency_ms.p99;
+    let xmax = r.modes.iter().map(p99).fold(0.0, f64::max).max(0.001) * 1.15;
+    let title = format!(
+        "{}: response time, {} soakers ({} per CPU)",
+        r.scenario, r.soakers, r.load_per_cpu
+    );
+    svg(|root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..xmax, 0.0..100.0)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("response time (ms)")
+            .y_desc("requests answered within (%)")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for m in &r.modes {
+            let points = m.cdf_ms.iter().map(|&(pct, ms)| (ms.min(xmax), pct));
+            chart
+                .draw_series(LineSeries::new(points, stroke(m.mode)))
+                .map_err(|e| e.to_string())?
+                .label(m.mode.name())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], stroke(m.mode)));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Mean and p99 of every mode against the batch level (one point per `--load` value).
+pub fn latency_vs_load(rs: &[ScenarioResult]) -> anyhow::Result<String> {
+    let xmax = rs
+        .iter()
+        .map(|r| r.load_per_cpu)
+        .fold(0.0, f64::max)
+        .max(1.0);
+    let ymax = rs
+        .iter()
+        .flat_map(|r| r.modes.iter().map(|m| m.latency_ms.p99))
+        .fold(0.0, f64::max)
+        .max(0.001)
+        * 1.1;
+    let modes: Vec<Mode> = rs
+        .first()
+        .map(|r| r.modes.iter().map(|m| m.mode).collect())
+        .unwrap_or_default();
+    let title = format!(
+        "{}: latency against batch load (solid p99, dashed mean)",
+        rs.first().map_or("", |r| r.scenario.as_str())
+    );
+    svg(|root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..xmax, 0.0..ymax)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("batch jobs per CPU")
+            .y_desc("response time (ms)")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for mode in modes {
+            let of = |f: fn(&crate::report::Latency) -> f64| {
+                rs.iter()
+                    .filter_map(|r| {
+                        let m = r.modes.iter().find(|m| m.mode == mode)?;
+                        Some((r.load_per_cpu, f(&m.latency_ms)))
+                    })
+                    .collect::<Vec<_>>()
+            };
+            chart
+                .draw_series(LineSeries::new(of(|l| l.p99), stroke(mode)))
+                .map_err(|e| e.to_string())?
+                .label(mode.name())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], stroke(mode)));
+            chart
+                .draw_series(DashedLineSeries::new(of(|l| l.mean), 6, 4, stroke(mode)))
+                .map_err(|e| e.to_string())?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Every plot of a latency scenario's results, as (file name, SVG).
+pub fn all(rs: &[ScenarioResult]) -> anyhow::Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for r in rs {
+        let name = if rs.len() == 1 {
+            "cdf.svg".to_string()
+        } else {
+            format!("cdf-load{}.svg", r.load_per_cpu)
+        };
+        out.push((name, cdf(r)?));
+    }
+    if rs.len() > 1 {
+        out.push(("latency-vs-load.svg".to_string(), latency_vs_load(rs)?));
+    }
+    Ok(out)
+}
