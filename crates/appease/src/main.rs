@@ -72,7 +72,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// synthetic, web, db or utilization (frames, pipeline: not yet)
+    /// synthetic, web, db, frames or utilization (pipeline: not yet)
     scenario: String,
     /// A short run (5 s per mode) for CI and a first look.
     #[arg(long)]
@@ -98,6 +98,10 @@ struct BenchArgs {
     /// How the client spaces requests: fixed (every 1/rate s) or poisson.
     #[arg(long, default_value = "fixed")]
     arrivals: String,
+    /// The batch load: soak (CPU spinners counting work) or compile (make -jN with gcc
+    /// over a generated tree, in a loop; throughput in files compiled per second).
+    #[arg(long, default_value = "soak")]
+    batch: String,
     /// Run every mode this many times, interleaved, and report each metric's median.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     repeat: u32,
@@ -210,6 +214,14 @@ enum Worker {
         #[arg(long, default_value = "bench-soaker")]
         name: String,
     },
+    /// A parallel C compile in a loop (starts after a line on stdin).
+    Compile {
+        /// Where to generate the sources.
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        jobs: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -312,6 +324,7 @@ fn run(cmd: Command) -> Result<()> {
                 Ok(appease_bench::worker::serve(cpu, unix.as_deref())?)
             }
             Worker::Soak { name } => Ok(appease_bench::worker::soak(&name)?),
+            Worker::Compile { dir, jobs } => Ok(appease_bench::worker::compile(&dir, jobs)?),
         },
         Command::CheckConfig { file } => {
             appease_config::Config::load(&file)?;
@@ -375,9 +388,11 @@ fn bench(args: BenchArgs) -> Result<()> {
         config,
         unix,
         arrivals,
+        batch,
         repeat,
     } = args;
     let arrivals = appease_bench::client::Arrivals::parse(&arrivals)?;
+    let batch = appease_bench::Batch::parse(&batch)?;
     if let Some(c) = &config {
         appease_config::Config::load(c)?;
     }
@@ -405,6 +420,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         config,
         unix,
         arrivals,
+        batch,
         repeat: repeat as usize,
         stop,
     };

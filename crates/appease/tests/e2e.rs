@@ -838,6 +838,67 @@ fn bench_db_quick_runs_postgresql_under_pgbench_and_cleans_up() {
 }
 
 #[test]
+fn bench_with_a_compile_load_demotes_the_whole_make_tree() {
+    let Some(_g) = serial() else { return };
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "synthetic",
+            "--quick",
+            "--json",
+            "--batch",
+            "compile",
+        ])
+        .args(["--modes", "unmanaged,appease"])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    // The appease mode fails unless the daemon demotes the compile's tree within 30 s.
+    assert!(out.status.success(), "bench failed");
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    assert_eq!(v["params"]["batch"], "compile");
+    let m = |i: usize, k: &str| v["modes"][i][k].as_f64().unwrap();
+    let mean = |i: usize| v["modes"][i]["latency_ms"]["mean"].as_f64().unwrap();
+    // Both compile: files per second.
+    assert!(m(0, "batch_throughput") > 1.0, "{v}");
+    assert!(m(1, "batch_throughput") > 1.0, "{v}");
+    assert!(
+        mean(1) < mean(0),
+        "demoted compilers no longer delay the server: {v}"
+    );
+}
+
+#[test]
+fn bench_frames_quick_counts_the_frames_a_loaded_player_drops() {
+    let Some(_g) = serial() else { return };
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "frames",
+            "--quick",
+            "--json",
+            "--modes",
+            "unloaded,unmanaged",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bench failed");
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    let frames = |i: usize, k: &str| v["modes"][i]["frames"][k].as_f64().unwrap();
+    // Unloaded, a 25 fps player with 8 ms per frame shows (nearly) every frame.
+    assert!(frames(0, "fps") > 23.0, "{v}");
+    assert!(frames(0, "dropped_pct") < 5.0, "{v}");
+    // Eight soakers at nice 0 leave it about a fifth of a CPU: it falls behind.
+    assert!(
+        frames(1, "dropped_pct") > frames(0, "dropped_pct") + 10.0,
+        "{v}"
+    );
+}
+
+#[test]
 fn bench_rejects_unknown_scenarios_modes_and_loads() {
     for (args, expect) in [
         (vec!["bench", "nosuch"], "unknown scenario \"nosuch\""),
@@ -846,6 +907,15 @@ fn bench_rejects_unknown_scenarios_modes_and_loads() {
             "unknown mode \"fast\"",
         ),
         (vec!["bench", "synthetic", "--load=-1"], "--load -1"),
+        (
+            vec!["bench", "synthetic", "--batch", "backup"],
+            "unknown batch load \"backup\"",
+        ),
+        (
+            vec!["bench", "synthetic", "--arrivals", "bursty"],
+            "unknown arrivals \"bursty\"",
+        ),
+        (vec!["bench", "pipeline"], "not implemented yet"),
     ] {
         let out = Command::new(BIN).args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -71,6 +71,45 @@ impl Mode {
     }
 }
 
+/// What the batch load is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Batch {
+    /// CPU soakers counting units of work (1,000 loop iterations each).
+    Soak,
+    /// `make -jN` with gcc over a generated tree of C files, in a loop.
+    Compile,
+}
+
+impl Batch {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "soak" => Ok(Batch::Soak),
+            "compile" => Ok(Batch::Compile),
+            _ => bail!("unknown batch load {s:?}; one of soak, compile"),
+        }
+    }
+
+    /// `n` jobs of it, `load` per CPU, in words.
+    pub fn describe(self, n: usize, load: f64) -> String {
+        match self {
+            Batch::Soak => format!("{n} soakers ({load} per CPU)"),
+            Batch::Compile => format!(
+                "make -j{n} over {} C files ({load} jobs per CPU)",
+                worker::FILES
+            ),
+        }
+    }
+
+    /// What its throughput counts.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Batch::Soak => "work units",
+            Batch::Compile => "files compiled",
+        }
+    }
+}
+
 pub const SCENARIOS: &[&str] = &[
     "synthetic",
     "web",
@@ -94,6 +133,7 @@ pub struct Options {
     pub unix: bool,
     /// How the client spaces its requests.
     pub arrivals: client::Arrivals,
+    pub batch: Batch,
     /// Rounds of every mode; the report gives each metric's median over them.
     pub repeat: usize,
     /// Ctrl-C: stop measuring, clean up, report what was measured.
@@ -122,6 +162,7 @@ pub struct Synthetic {
     pub cpu_ms: f64,
     pub rate_per_s: f64,
     pub arrivals: client::Arrivals,
+    pub batch: Batch,
     pub measure_s: f64,
     pub warmup_s: f64,
     /// Each metric is the median over this many interleaved rounds.
@@ -137,9 +178,9 @@ pub enum Report {
 
 pub fn run(opts: &Options) -> Result<Report> {
     match opts.scenario.as_str() {
-        "synthetic" | "utilization" | "web" | "db" => {}
+        "synthetic" | "utilization" | "web" | "db" | "frames" => {}
         s if SCENARIOS.contains(&s) => bail!(
-            "scenario {s:?} is not implemented yet in this version; available: synthetic, web, db, utilization"
+            "scenario {s:?} is not implemented yet in this version; available: synthetic, web, db, frames, utilization"
         ),
         s => bail!("unknown scenario {s:?}; scenarios are {}", SCENARIOS.join(", ")),
     }
@@ -159,6 +200,9 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
         "web" => ("nginx", "tcp", 0.0, 2000.0, opts.arrivals),
         // pgbench's TPC-B-like transactions; its rate schedule is always Poisson.
         "db" => ("postgresql", "unix", 0.0, 100.0, client::Arrivals::Poisson),
+        // A 25 fps player: each frame arrives from its demuxer over a UNIX socket and is
+        // decoded on 8 ms of CPU; it must be done before the next one is due.
+        "frames" => ("player", "unix", 8.0, 25.0, client::Arrivals::Fixed),
         // The DESIGN.md experiment.
         _ => (
             "synthetic",
@@ -174,6 +218,7 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
         cpu_ms,
         rate_per_s,
         arrivals,
+        batch: opts.batch,
         measure_s: if opts.quick { 5.0 } else { 30.0 },
         warmup_s: 1.0,
         rounds: opts.repeat.max(1),
@@ -190,23 +235,25 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                 if opts.stop.load(Ordering::Relaxed) {
                     break 'rounds;
                 }
+                let n = if mode == Mode::Unloaded { 0 } else { soakers };
                 eprintln!(
-                    "[round {}/{rounds}, {}/{}] {} with {} soakers ({load} per CPU), {} s ...",
+                    "[round {}/{rounds}, {}/{}] {} with {}, {} s ...",
                     round + 1,
                     i + 1,
                     opts.modes.len(),
                     mode.name(),
-                    if mode == Mode::Unloaded { 0 } else { soakers },
+                    params.batch.describe(n, if n == 0 { 0.0 } else { load }),
                     params.measure_s
                 );
                 let r = run_mode(opts, &params, mode, soakers)?;
                 eprintln!(
-                    "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms; batch {:.0} units/s",
+                    "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms; batch {:.1} {}/s",
                     r.latency_ms.mean,
                     r.latency_ms.p95,
                     r.latency_ms.p99,
                     r.latency_ms.max,
-                    r.batch_throughput
+                    r.batch_throughput,
+                    params.batch.unit()
                 );
                 runs[i].push(r);
             }
@@ -327,14 +374,38 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
 
     // The batch load.
     let n = if mode == Mode::Unloaded { 0 } else { soakers };
-    let soak_start = Instant::now();
     let mut soak_pids = Vec::new();
-    for _ in 0..n {
-        let c = spawn_worker(&opts.appease, &["soak"])?;
-        soak_pids.push(c.id());
-        run.children.push(c);
+    match p.batch {
+        Batch::Soak => {
+            for _ in 0..n {
+                let c = spawn_worker(&opts.appease, &["soak"])?;
+                soak_pids.push(c.id());
+                run.children.push(c);
+            }
+        }
+        Batch::Compile if n > 0 => {
+            let src = tmp.join("src").display().to_string();
+            let jobs = n.to_string();
+            let mut c = Command::new(&opts.appease)
+                .args(["bench-worker", "compile", "--dir", &src, "--jobs", &jobs])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .context("starting the compile load")?;
+            soak_pids.push(c.id());
+            let go = c.stdin.take().expect("piped");
+            run.children.push(c);
+            apply_mode(&mut run, opts, mode, &soak_pids, &tmp)?;
+            // Now every make and gcc it forks inherits the mode.
+            std::io::Write::write_all(&mut &go, b"go\n").context("starting the compile")?;
+        }
+        Batch::Compile => {}
     }
-    apply_mode(&mut run, opts, mode, &soak_pids, &tmp)?;
+    let soak_start = Instant::now();
+    if p.batch == Batch::Soak || n == 0 {
+        apply_mode(&mut run, opts, mode, &soak_pids, &tmp)?;
+    }
 
     // Warm-up with traffic flowing, as on a real host: the daemon sees a server that
     // answers requests. For `appease`, until it has demoted the soakers.
@@ -392,12 +463,11 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
         units += s.trim().parse::<u64>().unwrap_or(0);
         let _reaped = c.wait();
     }
-    Ok(ModeResult::new(
-        mode,
-        &result,
-        units as f64 / soak_time,
-        util,
-    ))
+    let mut m = ModeResult::new(mode, &result, units as f64 / soak_time, util);
+    if p.server == "player" {
+        m.frames = Some(report::Frames::new(&result, p.rate_per_s));
+    }
+    Ok(m)
 }
 
 /// What sends the server its requests.
@@ -481,8 +551,9 @@ fn start_synthetic(
     let sock = tmp.join("server.sock");
     let _stale = std::fs::remove_file(&sock);
     let sock_arg = sock.display().to_string();
+    let unix = p.transport == "unix";
     let mut args = vec!["server", "--cpu-ms", &cpu_arg];
-    if opts.unix {
+    if unix {
         args.extend(["--unix", &sock_arg]);
     }
     let mut server = spawn_worker(&opts.appease, &args)?;
@@ -491,7 +562,7 @@ fn start_synthetic(
         .read_line(&mut line)
         .context("reading where the server listens")?;
     run.children.push(server);
-    if opts.unix {
+    if unix {
         return Ok(client::Target::Unix(sock));
     }
     let port: u16 = line

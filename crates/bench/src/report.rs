@@ -58,6 +58,32 @@ pub struct ModeResult {
     pub requests_per_s: f64,
     /// The response-time CDF: (percent of requests, answered within ms) at `CDF_PCTS`.
     pub cdf_ms: Vec<(f64, f64)>,
+    /// The frames scenario: what a viewer sees.
+    pub frames: Option<Frames>,
+}
+
+/// A player's frames (seeds/004 Figs 3–4): a frame not decoded within its period after
+/// it arrived misses its display time and is dropped.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Frames {
+    /// Frames shown on time per second of video.
+    pub fps: f64,
+    pub dropped: u64,
+    pub dropped_pct: f64,
+}
+
+impl Frames {
+    /// Frames of `r`, sent at `fps`, that were not decoded within one frame period.
+    pub fn new(r: &ClientResult, fps: f64) -> Self {
+        let period_us = (1e6 / fps) as u64;
+        let late = r.latency_us.len() - r.latency_us.count_between(1, period_us);
+        let dropped = late + r.sent.saturating_sub(r.answered);
+        Frames {
+            fps: fps * (r.sent - dropped) as f64 / r.sent.max(1) as f64,
+            dropped,
+            dropped_pct: 100.0 * dropped as f64 / r.sent.max(1) as f64,
+        }
+    }
 }
 
 impl ModeResult {
@@ -78,6 +104,7 @@ impl ModeResult {
                 .iter()
                 .map(|&p| (p, r.latency_us.value_at_percentile(p) as f64 / 1000.0))
                 .collect(),
+            frames: None,
             latency_ms,
         }
     }
@@ -101,6 +128,10 @@ impl ScenarioResult {
             "nginx" => {
                 "nginx from Debian (1 worker) serving 200 static files of 0.5-16 KiB".to_string()
             }
+            "player" => format!(
+                "a {} fps player of our own, decoding each frame on {} ms of CPU",
+                p.rate_per_s, p.cpu_ms
+            ),
             "postgresql" => {
                 "PostgreSQL from Debian, pgbench TPC-B-like transactions (scale 4, 4 clients)"
                     .to_string()
@@ -111,14 +142,13 @@ impl ScenarioResult {
             ),
         };
         let mut s = format!(
-            "{}: {server}, {} req/s open loop ({} arrivals) over {}, {} soakers ({} per CPU) on {} CPUs, \
+            "{}: {server}, {} req/s open loop ({} arrivals) over {}, {} on {} CPUs, \
              {} s per mode, median of {} round(s)\n",
             self.scenario,
             p.rate_per_s,
             p.arrivals.name(),
             p.transport.to_uppercase(),
-            self.soakers,
-            self.load_per_cpu,
+            p.batch.describe(self.soakers, self.load_per_cpu),
             self.cpus,
             p.measure_s,
             p.rounds
@@ -166,7 +196,27 @@ impl ScenarioResult {
                 m.cpu_util_pct
             );
         }
-        s += "latency and unhappiness (mean, beyond the request's own CPU) in ms; batch/s = soaker work units per second\n";
+        s += &format!(
+            "latency and unhappiness (mean, beyond the request's own CPU) in ms; batch/s = {} per second\n",
+            p.batch.unit()
+        );
+        if self.modes.iter().any(|m| m.frames.is_some()) {
+            s += &format!(
+                "\n{:<18} {:>7} {:>9} {:>9}\n",
+                "frames", "fps", "dropped", "dropped%"
+            );
+            for m in &self.modes {
+                if let Some(f) = &m.frames {
+                    s += &format!(
+                        "{:<18} {:>7.2} {:>9} {:>9.2}\n",
+                        m.mode.name(),
+                        f.fps,
+                        f.dropped,
+                        f.dropped_pct
+                    );
+                }
+            }
+        }
         s
     }
 }
@@ -259,6 +309,14 @@ pub fn median(runs: &[ModeResult]) -> ModeResult {
                 (pct, median_of(runs.iter().map(|r| r.cdf_ms[i].1).collect()))
             })
             .collect(),
+        frames: runs[0].frames.as_ref().map(|_| {
+            let fr: Vec<&Frames> = runs.iter().filter_map(|r| r.frames.as_ref()).collect();
+            Frames {
+                fps: median_of(fr.iter().map(|f| f.fps).collect()),
+                dropped: median_of(fr.iter().map(|f| f.dropped as f64).collect()) as u64,
+                dropped_pct: median_of(fr.iter().map(|f| f.dropped_pct).collect()),
+            }
+        }),
         latency_ms,
     }
 }
@@ -293,6 +351,11 @@ mod tests {
             p95_min_ms: 0.0,
             requests_per_s: 40.0,
             cdf_ms: vec![(50.0, x), (99.0, 2.0 * x)],
+            frames: Some(Frames {
+                fps: x,
+                dropped: x as u64,
+                dropped_pct: x,
+            }),
         }
     }
 
@@ -303,8 +366,34 @@ mod tests {
         assert_eq!(m.batch_throughput, 60.0);
         assert_eq!(m.unhappiness_ms, Some(lat(3.0)));
         assert_eq!(m.cdf_ms, vec![(50.0, 6.0), (99.0, 12.0)]);
+        assert_eq!(m.frames.as_ref().map(|f| f.dropped), Some(6));
         let m = median(&[result(5.0), result(7.0)]);
         assert_eq!(m.latency_ms.p99, 6.0);
         assert!(median_of(vec![]).is_nan());
+    }
+}
+
+#[cfg(test)]
+mod frame_tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_later_than_its_period_or_never_decoded_is_dropped() {
+        let mut h = Histogram::new_with_bounds(1, 600_000_000, 3).unwrap();
+        for us in [10_000, 39_000, 40_000, 41_000, 90_000] {
+            h.record(us).unwrap();
+        }
+        let r = ClientResult {
+            latency_us: h,
+            unhappiness_us: Histogram::new(3).unwrap(),
+            sent: 6,
+            answered: 5,
+            elapsed: std::time::Duration::from_secs(2),
+        };
+        let f = Frames::new(&r, 25.0);
+        // 41 and 90 ms are late; one frame never came back.
+        assert_eq!(f.dropped, 3);
+        assert_eq!(f.fps, 12.5);
+        assert_eq!(f.dropped_pct, 50.0);
     }
 }

@@ -90,3 +90,84 @@ fn set_name(name: &std::ffi::CStr) {
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
     unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
 }
+
+/// C sources the compile load builds: enough functions that one file keeps a compiler
+/// busy for a few hundred ms at -O2, like a real project's translation units.
+fn write_sources(dir: &std::path::Path, files: usize) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let objs: Vec<String> = (0..files).map(|i| format!("f{i}.o")).collect();
+    std::fs::write(
+        dir.join("Makefile"),
+        format!(
+            "all: {objs}\n%.o: %.c\n\t@gcc -O2 -c $< -o $@ && echo built\n",
+            objs = objs.join(" ")
+        ),
+    )?;
+    for i in 0..files {
+        let mut c = String::from("#include <stdint.h>\n");
+        for f in 0..FUNCTIONS_PER_FILE {
+            c += &format!(
+                "uint64_t f{i}_{f}(uint64_t x, const uint64_t *t, int n) {{\n\
+                 \tfor (int k = 0; k < n; k++) {{\n\
+                 \t\tswitch ((x ^ t[k]) & 7) {{\n\
+                 \t\tcase 0: x = x * {a}u + t[k]; break;\n\
+                 \t\tcase 1: x ^= x >> {s}; break;\n\
+                 \t\tcase 2: x += t[(k + {f}) % n] << 3; break;\n\
+                 \t\tcase 3: x = (x << 7) | (x >> 57); break;\n\
+                 \t\tdefault: x -= t[k] * {b}u;\n\
+                 \t\t}}\n\t}}\n\treturn x;\n}}\n",
+                a = 2 * f + 3,
+                b = 5 * f + 1,
+                s = f % 31 + 1,
+            );
+        }
+        std::fs::write(dir.join(format!("f{i}.c")), c)?;
+    }
+    Ok(())
+}
+
+const FUNCTIONS_PER_FILE: usize = 60;
+/// Files in the compile load's tree.
+pub const FILES: usize = 64;
+
+/// A real parallel C compile as batch load: generates a source tree in `dir` and runs
+/// `make -B -j JOBS` over it again and again until SIGTERM; then prints how many files
+/// it compiled. It starts compiling only after a line on stdin, so the bench can first
+/// set its priority or group, which every make and gcc it forks then inherits.
+pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    set_name(c"bench-compile");
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
+    write_sources(dir, FILES)?;
+    let mut go = String::new();
+    io::stdin().read_line(&mut go)?;
+    let mut built: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let mut make = std::process::Command::new("make")
+            .args(["-s", "-B", "-j", &jobs.to_string(), "-C"])
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()?;
+        let out = make.stdout.take().expect("piped");
+        for line in io::BufReader::new(out).lines() {
+            if line? == "built" {
+                built += 1;
+            }
+            if stop.load(Ordering::Relaxed) {
+                // SAFETY: ending the process group of our own make (and its compilers).
+                unsafe { libc::kill(-(make.id() as i32), libc::SIGKILL) };
+                break;
+            }
+        }
+        let status = make.wait()?;
+        if !status.success() && !stop.load(Ordering::Relaxed) {
+            return Err(io::Error::other(format!("make failed: {status}")));
+        }
+    }
+    println!("{built}");
+    Ok(())
+}
