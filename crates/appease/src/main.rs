@@ -47,6 +47,8 @@ enum Command {
     CheckConfig { file: PathBuf },
     /// Run a real server under real batch load in every mode, side by side (root).
     Bench(BenchArgs),
+    /// Redraw the SVG plots of a bench run from the result.json in DIR (no root).
+    BenchPlot { dir: PathBuf },
     /// The deterministic scheduler simulator with seeds/004's unhappiness model.
     Sim {
         #[command(subcommand)]
@@ -318,6 +320,7 @@ fn run(cmd: Command) -> Result<()> {
                     top_nice,
                 },
         } => roles_cmd::suggest_cmd(&file, &app, top_nice),
+        Command::BenchPlot { dir } => bench_plot(&dir),
         Command::BenchWorker { worker } => match worker {
             Worker::Server { cpu_ms, unix } => {
                 let cpu = std::time::Duration::from_secs_f64(cpu_ms / 1000.0);
@@ -373,6 +376,25 @@ fn restore() -> Result<()> {
             r.failed,
             dir.display()
         );
+    }
+    Ok(())
+}
+
+fn bench_plot(dir: &std::path::Path) -> Result<()> {
+    let path = dir.join("result.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    // One batch level is one object; a --load sweep keeps every level under "sweep".
+    let results: Vec<appease_bench::report::ScenarioResult> = match value.get("sweep") {
+        Some(sweep) => serde_json::from_value(sweep.clone()),
+        None => serde_json::from_value(value).map(|r| vec![r]),
+    }
+    .with_context(|| format!("{} holds no latency results to plot", path.display()))?;
+    for (name, svg) in appease_bench::plot::all(&results)? {
+        std::fs::write(dir.join(&name), svg)?;
+        println!("wrote {}", dir.join(name).display());
     }
     Ok(())
 }

@@ -779,6 +779,25 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
         assert!(svg.contains(&format!("\n{name}\n")), "{name} in the legend");
     }
     assert!(dir.0.join("result.json").exists() && dir.0.join("result.csv").exists());
+    // bench-plot redraws it from result.json alone.
+    std::fs::remove_file(dir.0.join("cdf.svg")).unwrap();
+    let replot = Command::new(BIN)
+        .arg("bench-plot")
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    assert!(replot.status.success(), "{replot:?}");
+    let again = std::fs::read_to_string(dir.0.join("cdf.svg")).expect("cdf.svg redrawn");
+    assert_eq!(again, svg);
+    let missing = Command::new(BIN)
+        .args(["bench-plot", "/nonexistent"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        !missing.status.success() && err.contains("/nonexistent/result.json"),
+        "{err}"
+    );
     let get = |name: &str, k: &str| {
         let m = modes.iter().find(|m| m["mode"] == name).unwrap();
         m["latency_ms"][k].as_f64().unwrap()
@@ -866,6 +885,67 @@ fn bench_with_a_compile_load_demotes_the_whole_make_tree() {
     assert!(
         mean(1) < mean(0),
         "demoted compilers no longer delay the server: {v}"
+    );
+}
+
+/// Processes working in the bench run `pid`'s private directory (its make and compilers),
+/// or naming it on their command line: (comm, command line).
+fn bench_processes_left(pid: u32) -> Vec<(String, String)> {
+    let mark = format!("appease-bench-{pid}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .filter_map(|e| {
+            let cwd = std::fs::read_link(e.path().join("cwd")).ok()?;
+            let cmd = String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).ok()?)
+                .replace('\0', " ");
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            (cwd.to_string_lossy().contains(&mark) || cmd.contains(&mark))
+                .then(|| (comm.trim().to_string(), cmd))
+        })
+        .collect()
+}
+
+#[test]
+fn ctrl_c_during_a_compile_load_stops_every_compiler_and_removes_the_group() {
+    let Some(_g) = serial() else { return };
+    let mut bench = Command::new(BIN)
+        .args(["bench", "synthetic", "--batch", "compile"])
+        .args(["--modes", "batch-cgroup-idle"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = bench.id();
+    let group = format!("/sys/fs/cgroup/cpu/appease-bench-{pid}.idle");
+    // Interrupted while gcc runs in the bench's idle group.
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            std::path::Path::new(&group).exists()
+                && bench_processes_left(pid)
+                    .iter()
+                    .any(|(comm, _)| comm == "gcc")
+        })
+        .is_some(),
+        "the compile never started"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let status = bench.wait().unwrap();
+    assert!(
+        status.success(),
+        "an interrupted bench reports what it measured"
+    );
+    assert_eq!(bench_processes_left(pid), vec![]);
+    assert!(
+        !std::path::Path::new(&group).exists(),
+        "{group} left behind"
     );
 }
 

@@ -16,10 +16,10 @@ use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How requests are spaced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Arrivals {
     /// Every 1/rate seconds (the DESIGN.md experiment).
@@ -271,7 +271,10 @@ pub fn open_loop(
             Err(e)
                 if matches!(
                     e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        // Ctrl-C interrupts the read; the stop flag ends the loop.
+                        | std::io::ErrorKind::Interrupted
                 ) =>
             {
                 if (sending_done && last_answer.elapsed() > drain) || stop.load(Ordering::Relaxed) {

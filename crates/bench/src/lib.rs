@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use report::{ModeResult, ScenarioResult};
 
 /// How the batch load is handled in one run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// No batch load at all: the reference.
@@ -72,10 +72,11 @@ impl Mode {
 }
 
 /// What the batch load is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Batch {
     /// CPU soakers counting units of work (1,000 loop iterations each).
+    #[default]
     Soak,
     /// `make -jN` with gcc over a generated tree of C files, in a loop.
     Compile,
@@ -153,7 +154,7 @@ impl Options {
 }
 
 /// Parameters of the synthetic scenario (the DESIGN.md experiment by default).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Synthetic {
     /// "synthetic" (a server of ours) or "nginx".
     pub server: String,
@@ -162,6 +163,8 @@ pub struct Synthetic {
     pub cpu_ms: f64,
     pub rate_per_s: f64,
     pub arrivals: client::Arrivals,
+    /// Absent in results from before the compile load: soakers.
+    #[serde(default)]
     pub batch: Batch,
     pub measure_s: f64,
     pub warmup_s: f64,
@@ -307,11 +310,25 @@ impl Drop for Run {
             let _reaped = c.wait();
         }
         for c in &mut self.children {
+            // A compile load's make and gcc first: orphaned, they would keep running
+            // and keep the bench's cgroup busy.
+            for pid in descendants(c.id()) {
+                // SAFETY: processes our own child started, ended with the run.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
             let _already_gone = c.kill();
             let _reaped = c.wait();
         }
         for (cg, group) in self.cgroups.drain(..) {
-            if let Err(e) = cg.remove(&group) {
+            // Killed compilers leave the group only once they are reaped (by init,
+            // their parent gone): until then removal fails as busy.
+            let mut result = cg.remove(&group);
+            let t = Instant::now();
+            while result.is_err() && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(20));
+                result = cg.remove(&group);
+            }
+            if let Err(e) = result {
                 tracing::warn!(error = %e, "could not remove the bench's cgroup {group}");
             }
         }
@@ -324,6 +341,34 @@ impl Drop for Run {
             }
         }
     }
+}
+
+/// Every process below `root`, parents before children (so none can fork anew once
+/// its parent is gone).
+pub(crate) fn descendants(root: u32) -> Vec<u32> {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // The parent is the second field after the parenthesised command name.
+        let ppid = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().nth(1)?.parse().ok());
+        if let Some(ppid) = ppid {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut out = Vec::new();
+    let mut queue = std::collections::VecDeque::from([root]);
+    while let Some(p) = queue.pop_front() {
+        for &c in children.get(&p).into_iter().flatten() {
+            out.push(c);
+            queue.push_back(c);
+        }
+    }
+    out
 }
 
 pub(crate) fn spawn_worker(appease: &Path, args: &[&str]) -> Result<Child> {

@@ -41,11 +41,12 @@ fn svg(
     Ok(buf)
 }
 
-/// Response-time CDF of every mode at one batch level. The x axis ends a little past the
-/// largest p99, so the body of each curve stays readable; slower tails run off the edge.
+/// Response-time CDF of every mode at one batch level. Time is on a log scale: an
+/// unmanaged mode can be a thousand times slower than the rest.
 pub fn cdf(r: &ScenarioResult) -> anyhow::Result<String> {
-    let p99 = |m: &crate::report::ModeResult| m.latency_ms.p99;
-    let xmax = r.modes.iter().map(p99).fold(0.0, f64::max).max(0.001) * 1.15;
+    let points = || r.modes.iter().flat_map(|m| m.cdf_ms.iter().map(|c| c.1));
+    let xmin = points().fold(f64::INFINITY, f64::min).max(0.001) * 0.8;
+    let xmax = points().fold(0.0, f64::max).max(xmin * 10.0) * 1.2;
     let title = format!(
         "{}: response time, {} soakers ({} per CPU)",
         r.scenario, r.soakers, r.load_per_cpu
@@ -56,16 +57,16 @@ pub fn cdf(r: &ScenarioResult) -> anyhow::Result<String> {
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(60)
-            .build_cartesian_2d(0.0..xmax, 0.0..100.0)
+            .build_cartesian_2d((xmin..xmax).log_scale(), 0.0..100.0)
             .map_err(|e| e.to_string())?;
         chart
             .configure_mesh()
-            .x_desc("response time (ms)")
+            .x_desc("response time (ms, log scale)")
             .y_desc("requests answered within (%)")
             .draw()
             .map_err(|e| e.to_string())?;
         for m in &r.modes {
-            let points = m.cdf_ms.iter().map(|&(pct, ms)| (ms.min(xmax), pct));
+            let points = m.cdf_ms.iter().map(|&(pct, ms)| (ms, pct));
             chart
                 .draw_series(LineSeries::new(points, stroke(m.mode)))
                 .map_err(|e| e.to_string())?
@@ -89,12 +90,13 @@ pub fn latency_vs_load(rs: &[ScenarioResult]) -> anyhow::Result<String> {
         .map(|r| r.load_per_cpu)
         .fold(0.0, f64::max)
         .max(1.0);
-    let ymax = rs
-        .iter()
-        .flat_map(|r| r.modes.iter().map(|m| m.latency_ms.p99))
-        .fold(0.0, f64::max)
-        .max(0.001)
-        * 1.1;
+    let values = || {
+        rs.iter()
+            .flat_map(|r| r.modes.iter())
+            .flat_map(|m| [m.latency_ms.mean, m.latency_ms.p99])
+    };
+    let ymin = values().fold(f64::INFINITY, f64::min).max(0.001) * 0.8;
+    let ymax = values().fold(0.0, f64::max).max(ymin * 10.0) * 1.2;
     let modes: Vec<Mode> = rs
         .first()
         .map(|r| r.modes.iter().map(|m| m.mode).collect())
@@ -109,12 +111,12 @@ pub fn latency_vs_load(rs: &[ScenarioResult]) -> anyhow::Result<String> {
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(60)
-            .build_cartesian_2d(0.0..xmax, 0.0..ymax)
+            .build_cartesian_2d(0.0..xmax, (ymin..ymax).log_scale())
             .map_err(|e| e.to_string())?;
         chart
             .configure_mesh()
             .x_desc("batch jobs per CPU")
-            .y_desc("response time (ms)")
+            .y_desc("response time (ms, log scale)")
             .draw()
             .map_err(|e| e.to_string())?;
         for mode in modes {

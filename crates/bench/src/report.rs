@@ -1,12 +1,12 @@
 //! Results: the interface contract's JSON, and a side-by-side text table.
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::client::ClientResult;
 use crate::{Mode, Synthetic};
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
     pub mean: f64,
     pub p50: f64,
@@ -40,7 +40,7 @@ pub const CDF_PCTS: [f64; 24] = [
     97.0, 98.0, 99.0, 99.5, 99.7, 99.9, 99.95, 100.0,
 ];
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModeResult {
     pub mode: Mode,
     pub latency_ms: Latency,
@@ -64,7 +64,7 @@ pub struct ModeResult {
 
 /// A player's frames (seeds/004 Figs 3–4): a frame not decoded within its period after
 /// it arrived misses its display time and is dropped.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Frames {
     /// Frames shown on time per second of video.
     pub fps: f64,
@@ -110,7 +110,7 @@ impl ModeResult {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ScenarioResult {
     pub scenario: String,
     pub cpus: usize,
@@ -181,7 +181,7 @@ impl ScenarioResult {
                 _ => "?".into(),
             };
             s += &format!(
-                "{:<18} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>9} {:>12.0} {:>8} {:>6.1}\n",
+                "{:<18} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>9} {:>12.prec$} {:>8} {:>6.1}\n",
                 m.mode.name(),
                 l.mean,
                 l.p50,
@@ -193,7 +193,9 @@ impl ScenarioResult {
                 m.unhappiness_ms.as_ref().map_or("-".to_string(), |u| format!("{:.2}", u.mean)),
                 m.batch_throughput,
                 vs,
-                m.cpu_util_pct
+                m.cpu_util_pct,
+                // Files compiled per second are few; work units are millions.
+                prec = if m.batch_throughput < 100.0 { 2 } else { 0 }
             );
         }
         s += &format!(

@@ -126,6 +126,25 @@ fn write_sources(dir: &std::path::Path, files: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Kills every process below this one and reaps them (make's own SIGTERM handling ends
+/// its shells, not the gcc under them). As subreaper, orphans stay below us until then.
+fn end_tree() {
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        // SAFETY: reaping our own children, without blocking.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        let left = crate::descendants(std::process::id());
+        if left.is_empty() {
+            return;
+        }
+        for pid in left {
+            // SAFETY: processes this worker started (directly or not).
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 const FUNCTIONS_PER_FILE: usize = 60;
 /// Files in the compile load's tree.
 pub const FILES: usize = 64;
@@ -136,8 +155,11 @@ pub const FILES: usize = 64;
 /// set its priority or group, which every make and gcc it forks then inherits.
 pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
     use std::io::BufRead;
-    use std::os::unix::process::CommandExt;
     set_name(c"bench-compile");
+    // Orphans below us (a gcc whose make is gone) become our children, not init's, so
+    // that `end_tree` can find and end them.
+    // SAFETY: prctl with an integer argument.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     write_sources(dir, FILES)?;
@@ -145,23 +167,26 @@ pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
     io::stdin().read_line(&mut go)?;
     let mut built: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
+        // In our process group: a Ctrl-C at the terminal reaches make and gcc too.
         let mut make = std::process::Command::new("make")
             .args(["-s", "-B", "-j", &jobs.to_string(), "-C"])
             .arg(dir)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
-            .process_group(0)
             .spawn()?;
         let out = make.stdout.take().expect("piped");
+        let mut signalled = false;
         for line in io::BufReader::new(out).lines() {
             if line? == "built" {
                 built += 1;
             }
-            if stop.load(Ordering::Relaxed) {
-                // SAFETY: ending the process group of our own make (and its compilers).
-                unsafe { libc::kill(-(make.id() as i32), libc::SIGKILL) };
-                break;
+            if stop.load(Ordering::Relaxed) && !signalled {
+                end_tree();
+                signalled = true;
             }
+        }
+        if signalled {
+            break; // make was reaped with the rest
         }
         let status = make.wait()?;
         if !status.success() && !stop.load(Ordering::Relaxed) {
