@@ -730,19 +730,25 @@ impl Drop for KillOnDrop {
 // ---------------------------------------------------------------------------------
 // appease bench
 
+/// Runs `appease bench ARGS --json` (progress on stderr) and returns its one JSON object.
+fn bench_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bench {args:?} failed");
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
 #[test]
 fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
     let Some(_g) = serial() else { return };
     let dir = TempDir::new("bench-out");
-    let out = Command::new(BIN)
-        .args(["bench", "synthetic", "--quick", "--json", "--out"])
-        .arg(&dir.0)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "bench failed");
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    let out_dir = dir.0.display().to_string();
+    let v = bench_json(&["synthetic", "--quick", "--out", &out_dir]);
     assert_eq!(v["scenario"], "synthetic");
     let modes = v["modes"].as_array().unwrap();
     let names: Vec<&str> = modes.iter().map(|m| m["mode"].as_str().unwrap()).collect();
@@ -825,21 +831,7 @@ fn bench_postgres_left() -> Vec<String> {
 #[test]
 fn bench_db_quick_runs_postgresql_under_pgbench_and_cleans_up() {
     let Some(_g) = serial() else { return };
-    let out = Command::new(BIN)
-        .args([
-            "bench",
-            "db",
-            "--quick",
-            "--json",
-            "--modes",
-            "unloaded,unmanaged",
-        ])
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "bench failed");
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    let v = bench_json(&["db", "--quick", "--modes", "unloaded,unmanaged"]);
     assert_eq!(v["scenario"], "db");
     let modes = v["modes"].as_array().unwrap();
     for m in modes {
@@ -847,35 +839,26 @@ fn bench_db_quick_runs_postgresql_under_pgbench_and_cleans_up() {
         assert!(m["requests"].as_u64().unwrap() > 300, "{m}");
         assert!(m["latency_ms"]["p99"].as_f64().unwrap() > 0.0, "{m}");
     }
-    let mean = |i: usize| modes[i]["latency_ms"]["mean"].as_f64().unwrap();
-    // Eight soakers at nice 0 beside PostgreSQL's backends on 2 CPUs.
-    assert!(
-        mean(1) > 1.5 * mean(0),
-        "unmanaged is measurably worse: {v}"
-    );
+    let p99 = |i: usize| modes[i]["latency_ms"]["p99"].as_f64().unwrap();
+    // Eight soakers at nice 0 beside PostgreSQL's backends on 2 CPUs show in the tail
+    // (5-7x in every run so far). Not in the mean: an unloaded CPU wakes slowly from
+    // idle, which costs the unloaded mode about as much as the soakers cost the median.
+    assert!(p99(1) > 2.0 * p99(0), "unmanaged is measurably worse: {v}");
     assert_eq!(bench_postgres_left(), Vec::<String>::new());
 }
 
 #[test]
 fn bench_with_a_compile_load_demotes_the_whole_make_tree() {
     let Some(_g) = serial() else { return };
-    let out = Command::new(BIN)
-        .args([
-            "bench",
-            "synthetic",
-            "--quick",
-            "--json",
-            "--batch",
-            "compile",
-        ])
-        .args(["--modes", "unmanaged,appease"])
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
     // The appease mode fails unless the daemon demotes the compile's tree within 30 s.
-    assert!(out.status.success(), "bench failed");
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    let v = bench_json(&[
+        "synthetic",
+        "--quick",
+        "--batch",
+        "compile",
+        "--modes",
+        "unmanaged,appease",
+    ]);
     assert_eq!(v["params"]["batch"], "compile");
     let m = |i: usize, k: &str| v["modes"][i][k].as_f64().unwrap();
     let mean = |i: usize| v["modes"][i]["latency_ms"]["mean"].as_f64().unwrap();
@@ -952,21 +935,7 @@ fn ctrl_c_during_a_compile_load_stops_every_compiler_and_removes_the_group() {
 #[test]
 fn bench_frames_quick_counts_the_frames_a_loaded_player_drops() {
     let Some(_g) = serial() else { return };
-    let out = Command::new(BIN)
-        .args([
-            "bench",
-            "frames",
-            "--quick",
-            "--json",
-            "--modes",
-            "unloaded,unmanaged",
-        ])
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "bench failed");
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    let v = bench_json(&["frames", "--quick", "--modes", "unloaded,unmanaged"]);
     let frames = |i: usize, k: &str| v["modes"][i]["frames"][k].as_f64().unwrap();
     // Unloaded, a 25 fps player with 8 ms per frame shows (nearly) every frame.
     assert!(frames(0, "fps") > 23.0, "{v}");
@@ -1004,6 +973,22 @@ fn bench_rejects_unknown_scenarios_modes_and_loads() {
             "{args:?}: {err}"
         );
     }
+}
+
+#[test]
+fn bench_names_the_package_a_compile_load_is_missing() {
+    // Root only: without it the bench stops earlier, at "needs root".
+    let Some(_g) = serial() else { return };
+    let out = Command::new(BIN)
+        .args(["bench", "synthetic", "--quick", "--batch", "compile"])
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("apt-get install make"),
+        "{err}"
+    );
 }
 
 /// A daemon with the batch config plus `extra` ([batch] keys), and one soaker it has

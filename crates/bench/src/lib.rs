@@ -197,7 +197,18 @@ pub fn run(opts: &Options) -> Result<Report> {
     Ok(Report::Latency(run_latency(opts)?))
 }
 
+/// Whether `program` is on the PATH.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+}
+
 fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
+    if opts.batch == Batch::Compile {
+        if let Some(missing) = ["make", "gcc"].into_iter().find(|p| !on_path(p)) {
+            bail!("the compile load needs {missing}, which is not installed: apt-get install {missing}");
+        }
+    }
     let (server, transport, cpu_ms, rate_per_s, arrivals) = match opts.scenario.as_str() {
         // nginx's work per request is its own; 2,000 small requests/s.
         "web" => ("nginx", "tcp", 0.0, 2000.0, opts.arrivals),

@@ -73,14 +73,26 @@ pub fn cdf(r: &ScenarioResult) -> anyhow::Result<String> {
                 .label(m.mode.name())
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], stroke(m.mode)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| e.to_string())
+        legend(&mut chart, SeriesLabelPosition::LowerRight)
     })
+}
+
+/// The box naming each mode's colour.
+fn legend<'a, 'b: 'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
+    at: SeriesLabelPosition,
+) -> Result<(), String>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    chart
+        .configure_series_labels()
+        .position(at)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())
 }
 
 /// Mean and p99 of every mode against the batch level (one point per `--load` value).
@@ -137,13 +149,7 @@ pub fn latency_vs_load(rs: &[ScenarioResult]) -> anyhow::Result<String> {
                 .draw_series(DashedLineSeries::new(of(|l| l.mean), 6, 4, stroke(mode)))
                 .map_err(|e| e.to_string())?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| e.to_string())
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)
     })
 }
 
