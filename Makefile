@@ -5,9 +5,9 @@ CARGO ?= cargo
 # libelf/zlib/pkg-config build the bundled libbpf).
 APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
 # What the tests and the bench run: PostgreSQL (db scenario, tested end to end), gcc (the
-# compile batch load), nginx (web scenario, bench only).
+# compile batch load), nginx and wget (web scenario, bench only).
 TEST_PACKAGES := postgresql gcc
-BENCH_PACKAGES := postgresql gcc nginx
+BENCH_PACKAGES := postgresql gcc nginx wget
 CONFIG ?=
 
 .PHONY: all deps test-deps bench-deps build run test bench fmt clippy clean

@@ -74,7 +74,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// synthetic, web, db, frames or utilization (pipeline: not yet)
+    /// synthetic, web, db, frames, pipeline or utilization
     scenario: String,
     /// A short run (5 s per mode) for CI and a first look.
     #[arg(long)]
@@ -210,6 +210,12 @@ enum Worker {
         /// Listen on this UNIX socket instead of TCP loopback.
         #[arg(long)]
         unix: Option<PathBuf>,
+        /// Process name (comm) to run under.
+        #[arg(long, default_value = "bench-server")]
+        name: String,
+        /// Call another server per request: SOCKET=TIMES (repeatable).
+        #[arg(long)]
+        call: Vec<appease_bench::worker::Call>,
     },
     Soak {
         /// Process name (comm) to run under.
@@ -322,9 +328,19 @@ fn run(cmd: Command) -> Result<()> {
         } => roles_cmd::suggest_cmd(&file, &app, top_nice),
         Command::BenchPlot { dir } => bench_plot(&dir),
         Command::BenchWorker { worker } => match worker {
-            Worker::Server { cpu_ms, unix } => {
+            Worker::Server {
+                cpu_ms,
+                unix,
+                name,
+                call,
+            } => {
                 let cpu = std::time::Duration::from_secs_f64(cpu_ms / 1000.0);
-                Ok(appease_bench::worker::serve(cpu, unix.as_deref())?)
+                Ok(appease_bench::worker::serve(
+                    cpu,
+                    unix.as_deref(),
+                    &name,
+                    &call,
+                )?)
             }
             Worker::Soak { name } => Ok(appease_bench::worker::soak(&name)?),
             Worker::Compile { dir, jobs } => Ok(appease_bench::worker::compile(&dir, jobs)?),

@@ -933,6 +933,31 @@ fn ctrl_c_during_a_compile_load_stops_every_compiler_and_removes_the_group() {
 }
 
 #[test]
+fn bench_pipeline_quick_runs_six_cooperating_processes() {
+    let Some(_g) = serial() else { return };
+    let v = bench_json(&["pipeline", "--quick", "--modes", "unloaded,unmanaged"]);
+    let modes = v["modes"].as_array().unwrap();
+    for m in modes {
+        // 100 searches/s for 5 s, each through A and its calls to B-F.
+        assert!(m["requests"].as_u64().unwrap() > 400, "{m}");
+    }
+    // A counts its callees' CPU in its answer: unloaded, response time minus the
+    // unhappiness (time beyond the CPU needed) is a search's 5 ms of CPU.
+    let mean = |k: &str| modes[0][k]["mean"].as_f64().unwrap();
+    let cpu = mean("latency_ms") - mean("unhappiness_ms");
+    assert!((cpu - 5.0).abs() < 0.5, "CPU per search {cpu}: {v}");
+    let p99 = |i: usize| modes[i]["latency_ms"]["p99"].as_f64().unwrap();
+    assert!(p99(1) > 2.0 * p99(0), "unmanaged is measurably worse: {v}");
+    let stages_left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+        .filter(|c| c.starts_with("stage-"))
+        .collect();
+    assert_eq!(stages_left, Vec::<String>::new());
+}
+
+#[test]
 fn bench_frames_quick_counts_the_frames_a_loaded_player_drops() {
     let Some(_g) = serial() else { return };
     let v = bench_json(&["frames", "--quick", "--modes", "unloaded,unmanaged"]);
@@ -964,7 +989,6 @@ fn bench_rejects_unknown_scenarios_modes_and_loads() {
             vec!["bench", "synthetic", "--arrivals", "bursty"],
             "unknown arrivals \"bursty\"",
         ),
-        (vec!["bench", "pipeline"], "not implemented yet"),
     ] {
         let out = Command::new(BIN).args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -3,9 +3,11 @@
 
 pub mod client;
 mod db;
+mod pipeline;
 pub mod plot;
 pub mod report;
 pub mod utilization;
+mod web;
 pub mod worker;
 
 use std::io::{BufRead, BufReader, Read};
@@ -180,12 +182,12 @@ pub enum Report {
 }
 
 pub fn run(opts: &Options) -> Result<Report> {
-    match opts.scenario.as_str() {
-        "synthetic" | "utilization" | "web" | "db" | "frames" => {}
-        s if SCENARIOS.contains(&s) => bail!(
-            "scenario {s:?} is not implemented yet in this version; available: synthetic, web, db, frames, utilization"
-        ),
-        s => bail!("unknown scenario {s:?}; scenarios are {}", SCENARIOS.join(", ")),
+    if !SCENARIOS.contains(&opts.scenario.as_str()) {
+        bail!(
+            "unknown scenario {:?}; scenarios are {}",
+            opts.scenario,
+            SCENARIOS.join(", ")
+        );
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -217,6 +219,8 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
         // A 25 fps player: each frame arrives from its demuxer over a UNIX socket and is
         // decoded on 8 ms of CPU; it must be done before the next one is due.
         "frames" => ("player", "unix", 8.0, 25.0, client::Arrivals::Fixed),
+        // seeds/000: searches through six cooperating processes, 5 ms of CPU each.
+        "pipeline" => ("pipeline", "unix", 5.0, 100.0, opts.arrivals),
         // The DESIGN.md experiment.
         _ => (
             "synthetic",
@@ -418,10 +422,14 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     // The server, and what sends it requests.
     let load = match p.server.as_str() {
         "nginx" => {
-            let (target, protocol) = start_nginx(&mut run, &tmp)?;
+            let (target, protocol) = web::start(&mut run, &tmp)?;
             Load::OpenLoop(target, protocol)
         }
         "postgresql" => Load::Pgbench(db::start(&mut run, &tmp)?),
+        "pipeline" => Load::OpenLoop(
+            pipeline::start(&mut run, opts, p.cpu_ms, &tmp)?,
+            client::Protocol::Synthetic,
+        ),
         _ => Load::OpenLoop(
             start_synthetic(&mut run, opts, p, &tmp)?,
             client::Protocol::Synthetic,
@@ -502,6 +510,21 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     let (busy1, total1) = cpu_jiffies();
     let util = 100.0 * (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64;
 
+    // seeds/004's web test: the whole site with wget -r, under the same batch load.
+    let download_s = match &load {
+        Load::OpenLoop(client::Target::Tcp(addr), _)
+            if p.server == "nginx" && !opts.stop.load(Ordering::Relaxed) =>
+        {
+            let into = tmp.join("download");
+            let mut total = Duration::ZERO;
+            for _ in 0..DOWNLOADS {
+                total += web::download_tree(*addr, &into)?;
+            }
+            Some(total.as_secs_f64() / DOWNLOADS as f64)
+        }
+        _ => None,
+    };
+
     // Soakers report their work on SIGTERM.
     let soak_time = soak_start.elapsed().as_secs_f64();
     let mut units = 0u64;
@@ -520,11 +543,15 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
         let _reaped = c.wait();
     }
     let mut m = ModeResult::new(mode, &result, units as f64 / soak_time, util);
+    m.download_s = download_s;
     if p.server == "player" {
         m.frames = Some(report::Frames::new(&result, p.rate_per_s));
     }
     Ok(m)
 }
+
+/// Whole-tree downloads per mode (seeds/004 averaged three).
+const DOWNLOADS: u32 = 3;
 
 /// What sends the server its requests.
 #[derive(Clone)]
@@ -612,12 +639,7 @@ fn start_synthetic(
     if unix {
         args.extend(["--unix", &sock_arg]);
     }
-    let mut server = spawn_worker(&opts.appease, &args)?;
-    let mut line = String::new();
-    BufReader::new(server.stdout.as_mut().expect("piped"))
-        .read_line(&mut line)
-        .context("reading where the server listens")?;
-    run.children.push(server);
+    let line = spawn_server(run, opts, &args)?;
     if unix {
         return Ok(client::Target::Unix(sock));
     }
@@ -628,66 +650,18 @@ fn start_synthetic(
     Ok(client::Target::Tcp(([127, 0, 0, 1], port).into()))
 }
 
-const NGINX: &str = "/usr/sbin/nginx";
-
-/// nginx from Debian serving a generated tree of 200 small files (0.5 to 16 KiB) on a
-/// free loopback port, one worker, in the foreground; stopped with SIGTERM with the run.
-fn start_nginx(run: &mut Run, tmp: &Path) -> Result<(client::Target, client::Protocol)> {
-    if !Path::new(NGINX).exists() {
-        bail!("the web scenario needs nginx ({NGINX} is missing): apt-get install nginx");
+/// Starts `appease bench-worker ARGS` (a server) and returns the line where it says it
+/// listens, which it prints once it accepts connections.
+pub(crate) fn spawn_server(run: &mut Run, opts: &Options, args: &[&str]) -> Result<String> {
+    let mut server = spawn_worker(&opts.appease, args)?;
+    let mut line = String::new();
+    let read = BufReader::new(server.stdout.as_mut().expect("piped")).read_line(&mut line);
+    run.children.push(server);
+    read.context("reading where the server listens")?;
+    if line.is_empty() {
+        bail!("the server `{}` exited before listening", args.join(" "));
     }
-    let www = tmp.join("www");
-    std::fs::create_dir_all(&www)?;
-    let mut paths = Vec::new();
-    for i in 0..200u32 {
-        let size = 512 + (i as usize * 7919) % (16 * 1024 - 512);
-        std::fs::write(
-            www.join(format!("f{i:03}.html")),
-            vec![b'a' + (i % 26) as u8; size],
-        )?;
-        paths.push(format!("/f{i:03}.html"));
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let conf = tmp.join("nginx.conf");
-    let config = format!(
-        "daemon off;\nmaster_process on;\nworker_processes 1;\npid {tmp}/nginx.pid;\n\
-         error_log {tmp}/nginx-error.log warn;\nevents {{ worker_connections 256; }}\n\
-         http {{\n  access_log off;\n  sendfile on;\n  keepalive_requests 100000000;\n  \
-         keepalive_timeout 300s;\n  default_type text/html;\n  \
-         server {{ listen 127.0.0.1:{port}; root {www}; }}\n}}\n",
-        tmp = tmp.display(),
-        www = www.display()
-    );
-    std::fs::write(&conf, config)?;
-    let log = std::fs::File::create(tmp.join("nginx.out"))?;
-    let child = Command::new(NGINX)
-        .args(["-e", &format!("{}/nginx-error.log", tmp.display()), "-c"])
-        .arg(&conf)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting nginx")?;
-    run.graceful.push(child);
-    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-    if wait_until(Duration::from_secs(5), || {
-        std::net::TcpStream::connect(addr).is_ok()
-    })
-    .is_err()
-    {
-        let err = std::fs::read_to_string(tmp.join("nginx-error.log")).unwrap_or_default();
-        bail!(
-            "nginx did not start on {addr}: {}",
-            err.lines().last().unwrap_or("no message")
-        );
-    }
-    let protocol = client::Protocol::Http {
-        host: "localhost".into(),
-        paths: Arc::new(paths),
-    };
-    Ok((client::Target::Tcp(addr), protocol))
+    Ok(line.trim().to_string())
 }
 
 /// Starts `appease daemon --config CFG` for a run (ended with the run) and waits until

@@ -60,6 +60,9 @@ pub struct ModeResult {
     pub cdf_ms: Vec<(f64, f64)>,
     /// The frames scenario: what a viewer sees.
     pub frames: Option<Frames>,
+    /// The web scenario: seconds to download the whole site with wget -r (mean of 3).
+    #[serde(default)]
+    pub download_s: Option<f64>,
 }
 
 /// A player's frames (seeds/004 Figs 3–4): a frame not decoded within its period after
@@ -105,6 +108,7 @@ impl ModeResult {
                 .map(|&p| (p, r.latency_us.value_at_percentile(p) as f64 / 1000.0))
                 .collect(),
             frames: None,
+            download_s: None,
             latency_ms,
         }
     }
@@ -126,8 +130,13 @@ impl ScenarioResult {
         let p = &self.params;
         let server = match p.server.as_str() {
             "nginx" => {
-                "nginx from Debian (1 worker) serving 200 static files of 0.5-16 KiB".to_string()
+                "nginx from Debian (1 worker) serving 200 static files of 0.5-16 KiB in 10 directories"
+                    .to_string()
             }
+            "pipeline" => format!(
+                "seeds/000's six cooperating processes A-F (Figure 3's split), {} ms of CPU per search",
+                p.cpu_ms
+            ),
             "player" => format!(
                 "a {} fps player of our own, decoding each frame on {} ms of CPU",
                 p.rate_per_s, p.cpu_ms
@@ -202,6 +211,14 @@ impl ScenarioResult {
             "latency and unhappiness (mean, beyond the request's own CPU) in ms; batch/s = {} per second\n",
             p.batch.unit()
         );
+        if self.modes.iter().any(|m| m.download_s.is_some()) {
+            s += "\nwhole-tree download (wget -r of the site, mean of 3), s\n";
+            for m in &self.modes {
+                if let Some(d) = m.download_s {
+                    s += &format!("{:<18} {:>7.3}\n", m.mode.name(), d);
+                }
+            }
+        }
         if self.modes.iter().any(|m| m.frames.is_some()) {
             s += &format!(
                 "\n{:<18} {:>7} {:>9} {:>9}\n",
@@ -319,6 +336,9 @@ pub fn median(runs: &[ModeResult]) -> ModeResult {
                 dropped_pct: median_of(fr.iter().map(|f| f.dropped_pct).collect()),
             }
         }),
+        download_s: runs[0]
+            .download_s
+            .map(|_| median_of(runs.iter().filter_map(|r| r.download_s).collect())),
         latency_ms,
     }
 }
@@ -358,6 +378,7 @@ mod tests {
                 dropped: x as u64,
                 dropped_pct: x,
             }),
+            download_s: Some(x / 10.0),
         }
     }
 
@@ -369,6 +390,7 @@ mod tests {
         assert_eq!(m.unhappiness_ms, Some(lat(3.0)));
         assert_eq!(m.cdf_ms, vec![(50.0, 6.0), (99.0, 12.0)]);
         assert_eq!(m.frames.as_ref().map(|f| f.dropped), Some(6));
+        assert_eq!(m.download_s, Some(0.6));
         let m = median(&[result(5.0), result(7.0)]);
         assert_eq!(m.latency_ms.p99, 6.0);
         assert!(median_of(vec![]).is_nan());

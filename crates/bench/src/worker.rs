@@ -19,19 +19,63 @@ pub fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// Another server a server calls while it handles a request, and how many times per
+/// request on average (fractions accumulate: 3.5 is 4, 3, 4, 3, ...).
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub unix: std::path::PathBuf,
+    pub per_request: f64,
+}
+
+impl std::str::FromStr for Call {
+    type Err = String;
+    /// `PATH=TIMES`, e.g. `/tmp/b.sock=3.5`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (path, times) = s
+            .rsplit_once('=')
+            .ok_or_else(|| format!("{s:?}: expected SOCKET=TIMES"))?;
+        let per_request: f64 = times
+            .parse()
+            .ok()
+            .filter(|t: &f64| t.is_finite() && *t >= 0.0)
+            .ok_or_else(|| format!("{s:?}: TIMES must be a number >= 0"))?;
+        Ok(Call {
+            unix: path.into(),
+            per_request,
+        })
+    }
+}
+
 /// A single-threaded server: per 1-byte request it burns `cpu` of CPU time and answers
-/// with the CPU time it used (u64 ns, little endian). Listens on TCP loopback (printing
-/// its port) or on the UNIX socket `unix` (printing the path), and serves one connection
-/// at a time until signalled.
-pub fn serve(cpu: Duration, unix: Option<&std::path::Path>) -> io::Result<()> {
-    set_name(c"bench-server");
+/// with the CPU time the request used (u64 ns, little endian). With `calls`, it burns
+/// half, calls those servers in turn (waiting for each answer), burns the other half, and
+/// counts their CPU time in its answer: seeds/000's cooperating processes. Listens on
+/// TCP loopback (printing its port) or on the UNIX socket `unix` (printing the path),
+/// and serves one connection at a time until signalled.
+pub fn serve(
+    cpu: Duration,
+    unix: Option<&std::path::Path>,
+    name: &str,
+    calls: &[Call],
+) -> io::Result<()> {
+    set_name(&std::ffi::CString::new(name).map_err(io::Error::other)?);
+    let mut callees = calls
+        .iter()
+        .map(|c| {
+            Ok((
+                std::os::unix::net::UnixStream::connect(&c.unix)?,
+                c.per_request,
+                0.0,
+            ))
+        })
+        .collect::<io::Result<Vec<_>>>()?;
     match unix {
         Some(path) => {
             let listener = std::os::unix::net::UnixListener::bind(path)?;
             println!("{}", path.display());
             io::stdout().flush()?;
             for conn in listener.incoming() {
-                answer(conn?, cpu);
+                answer(conn?, cpu, &mut callees);
             }
         }
         None => {
@@ -41,22 +85,47 @@ pub fn serve(cpu: Duration, unix: Option<&std::path::Path>) -> io::Result<()> {
             for conn in listener.incoming() {
                 let s = conn?;
                 s.set_nodelay(true)?;
-                answer(s, cpu);
+                answer(s, cpu, &mut callees);
             }
         }
     }
     Ok(())
 }
 
-fn answer(mut s: impl Read + Write, cpu: Duration) {
+/// Burns `cpu` of this thread's CPU time.
+fn spin(cpu: Duration) {
+    let end = thread_cpu() + cpu;
+    while thread_cpu() < end {
+        std::hint::spin_loop();
+    }
+}
+
+/// Callees: (connection, calls per request, calls owed so far).
+type Callees = Vec<(std::os::unix::net::UnixStream, f64, f64)>;
+
+fn answer(mut s: impl Read + Write, cpu: Duration, callees: &mut Callees) {
     let mut b = [0u8; 1];
     while s.read(&mut b).map(|n| n == 1).unwrap_or(false) {
         let start = thread_cpu();
-        let end = start + cpu;
-        while thread_cpu() < end {
-            std::hint::spin_loop();
+        spin(cpu / 2);
+        let mut theirs = 0u64;
+        for (conn, per, owed) in callees.iter_mut() {
+            *owed += *per;
+            while *owed >= 1.0 {
+                *owed -= 1.0;
+                let mut used = [0u8; 8];
+                if conn
+                    .write_all(b"r")
+                    .and_then(|_| conn.read_exact(&mut used))
+                    .is_err()
+                {
+                    return; // a callee is gone: the run is ending
+                }
+                theirs += u64::from_le_bytes(used);
+            }
         }
-        let used = (thread_cpu() - start).as_nanos() as u64;
+        spin(cpu - cpu / 2);
+        let used = (thread_cpu() - start).as_nanos() as u64 + theirs;
         if s.write_all(&used.to_le_bytes()).is_err() {
             break;
         }
@@ -195,4 +264,19 @@ pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
     }
     println!("{built}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_is_a_socket_and_how_often() {
+        let c: Call = "/tmp/x=y/b.sock=3.5".parse().unwrap();
+        assert_eq!(c.unix, std::path::Path::new("/tmp/x=y/b.sock"));
+        assert_eq!(c.per_request, 3.5);
+        assert!("b.sock".parse::<Call>().is_err());
+        assert!("b.sock=-1".parse::<Call>().is_err());
+        assert!("b.sock=lots".parse::<Call>().is_err());
+    }
 }
