@@ -41,7 +41,7 @@ test: test-deps
 	$(CARGO) build --release --locked -p appease
 	$(CARGO) test --workspace --locked --release
 
-# The figures in docs/RESULTS.md (root; about 45 minutes; plots land in bench-out/).
+# The figures in docs/RESULTS.md (root; about 50 minutes; plots land in bench-out/).
 bench: bench-deps build
 	$(CARGO) bench --locked -p appease-probe --bench read_cost
 	$(CARGO) bench --locked -p appease --bench daemon
@@ -49,6 +49,7 @@ bench: bench-deps build
 	./target/release/appease bench web --out bench-out/web
 	./target/release/appease bench db --out bench-out/db
 	./target/release/appease bench frames --out bench-out/frames
+	./target/release/appease bench pipeline --out bench-out/pipeline
 	./target/release/appease bench synthetic --batch compile --out bench-out/compile
 	./target/release/appease bench synthetic --load 1,2,4,8 --modes unloaded,unmanaged,batch-cgroup-idle,rbpe-classic,appease --out bench-out/sweep
 	./target/release/appease bench utilization --out bench-out/utilization
