@@ -303,6 +303,8 @@ pub struct Engine<'w> {
     stops: Stops,
     /// CPUs with no running task: the only candidates for an idle CPU.
     vacant: CpuSet,
+    /// The balancer's per-CPU task counts (kept to reuse the allocation).
+    loads: Vec<usize>,
     seq: u64,
     now: Ns,
     end: Ns,
@@ -401,6 +403,7 @@ impl<'w> Engine<'w> {
             heap: BinaryHeap::new(),
             stops: Stops::new(w.sim.cpus),
             vacant: CpuSet::full(w.sim.cpus),
+            loads: Vec::new(),
             seq: 0,
             now: 0,
             end: ms(w.sim.duration_ms),
@@ -941,23 +944,28 @@ impl<'w> Engine<'w> {
     /// Periodic balancing by task count: from the busiest CPU to the idlest until they
     /// differ by at most one.
     fn balance_all(&mut self) {
-        let load = |e: &Self, c: usize| e.sched.nr_queued(c) + e.cpus[c].curr.is_some() as usize;
-        for _ in 0..self.cpus.len() {
-            let n = self.cpus.len();
-            let max = (0..n)
-                .max_by_key(|&c| (load(self, c), Reverse(c)))
-                .expect("cpus");
-            let min = (0..n).min_by_key(|&c| (load(self, c), c)).expect("cpus");
-            if load(self, max) < load(self, min) + 2 || self.sched.nr_queued(max) == 0 {
-                return;
+        let load_of = |e: &Self, c: usize| e.sched.nr_queued(c) + e.cpus[c].curr.is_some() as usize;
+        let n = self.cpus.len();
+        // Read once; a move changes only the two CPUs involved.
+        let mut load = std::mem::take(&mut self.loads);
+        load.clear();
+        load.extend((0..n).map(|c| load_of(self, c)));
+        for _ in 0..n {
+            let max = (0..n).max_by_key(|&c| (load[c], Reverse(c))).expect("cpus");
+            let min = (0..n).min_by_key(|&c| (load[c], c)).expect("cpus");
+            if load[max] < load[min] + 2 || self.sched.nr_queued(max) == 0 {
+                break;
             }
             let Some(t) = self.sched.steal(max, self.now) else {
-                return;
+                break;
             };
             self.view.tasks[t].cpu = min as u32;
             self.sched
                 .enqueue(min, t, self.now, How::Migrated, &self.view);
             self.schedule(min);
+            load[max] = load_of(self, max);
+            load[min] = load_of(self, min);
         }
+        self.loads = load;
     }
 }

@@ -21,6 +21,14 @@ const TASK: u32 = u32::MAX;
 pub const WEIGHT_IDLE: u64 = 3;
 const NICE_0: u64 = 1024;
 
+/// a·b/c, exact: in 64 bits when a·b fits (always, for times below months), else 128.
+fn mul_div(a: u64, b: u64, c: u64) -> u64 {
+    match a.checked_mul(b) {
+        Some(p) => p / c,
+        None => (a as u128 * b as u128 / c as u128) as u64,
+    }
+}
+
 pub fn nice_weight(nice: i32) -> u64 {
     NICE_WEIGHT[(nice.clamp(-20, 19) + 20) as usize]
 }
@@ -190,7 +198,7 @@ impl Fair {
 
     fn vslice(&self, e: usize) -> i64 {
         let ent = &self.ents[e];
-        (ent.slice as u128 * NICE_0 as u128 / ent.weight.max(1) as u128) as i64
+        mul_div(ent.slice, NICE_0, ent.weight.max(1) as u64) as i64
     }
 
     /// EEVDF: Σw and whether `e` is eligible (v ≤ the load-weighted average).
@@ -304,8 +312,7 @@ impl Fair {
             WEIGHT_IDLE
         } else {
             let total = self.group_load[g].max(1);
-            (self.shares[g] as u128 * self.rqs[rq].load as u128 / total as u128)
-                .clamp(2, self.shares[g] as u128) as u64
+            mul_div(self.shares[g], self.rqs[rq].load, total).clamp(2, self.shares[g])
         };
         self.reweight(ge, new);
     }
@@ -520,8 +527,8 @@ impl Scheduler for Fair {
                 let mut until = Ns::MAX;
                 for e in self.path(t) {
                     let ent = &self.ents[e];
-                    let vleft = (ent.deadline - ent.v).max(0) as u128;
-                    let real = vleft * ent.weight as u128 / NICE_0 as u128;
+                    let vleft = (ent.deadline - ent.v).max(0) as u64;
+                    let real = mul_div(vleft, ent.weight as u64, NICE_0);
                     until = until.min(real as Ns);
                 }
                 until.max(self.base_slice / 10).max(100_000)
@@ -534,7 +541,7 @@ impl Scheduler for Fair {
         for &e in &path {
             let rq = self.ents[e].parent as usize;
             let w = self.ents[e].weight as u64;
-            let dv = (ran as u128 * NICE_0 as u128 / w.max(1) as u128) as i64;
+            let dv = mul_div(ran, NICE_0, w.max(1)) as i64;
             self.ents[e].v += dv;
             self.rqs[rq].sum_wv += w as i128 * dv as i128;
             if self.mode == Mode::Eevdf && self.ents[e].v >= self.ents[e].deadline {
@@ -573,8 +580,8 @@ impl Scheduler for Fair {
         }
         match self.mode {
             Mode::Cfs => {
-                let gran = (self.wakeup_gran as u128 * NICE_0 as u128
-                    / self.ents[w].weight.max(1) as u128) as i64;
+                let gran =
+                    mul_div(self.wakeup_gran, NICE_0, self.ents[w].weight.max(1) as u64) as i64;
                 self.ents[c].v - self.ents[w].v > gran
             }
             Mode::Eevdf => {
