@@ -2,7 +2,7 @@
 //! search enters at A, which calls B to F over UNIX sockets, each a separate process
 //! doing its part of the work, and answers when all have answered.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
@@ -40,41 +40,39 @@ pub(crate) fn start(
     tmp: &Path,
 ) -> Result<client::Target> {
     let stages = stages(search_ms);
-    let sock = |name: &str| tmp.join(format!("stage-{name}.sock"));
+    // Callees first: A connects to them as it starts.
     let mut calls = Vec::new();
-    for &(name, cpu_ms, per_search) in &stages[1..] {
-        let path = sock(name);
-        let _stale = std::fs::remove_file(&path);
-        let (cpu, path_arg, comm) = (
-            cpu_ms.to_string(),
-            path.display().to_string(),
-            format!("stage-{name}"),
-        );
-        spawn_server(
-            run,
-            opts,
-            &[
-                "server", "--cpu-ms", &cpu, "--unix", &path_arg, "--name", &comm,
-            ],
-        )?;
-        calls.push(format!("{path_arg}={per_search}"));
+    for &(name, cpu_ms, per_search) in stages[1..].iter() {
+        let path = start_stage(run, opts, tmp, name, cpu_ms, &[])?;
+        calls.push(format!("{}={per_search}", path.display()));
     }
     let (name, cpu_ms, _) = stages[0];
-    let front = sock(name);
-    let _stale = std::fs::remove_file(&front);
-    let (cpu, path_arg, comm) = (
-        cpu_ms.to_string(),
-        front.display().to_string(),
-        format!("stage-{name}"),
-    );
+    let front = start_stage(run, opts, tmp, name, cpu_ms, &calls)?;
+    Ok(client::Target::Unix(front))
+}
+
+/// One process of the application, as `stage-NAME` on `tmp/stage-NAME.sock`, calling
+/// `calls` (SOCKET=TIMES) per request; returns its socket.
+fn start_stage(
+    run: &mut Run,
+    opts: &Options,
+    tmp: &Path,
+    name: &str,
+    cpu_ms: f64,
+    calls: &[String],
+) -> Result<PathBuf> {
+    let comm = format!("stage-{name}");
+    let path = tmp.join(format!("{comm}.sock"));
+    let _stale = std::fs::remove_file(&path);
+    let (cpu, path_arg) = (cpu_ms.to_string(), path.display().to_string());
     let mut args = vec![
         "server", "--cpu-ms", &cpu, "--unix", &path_arg, "--name", &comm,
     ];
-    for c in &calls {
+    for c in calls {
         args.extend(["--call", c]);
     }
     spawn_server(run, opts, &args)?;
-    Ok(client::Target::Unix(front))
+    Ok(path)
 }
 
 #[cfg(test)]

@@ -52,11 +52,7 @@ pub fn cdf(r: &ScenarioResult) -> anyhow::Result<String> {
         r.scenario, r.soakers, r.load_per_cpu
     );
     svg(|root| {
-        let mut chart = ChartBuilder::on(root)
-            .caption(title, ("sans-serif", 20))
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(60)
+        let mut chart = frame(root, &title)
             .build_cartesian_2d((xmin..xmax).log_scale(), 0.0..100.0)
             .map_err(|e| e.to_string())?;
         chart
@@ -75,6 +71,19 @@ pub fn cdf(r: &ScenarioResult) -> anyhow::Result<String> {
         }
         legend(&mut chart, SeriesLabelPosition::LowerRight)
     })
+}
+
+/// What every plot shares: its title, margins and room for the axis labels.
+fn frame<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    title: &str,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut b = ChartBuilder::on(root);
+    b.caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60);
+    b
 }
 
 /// The box naming each mode's colour.
@@ -118,11 +127,7 @@ pub fn latency_vs_load(rs: &[ScenarioResult]) -> anyhow::Result<String> {
         rs.first().map_or("", |r| r.scenario.as_str())
     );
     svg(|root| {
-        let mut chart = ChartBuilder::on(root)
-            .caption(title, ("sans-serif", 20))
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(60)
+        let mut chart = frame(root, &title)
             .build_cartesian_2d(0.0..xmax, (ymin..ymax).log_scale())
             .map_err(|e| e.to_string())?;
         chart
