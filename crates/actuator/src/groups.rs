@@ -84,9 +84,7 @@ fn cg_err(e: CgroupError) -> ActError {
 }
 
 fn ppid_of(pid: u32) -> Option<u32> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = text.get(text.rfind(')')? + 1..)?;
-    after.split_whitespace().nth(1)?.parse().ok()
+    appease_cgroup::stat_ppid(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
 /// Where a process found in the group goes back to: its own recorded origin if it

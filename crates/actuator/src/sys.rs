@@ -130,14 +130,11 @@ pub struct TaskStat {
 }
 
 pub fn parse_stat(text: &str) -> Option<TaskStat> {
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let comm = text.get(open + 1..close)?.to_string();
-    let f: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    let (comm, f) = appease_cgroup::stat_fields(text)?;
     // f[0] is field 3 (state).
     let field = |n: usize| f.get(n - 3).copied();
     Some(TaskStat {
-        comm,
+        comm: comm.to_string(),
         kernel_thread: field(9)?.parse::<u64>().ok()? & PF_KTHREAD != 0,
         nice: field(19)?.parse().ok()?,
         start: field(22)?.parse().ok()?,

@@ -795,14 +795,9 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
     assert!(replot.status.success(), "{replot:?}");
     let again = std::fs::read_to_string(dir.0.join("cdf.svg")).expect("cdf.svg redrawn");
     assert_eq!(again, svg);
-    let missing = Command::new(BIN)
-        .args(["bench-plot", "/nonexistent"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&missing.stderr);
-    assert!(
-        !missing.status.success() && err.contains("/nonexistent/result.json"),
-        "{err}"
+    fails_saying(
+        Command::new(BIN).args(["bench-plot", "/nonexistent"]),
+        "/nonexistent/result.json",
     );
     let get = |name: &str, k: &str| {
         let m = modes.iter().find(|m| m["mode"] == name).unwrap();
@@ -990,28 +985,29 @@ fn bench_rejects_unknown_scenarios_modes_and_loads() {
             "unknown arrivals \"bursty\"",
         ),
     ] {
-        let out = Command::new(BIN).args(&args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(expect),
-            "{args:?}: {err}"
-        );
+        fails_saying(Command::new(BIN).args(&args), expect);
     }
+}
+
+/// Runs `cmd` and checks that it fails with `expect` in its error output.
+fn fails_saying(cmd: &mut Command, expect: &str) {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(expect),
+        "{cmd:?}: expected {expect:?} in: {err}"
+    );
 }
 
 #[test]
 fn bench_names_the_package_a_compile_load_is_missing() {
     // Root only: without it the bench stops earlier, at "needs root".
     let Some(_g) = serial() else { return };
-    let out = Command::new(BIN)
-        .args(["bench", "synthetic", "--quick", "--batch", "compile"])
-        .env("PATH", "/nonexistent")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("apt-get install make"),
-        "{err}"
+    fails_saying(
+        Command::new(BIN)
+            .args(["bench", "synthetic", "--quick", "--batch", "compile"])
+            .env("PATH", "/nonexistent"),
+        "apt-get install make",
     );
 }
 
@@ -1414,15 +1410,9 @@ fn model_unhappiness_evaluates_every_closed_form() {
         (vec!["--processes", "1"], "--processes"),
         (vec!["--quantum-ms", "0"], "--quantum-ms"),
     ] {
-        let out = Command::new(BIN)
-            .args(["model", "unhappiness"])
-            .args(&args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(named),
-            "{args:?}: {err}"
+        fails_saying(
+            Command::new(BIN).args(["model", "unhappiness"]).args(&args),
+            named,
         );
     }
 }

@@ -324,13 +324,14 @@ impl Drop for Run {
             let _already_gone = c.kill();
             let _reaped = c.wait();
         }
+        // A compile load's make and gcc first: orphaned, they would keep running and
+        // keep the bench's cgroup busy. One walk of /proc for all children.
+        let roots: Vec<u32> = self.children.iter().map(|c| c.id()).collect();
+        for pid in descendants(&roots) {
+            // SAFETY: processes our own children started, ended with the run.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
         for c in &mut self.children {
-            // A compile load's make and gcc first: orphaned, they would keep running
-            // and keep the bench's cgroup busy.
-            for pid in descendants(c.id()) {
-                // SAFETY: processes our own child started, ended with the run.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            }
             let _already_gone = c.kill();
             let _reaped = c.wait();
         }
@@ -358,25 +359,21 @@ impl Drop for Run {
     }
 }
 
-/// Every process below `root`, parents before children (so none can fork anew once
+/// Every process below `roots`, parents before children (so none can fork anew once
 /// its parent is gone).
-pub(crate) fn descendants(root: u32) -> Vec<u32> {
+pub(crate) fn descendants(roots: &[u32]) -> Vec<u32> {
     let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
         let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        // The parent is the second field after the parenthesised command name.
-        let ppid = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().nth(1)?.parse().ok());
-        if let Some(ppid) = ppid {
+        if let Some(ppid) = appease_cgroup::stat_ppid(&stat) {
             children.entry(ppid).or_default().push(pid);
         }
     }
     let mut out = Vec::new();
-    let mut queue = std::collections::VecDeque::from([root]);
+    let mut queue: std::collections::VecDeque<u32> = roots.iter().copied().collect();
     while let Some(p) = queue.pop_front() {
         for &c in children.get(&p).into_iter().flatten() {
             out.push(c);

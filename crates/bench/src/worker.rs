@@ -202,7 +202,7 @@ fn end_tree() {
     while t.elapsed() < Duration::from_secs(2) {
         // SAFETY: reaping our own children, without blocking.
         while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
-        let left = crate::descendants(std::process::id());
+        let left = crate::descendants(&[std::process::id()]);
         if left.is_empty() {
             return;
         }

@@ -96,11 +96,9 @@ pub fn scan_processes() -> Vec<ProcSample> {
 }
 
 pub fn parse_proc_stat(text: &str, hz: u64) -> Option<ProcSample> {
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let pid = text.get(..open)?.trim().parse().ok()?;
-    let comm = text.get(open + 1..close)?.to_string();
-    let f: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    let pid = text.get(..text.find('(')?)?.trim().parse().ok()?;
+    let (comm, f) = appease_cgroup::stat_fields(text)?;
+    let comm = comm.to_string();
     let field = |n: usize| -> Option<u64> { f.get(n - 3)?.parse().ok() };
     let ticks = field(14)? + field(15)? + field(16)? + field(17)?;
     Some(ProcSample {

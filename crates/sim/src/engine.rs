@@ -14,7 +14,7 @@ use rand_distr::{Distribution, Exp, Exp1};
 
 use crate::cpuset::CpuSet;
 use crate::stops::Stops;
-use crate::workload::{Arrivals, SchedClass, Socket, Times, Workload};
+use crate::workload::{Arrivals, SchedClass, Serve, Socket, Times, Workload};
 
 /// Simulated time in nanoseconds.
 pub type Ns = u64;
@@ -681,18 +681,32 @@ impl<'w> Engine<'w> {
         self.set_stop(cpu, end.min(self.now.saturating_add(remaining)));
     }
 
+    /// What server task `t` does per request (from the workload, not from `self`).
+    fn serve_of(&self, t: TaskId) -> &'w Serve {
+        self.w.process[self.view.tasks[t].process as usize]
+            .serve
+            .as_ref()
+            .expect("a server task's process serves")
+    }
+
+    /// Server task `t`'s queued requests.
+    fn inbox(&mut self, t: TaskId) -> &mut Inbox {
+        let Kind::Server(inbox) = &mut self.view.tasks[t].kind else {
+            unreachable!("checked: requests go to servers")
+        };
+        inbox
+    }
+
     /// A server's current request reached a call or its end: issue the call, or answer
     /// and start on the next; makes `t` runnable if it has work, else leaves it asleep.
     fn server_progress(&mut self, t: TaskId) {
         loop {
-            let p = &self.w.process[self.view.tasks[t].process as usize];
-            let serve = p.serve.as_ref().expect("server");
-            let Kind::Server(inbox) = &mut self.view.tasks[t].kind else {
-                unreachable!()
+            let serve = self.serve_of(t);
+            let inbox = self.inbox(t);
+            let Some(&slot) = inbox.queue.front() else {
+                return;
             };
-            let Inbox { queue, stage } = &mut **inbox;
-            let Some(&slot) = queue.front() else { return };
-            let stage_now = *stage;
+            let stage_now = inbox.stage;
             // Boundaries: after each call's after_cpu_ms, then the end.
             if stage_now < serve.calls.len() {
                 // Done with the part before call `stage_now`: call.
@@ -710,12 +724,9 @@ impl<'w> Engine<'w> {
                 return;
             }
             // The request is done here.
-            let Kind::Server(inbox) = &mut self.view.tasks[t].kind else {
-                unreachable!()
-            };
-            let Inbox { queue, stage } = &mut **inbox;
-            queue.pop_front();
-            *stage = 0;
+            let inbox = self.inbox(t);
+            inbox.queue.pop_front();
+            inbox.stage = 0;
             let r = &mut self.view.requests[slot.req];
             r.settle_top(self.now);
             match slot.caller {
@@ -751,18 +762,12 @@ impl<'w> Engine<'w> {
 
     /// Sets up the head request's first segment; true if `t` now has CPU work.
     fn start_head(&mut self, t: TaskId) -> bool {
-        let serve = self.w.process[self.view.tasks[t].process as usize]
-            .serve
-            .as_ref()
-            .expect("server");
-        let Kind::Server(inbox) = &mut self.view.tasks[t].kind else {
-            unreachable!()
-        };
-        let Inbox { queue, stage } = &mut **inbox;
-        if queue.is_empty() {
+        let serve = self.serve_of(t);
+        let inbox = self.inbox(t);
+        if inbox.queue.is_empty() {
             return false;
         }
-        *stage = 0;
+        inbox.stage = 0;
         let first = serve.calls.first().map_or(serve.cpu_ms, |c| c.after_cpu_ms);
         self.view.tasks[t].remaining = ms(first);
         if self.view.tasks[t].remaining == 0 {
@@ -775,14 +780,8 @@ impl<'w> Engine<'w> {
 
     /// The callee answered: the caller goes on with its next segment.
     fn resume_caller(&mut self, caller: TaskId) {
-        let serve = self.w.process[self.view.tasks[caller].process as usize]
-            .serve
-            .as_ref()
-            .expect("server");
-        let Kind::Server(inbox) = &mut self.view.tasks[caller].kind else {
-            unreachable!()
-        };
-        let stage = &mut inbox.stage;
+        let serve = self.serve_of(caller);
+        let stage = &mut self.inbox(caller).stage;
         let from = serve.calls[*stage].after_cpu_ms;
         *stage += 1;
         let to = serve
@@ -810,10 +809,7 @@ impl<'w> Engine<'w> {
     fn deliver(&mut self, t: TaskId, req: usize, caller: Option<TaskId>, unix: bool) {
         self.sched
             .on_request(t, self.now, unix || caller.is_some(), &self.view);
-        let Kind::Server(inbox) = &mut self.view.tasks[t].kind else {
-            unreachable!("checked: requests go to servers")
-        };
-        let queue = &mut inbox.queue;
+        let queue = &mut self.inbox(t).queue;
         queue.push_back(Slot { req, caller });
         if queue.len() == 1 && self.view.tasks[t].state == State::Sleeping && !self.start_head(t) {
             self.server_progress(t);
