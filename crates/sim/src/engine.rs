@@ -1,11 +1,11 @@
 //! The discrete-event engine: CPUs, tasks, customers, requests and calls. Scheduling
 //! decisions come from a [`Scheduler`]; this module only moves time forward.
 //!
-//! One event heap keyed by (time, sequence number), one seeded RNG: the same workload,
+//! One timeline of events keyed by (time, sequence number), one seeded RNG: the same workload,
 //! policy and seed give the same result on every machine.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 use rand::Rng;
 use rand::SeedableRng;
@@ -14,6 +14,7 @@ use rand_distr::{Distribution, Exp, Exp1};
 
 use crate::cpuset::CpuSet;
 use crate::stops::Stops;
+use crate::timeline::Timeline;
 use crate::workload::{Arrivals, SchedClass, Serve, Socket, Times, Workload};
 
 /// Simulated time in nanoseconds.
@@ -298,7 +299,7 @@ pub struct Engine<'w> {
     sched: Box<dyn Scheduler + 'w>,
     view: View,
     cpus: Vec<Cpu>,
-    heap: BinaryHeap<Reverse<(Ns, u64, Ev)>>,
+    heap: Timeline<Ev>,
     /// The running tasks' stops, ordered with the heap's events by (time, sequence).
     stops: Stops,
     /// CPUs with no running task: the only candidates for an idle CPU.
@@ -400,7 +401,7 @@ impl<'w> Engine<'w> {
                 last_psi: 0,
             },
             cpus,
-            heap: BinaryHeap::new(),
+            heap: Timeline::new(),
             stops: Stops::new(w.sim.cpus),
             vacant: CpuSet::full(w.sim.cpus),
             loads: Vec::new(),
@@ -419,7 +420,7 @@ impl<'w> Engine<'w> {
 
     fn push(&mut self, at: Ns, ev: Ev) {
         self.seq += 1;
-        self.heap.push(Reverse((at, self.seq, ev)));
+        self.heap.push(at, self.seq, ev);
     }
 
     /// The task running on `cpu` stops at `at` (replacing any earlier stop).
@@ -430,11 +431,11 @@ impl<'w> Engine<'w> {
 
     /// The next event: a CPU's stop or the heap's first, whichever is earlier.
     fn next_event(&mut self) -> Option<(Ns, Ev)> {
-        let heap = self.heap.peek().map(|Reverse((at, seq, _))| (*at, *seq));
+        let heap = self.heap.peek();
         match self.stops.first() {
             // Left in place: handling it replaces or clears it.
             Some((stop, cpu)) if heap.is_none_or(|h| stop < h) => Some((stop.0, Ev::Stop { cpu })),
-            _ => self.heap.pop().map(|Reverse((at, _, ev))| (at, ev)),
+            _ => self.heap.pop(),
         }
     }
 

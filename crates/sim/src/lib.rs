@@ -6,6 +6,7 @@ mod cpuset;
 pub mod engine;
 pub mod policies;
 mod stops;
+mod timeline;
 pub mod workload;
 
 use std::collections::BTreeMap;

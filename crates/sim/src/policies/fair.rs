@@ -4,8 +4,7 @@
 //! shares × the group's load on that CPU / its load everywhere, SCHED_IDLE tasks and idle
 //! groups at weight 3 that never preempt and are preempted by any non-idle wakeup.
 
-use std::collections::BTreeSet;
-
+use super::runq::RunQueues;
 use crate::engine::{How, Ns, Scheduler, TaskId, TaskInfo, View};
 use crate::workload::{SchedClass, Workload};
 
@@ -20,6 +19,11 @@ const TASK: u32 = u32::MAX;
 /// SCHED_IDLE tasks and idle groups.
 pub const WEIGHT_IDLE: u64 = 3;
 const NICE_0: u64 = 1024;
+
+/// EEVDF: whether an entity of run queue `r` is eligible (v ≤ the load-weighted average).
+fn eligible_in(r: &Rq, ent: &Ent) -> bool {
+    r.load == 0 || (ent.v as i128) * (r.load as i128) <= r.sum_wv
+}
 
 /// a·b/c, exact: in 64 bits when a·b fits (always, for times below months), else 128.
 fn mul_div(a: u64, b: u64, c: u64) -> u64 {
@@ -60,9 +64,9 @@ struct Ent {
 }
 const _: () = assert!(std::mem::size_of::<Ent>() == 48);
 
+/// One group's run queue on one CPU; its waiting entities are in `Fair::queues`.
 #[derive(Clone, Debug, Default)]
 struct Rq {
-    tree: BTreeSet<(i64, usize)>,
     curr: Option<usize>,
     /// Entities on it, current included.
     nr: usize,
@@ -79,6 +83,10 @@ pub struct Fair {
     cpus: usize,
     ents: Vec<Ent>,
     rqs: Vec<Rq>,
+    /// The waiting (not current) entities of each run queue: by vruntime (CFS), or by
+    /// deadline while eligible and by vruntime while not (EEVDF: queue `rqs.len() + rq`
+    /// holds the ineligible ones).
+    queues: RunQueues,
     /// Per group (0 = root): shares, idle, its load on all CPUs.
     shares: Vec<u64>,
     group_idle: Vec<bool>,
@@ -164,6 +172,7 @@ impl Fair {
         Fair {
             mode,
             cpus,
+            queues: RunQueues::new(2 * rqs.len(), ents.len()),
             ents,
             rqs,
             shares,
@@ -201,13 +210,66 @@ impl Fair {
         mul_div(ent.slice, NICE_0, ent.weight.max(1) as u64) as i64
     }
 
-    /// EEVDF: Σw and whether `e` is eligible (v ≤ the load-weighted average).
-    fn eligible(&self, rq: usize, e: usize) -> bool {
-        let r = &self.rqs[rq];
-        if r.load == 0 {
-            return true;
+    /// Queues `e` (not current) on `rq`, in the queue its mode and eligibility say.
+    fn wait_in(&mut self, rq: usize, e: usize) {
+        match self.mode {
+            Mode::Cfs => self.queues.insert(rq, self.ents[e].v, e),
+            Mode::Eevdf if self.eligible(rq, e) => self.queues.insert(rq, self.ents[e].deadline, e),
+            Mode::Eevdf => self.queues.insert(self.rqs.len() + rq, self.ents[e].v, e),
         }
-        (self.ents[e].v as i128) * (r.load as i128) <= r.sum_wv
+    }
+
+    /// EEVDF: the waiting eligible entity with the earliest deadline. Entities change
+    /// sides only when the average vruntime passes them, so each pick moves few.
+    fn first_eligible(&mut self, rq: usize) -> Option<usize> {
+        let ineligible = self.rqs.len() + rq;
+        // The lowest vruntimes first: once one is not eligible, none after it is.
+        while let Some((_, e)) = self.queues.first(ineligible) {
+            if !self.eligible(rq, e) {
+                break;
+            }
+            self.queues.remove(e);
+            self.queues.insert(rq, self.ents[e].deadline, e);
+        }
+        while let Some((_, e)) = self.queues.first(rq) {
+            if self.eligible(rq, e) {
+                return Some(e);
+            }
+            self.queues.remove(e);
+            self.queues.insert(ineligible, self.ents[e].v, e);
+        }
+        None
+    }
+
+    /// The waiting entity with the earliest key (CFS: vruntime; EEVDF: deadline).
+    fn earliest(&self, rq: usize) -> Option<usize> {
+        self.waiting(rq).min_by_key(|&e| (self.key(e), e))
+    }
+
+    /// The entity the balancer takes: the one furthest ahead, which has the least
+    /// claim on this CPU (CFS: the latest vruntime; EEVDF: the ineligible one with the
+    /// latest vruntime, else the eligible one with the latest deadline).
+    fn latest(&self, rq: usize) -> Option<usize> {
+        match self.mode {
+            Mode::Cfs => self.queues.last(rq),
+            Mode::Eevdf => self
+                .queues
+                .last(self.rqs.len() + rq)
+                .or_else(|| self.queues.last(rq)),
+        }
+        .map(|(_, e)| e)
+    }
+
+    fn waiting(&self, rq: usize) -> impl Iterator<Item = usize> + '_ {
+        let ineligible = (self.mode == Mode::Eevdf).then(|| self.rqs.len() + rq);
+        self.queues
+            .entities(rq)
+            .chain(ineligible.into_iter().flat_map(|q| self.queues.entities(q)))
+    }
+
+    /// EEVDF: whether `e` is eligible (v ≤ the load-weighted average).
+    fn eligible(&self, rq: usize, e: usize) -> bool {
+        eligible_in(&self.rqs[rq], &self.ents[e])
     }
 
     fn avg_v(&self, rq: usize) -> i64 {
@@ -225,7 +287,7 @@ impl Fair {
         }
         let r = &self.rqs[rq];
         let curr = r.curr.map(|c| self.ents[c].v);
-        let left = r.tree.first().map(|&(v, _)| v);
+        let left = self.queues.first(rq).map(|(v, _)| v);
         let v = match (curr, left) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) | (None, Some(a)) => a,
@@ -270,9 +332,8 @@ impl Fair {
         let v = self.ents[e].v;
         self.ents[e].on_rq = true;
         self.ents[e].parent = rq as u32;
-        let key = self.key(e);
+        self.wait_in(rq, e);
         let r = &mut self.rqs[rq];
-        r.tree.insert((key, e));
         r.nr += 1;
         r.load += w;
         r.sum_wv += w as i128 * v as i128;
@@ -289,12 +350,11 @@ impl Fair {
             let limit = 2 * self.vslice(e).max(1);
             self.ents[e].vlag = (self.avg_v(rq) - v).clamp(-limit, limit);
         }
-        let key = self.key(e);
         let r = &mut self.rqs[rq];
         if r.curr == Some(e) {
             r.curr = None;
         } else {
-            r.tree.remove(&(key, e));
+            self.queues.remove(e);
         }
         r.nr -= 1;
         r.load -= w;
@@ -328,9 +388,8 @@ impl Fair {
         }
         let rq = self.ents[e].parent as usize;
         let queued = self.rqs[rq].curr != Some(e);
-        let key = self.key(e);
         if queued {
-            self.rqs[rq].tree.remove(&(key, e));
+            self.queues.remove(e);
         }
         let v = self.ents[e].v;
         if self.mode == Mode::Eevdf {
@@ -343,18 +402,17 @@ impl Fair {
         r.load = r.load + new - old;
         r.sum_wv += (new as i128 - old as i128) * v as i128;
         if queued {
-            let key = self.key(e);
-            self.rqs[rq].tree.insert((key, e));
+            self.wait_in(rq, e);
         }
         self.load_changed(rq, new as i64 - old as i64);
     }
 
     /// Chooses from one run queue (current entity included).
-    fn pick_rq(&self, rq: usize) -> Option<usize> {
+    fn pick_rq(&mut self, rq: usize) -> Option<usize> {
         let r = &self.rqs[rq];
         match self.mode {
             Mode::Cfs => {
-                let left = r.tree.first().map(|&(_, e)| e);
+                let left = self.queues.first(rq).map(|(_, e)| e);
                 match (r.curr, left) {
                     (Some(c), Some(l)) if self.ents[l].v < self.ents[c].v => Some(l),
                     (Some(c), _) => Some(c),
@@ -362,32 +420,26 @@ impl Fair {
                 }
             }
             Mode::Eevdf => {
-                let mut best = r.curr.filter(|&c| self.eligible(rq, c));
-                for &(d, e) in &r.tree {
-                    if best.is_some_and(|b| self.ents[b].deadline <= d) {
-                        break;
-                    }
-                    if self.eligible(rq, e) {
-                        best = Some(e);
-                        break;
-                    }
-                }
-                best.or(r.curr).or_else(|| r.tree.first().map(|&(_, e)| e))
+                // The eligible entity with the earliest deadline, the current one included.
+                let curr = r.curr;
+                let best = curr.filter(|&c| self.eligible(rq, c));
+                let found = self.first_eligible(rq).filter(|&e| {
+                    best.is_none_or(|b| self.ents[e].deadline < self.ents[b].deadline)
+                });
+                found.or(best).or(curr).or_else(|| self.earliest(rq))
             }
         }
     }
 
-    /// Makes `e` the current entity of its queue (off the tree).
+    /// Makes `e` the current entity of its queue (out of the waiting ones).
     fn set_curr(&mut self, e: usize) {
         let rq = self.ents[e].parent as usize;
         if self.rqs[rq].curr == Some(e) {
             return;
         }
-        let key = self.key(e);
-        self.rqs[rq].tree.remove(&(key, e));
+        self.queues.remove(e);
         if let Some(old) = self.rqs[rq].curr.take() {
-            let k = self.key(old);
-            self.rqs[rq].tree.insert((k, old));
+            self.wait_in(rq, old);
         }
         self.rqs[rq].curr = Some(e);
     }
@@ -409,7 +461,7 @@ impl Fair {
         self.group_of_rq(self.ents[t].parent as usize) * self.cpus + cpu
     }
 
-    /// Puts the current entities back in their trees (the CPU stops running them).
+    /// Puts the current entities back with the waiting ones (the CPU stops running them).
     fn clear_curr(&mut self, t: TaskId) {
         let path = self.path_buf(t);
         for &e in &path {
@@ -417,8 +469,7 @@ impl Fair {
             if self.rqs[rq].curr == Some(e) {
                 self.rqs[rq].curr = None;
                 if self.ents[e].on_rq {
-                    let k = self.key(e);
-                    self.rqs[rq].tree.insert((k, e));
+                    self.wait_in(rq, e);
                 }
             }
         }
@@ -599,7 +650,7 @@ impl Scheduler for Fair {
     fn steal(&mut self, cpu: usize, _now: Ns) -> Option<TaskId> {
         let mut rq = cpu;
         let t = loop {
-            let &(_, e) = self.rqs[rq].tree.last()?;
+            let e = self.latest(rq)?;
             match self.own(e) {
                 Some(child) => rq = child,
                 None => break e,

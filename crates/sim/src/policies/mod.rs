@@ -6,6 +6,7 @@ pub mod mlfq;
 pub mod o1;
 pub mod rbpe;
 pub mod rr;
+mod runq;
 pub mod staircase;
 
 use crate::engine::{ms, Scheduler, TaskInfo};
