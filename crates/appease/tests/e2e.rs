@@ -234,6 +234,20 @@ fn servers_are_elevated_under_load_unix_more_and_fade_back() {
 fn sigterm_puts_every_thread_back() {
     let Some(_g) = serial() else { return };
     let (dir, _cfg, _soak, mut daemon) = loaded("sigterm", 4);
+    // The daemon itself runs in the real-time class (no entity of the fair class its
+    // servers and batch share), and its children would not inherit that.
+    // SAFETY: plain queries of another process's scheduling.
+    let policy = unsafe { libc::sched_getscheduler(daemon.pid() as i32) };
+    let mut param = libc::sched_param { sched_priority: -1 };
+    assert_eq!(
+        unsafe { libc::sched_getparam(daemon.pid() as i32, &mut param) },
+        0
+    );
+    assert_eq!(
+        (policy, param.sched_priority),
+        (libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, 1),
+        "the daemon runs SCHED_FIFO 1 with reset-on-fork"
+    );
     let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(10));
     assert!(wait_for(Duration::from_secs(2), || nice_of(unix.server_tid) < 0).is_some());
     let status = daemon.signal(libc::SIGTERM);

@@ -76,7 +76,6 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         tracing::warn!(?leftovers, "restored what a previous daemon left behind");
     }
     host::raise_nofile_limit();
-    host::prioritize_self();
 
     let mut storage = ProbeStorage::uninit();
     let probe_cfg = ProbeConfig {
@@ -123,9 +122,12 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
             });
         }
     }
+    // After the actuator has read the kernel's default slice from this thread.
+    let priority = host::prioritize_self();
     let mut daemon = Daemon::new(opts, probe, actuator);
     tracing::info!(
         pid = std::process::id(),
+        priority,
         cpus = daemon.cpus,
         dry_run = daemon.opts.dry_run,
         config = %daemon.config_origin(),
@@ -229,7 +231,8 @@ impl<'obj> Daemon<'obj> {
             }
             if now >= next_scan {
                 if let Some(b) = self.batch.as_mut() {
-                    b.scan(now, &self.opts.config, &mut self.actuator);
+                    let (cfg, actuator) = (&self.opts.config, &mut self.actuator);
+                    host::at_normal_priority(|| b.scan(now, cfg, actuator));
                 }
             }
             if now >= next_status {
