@@ -157,6 +157,20 @@ impl KernelActuator {
         Ok(())
     }
 
+    /// Whether the batch group, once made, has been removed by someone since (it is then
+    /// forgotten, to be made again on next use). A removed group was empty: nothing that
+    /// was demoted is in it any more.
+    pub fn batch_group_vanished(&mut self) -> bool {
+        let Some(g) = self.groups.as_ref() else {
+            return false;
+        };
+        let path = g.batch_path();
+        if self.dry_run || !g.created.contains(&path) || g.cg.exists(&path) {
+            return false;
+        }
+        self.forget_vanished(&path).is_ok()
+    }
+
     /// True once after the batch group vanished (it is made again idle): its mode must
     /// be applied again.
     pub fn take_batch_remade(&mut self) -> bool {

@@ -131,6 +131,13 @@ impl BatchManager {
 
     pub fn scan(&mut self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
         self.next_scan = now + cfg.batch.scan_ms * 1_000_000;
+        // A removed group was empty: what this daemon demoted has all left it, and a
+        // tree still soaking is demoted again (into the group made again) like a new one.
+        if actuator.batch_group_vanished() {
+            for root in self.classifier.demoted_roots() {
+                self.classifier.forget(root);
+            }
+        }
         let mut procs = host::scan_processes();
         // Starved processes in the idle group barely run, yet their waiting is exactly
         // what the floor must see: always re-read theirs.
@@ -153,7 +160,13 @@ impl BatchManager {
             .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))
             .collect();
         self.last_scan = Some(now);
-        let (forced, services, roles) = classify_by_config(cfg, &procs);
+        let (mut forced, services, roles) = classify_by_config(cfg, &procs);
+        // The processes this daemon runs under supervise it: never part of a batch tree
+        // (else a soaker started by the script that started appease takes the script,
+        // and everything else it runs, into the idle group).
+        for pid in ancestors_of(std::process::id(), &procs) {
+            forced.entry(pid).or_insert(Class::Normal);
+        }
         place_services(&procs, &services, actuator);
         apply_roles(&roles, actuator);
         self.roles = roles
@@ -339,5 +352,58 @@ fn apply_roles(roles: &Roles, actuator: &mut KernelActuator) {
                 }
             }
         }
+    }
+}
+
+/// The parent, grandparent, ... of `pid` among `procs`, up to the first process whose
+/// parent is unknown (or itself).
+fn ancestors_of(pid: u32, procs: &[ProcSample]) -> Vec<u32> {
+    let ppid: HashMap<u32, u32> = procs.iter().map(|p| (p.pid, p.ppid)).collect();
+    let mut out = Vec::new();
+    let mut at = pid;
+    while let Some(&parent) = ppid.get(&at) {
+        if parent == at || parent == 0 || out.contains(&parent) {
+            break;
+        }
+        out.push(parent);
+        at = parent;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc(pid: u32, ppid: u32) -> ProcSample {
+        ProcSample {
+            pid,
+            ppid,
+            comm: "p".into(),
+            start: 1,
+            cpu_ns: 0,
+            wait_ns: 0,
+            kernel_thread: false,
+            has_tty: false,
+            age_ns: 0,
+        }
+    }
+
+    #[test]
+    fn ancestors_climb_to_the_first_unknown_parent() {
+        // 1 -> 40 -> 41 -> 50 (the daemon); 60 is a sibling's child.
+        let procs = [
+            proc(1, 0),
+            proc(40, 1),
+            proc(41, 40),
+            proc(50, 41),
+            proc(60, 41),
+        ];
+        assert_eq!(ancestors_of(50, &procs), vec![41, 40, 1]);
+        assert_eq!(ancestors_of(60, &procs), vec![41, 40, 1]);
+        assert!(ancestors_of(1, &procs).is_empty());
+        // A parent missing from the table ends the climb; a loop does not hang it.
+        assert_eq!(ancestors_of(7, &[proc(7, 8)]), vec![8]);
+        assert_eq!(ancestors_of(7, &[proc(7, 8), proc(8, 7)]), vec![8, 7]);
     }
 }
