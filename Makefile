@@ -41,16 +41,16 @@ test: test-deps
 	$(CARGO) build --release --locked -p appease
 	$(CARGO) test --workspace --locked --release
 
-# The figures in docs/RESULTS.md (root; about 50 minutes; plots land in bench-out/).
+# The figures in docs/RESULTS.md (root; about 100 minutes; plots land in bench-out/).
 bench: bench-deps build
 	$(CARGO) bench --locked -p appease-probe --bench read_cost
 	$(CARGO) bench --locked -p appease --bench daemon
-	./target/release/appease bench synthetic --out bench-out/synthetic
+	./target/release/appease bench synthetic --repeat 3 --out bench-out/synthetic-r3
 	./target/release/appease bench web --out bench-out/web
-	./target/release/appease bench db --out bench-out/db
-	./target/release/appease bench frames --out bench-out/frames
-	./target/release/appease bench pipeline --out bench-out/pipeline
-	./target/release/appease bench synthetic --batch compile --out bench-out/compile
+	./target/release/appease bench db --repeat 3 --out bench-out/db-r3
+	./target/release/appease bench frames --repeat 3 --out bench-out/frames-r3
+	./target/release/appease bench pipeline --repeat 3 --out bench-out/pipeline-r3
+	./target/release/appease bench synthetic --batch compile --repeat 3 --out bench-out/compile-r3
 	./target/release/appease bench synthetic --load 1,2,4,8 --modes unloaded,unmanaged,batch-cgroup-idle,rbpe-classic,appease --out bench-out/sweep
 	./target/release/appease bench utilization --out bench-out/utilization
 	$(CARGO) bench --locked -p appease-sim --bench speed

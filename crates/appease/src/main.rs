@@ -250,6 +250,8 @@ fn init_logging(filter: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: journald and log files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
 }
@@ -402,6 +404,14 @@ fn bench_plot(dir: &std::path::Path) -> Result<()> {
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let value: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    if value.get("scenario").and_then(|s| s.as_str()) == Some("utilization") {
+        let u: appease_bench::utilization::UtilizationResult =
+            serde_json::from_value(value).with_context(|| format!("parsing {}", path.display()))?;
+        let file = dir.join("fairness.svg");
+        std::fs::write(&file, appease_bench::plot::fairness(&u)?)?;
+        println!("wrote {}", file.display());
+        return Ok(());
+    }
     // One batch level is one object; a --load sweep keeps every level under "sweep".
     let results: Vec<appease_bench::report::ScenarioResult> = match value.get("sweep") {
         Some(sweep) => serde_json::from_value(sweep.clone()),
@@ -485,7 +495,14 @@ fn bench(args: BenchArgs) -> Result<()> {
             )
         }
         appease_bench::Report::Utilization(u) => {
-            (serde_json::to_value(&u)?, u.table(), None, Vec::new())
+            let plots = match &out {
+                Some(_) => vec![(
+                    "fairness.svg".to_string(),
+                    appease_bench::plot::fairness(&u)?,
+                )],
+                None => Vec::new(),
+            };
+            (serde_json::to_value(&u)?, u.table(), None, plots)
         }
     };
     if let Some(dir) = &out {

@@ -1,10 +1,12 @@
 //! Plots a person would rather look at than read: each mode's response-time CDF against
 //! the unloaded one (seeds/000 Figures 2 and 5), and latency against the batch level
-//! (seeds/004 Figures 1–2). SVG, written with `--out`.
+//! (seeds/004 Figures 1–2); for the utilization scenario, how evenly each case shares the
+//! CPUs among its soakers (seeds/001). SVG, written with `--out`.
 
 use plotters::prelude::*;
 
 use crate::report::ScenarioResult;
+use crate::utilization::UtilizationResult;
 use crate::Mode;
 
 const SIZE: (u32, u32) = (900, 560);
@@ -173,4 +175,60 @@ pub fn all(rs: &[ScenarioResult]) -> anyhow::Result<Vec<(String, String)>> {
         out.push(("latency-vs-load.svg".to_string(), latency_vs_load(rs)?));
     }
     Ok(out)
+}
+
+/// Each case's soakers, from the one that got most CPU to the one that got least, as a
+/// multiple of their fair share: a fair case is a flat line at 1, the kernel's herding of
+/// idle groups a steep one.
+pub fn fairness(u: &UtilizationResult) -> anyhow::Result<String> {
+    let shares: Vec<(String, Vec<f64>)> = u
+        .cases
+        .iter()
+        .filter(|c| !c.cpu_s.is_empty())
+        .map(|c| {
+            let mean = c.cpu_s.iter().sum::<f64>() / c.cpu_s.len() as f64;
+            let mut s: Vec<f64> = c.cpu_s.iter().map(|x| x / mean.max(1e-9)).collect();
+            s.sort_by(|a, b| b.total_cmp(a));
+            (format!("{} (Jain {:.3})", c.case, c.jain_index), s)
+        })
+        .collect();
+    let ymax = shares
+        .iter()
+        .flat_map(|(_, s)| s.iter().copied())
+        .fold(1.0, f64::max)
+        * 1.1;
+    let palette = [
+        RGBColor(214, 39, 40),
+        RGBColor(255, 127, 14),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(127, 127, 127),
+        RGBColor(31, 119, 180),
+    ];
+    let title = format!("utilization: CPU per soaker, {} CPUs", u.cpus);
+    svg(|root| {
+        let mut chart = frame(root, &title)
+            .build_cartesian_2d(0.0..100.0, 0.0..ymax)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("soakers, most CPU first (%)")
+            .y_desc("CPU time / fair share")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, (name, s)) in shares.iter().enumerate() {
+            let style = palette[i % palette.len()].stroke_width(2);
+            let n = s.len().max(2) as f64 - 1.0;
+            let points = s
+                .iter()
+                .enumerate()
+                .map(|(k, &y)| (100.0 * k as f64 / n, y));
+            chart
+                .draw_series(LineSeries::new(points, style))
+                .map_err(|e| e.to_string())?
+                .label(name.as_str())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], style));
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
+    })
 }

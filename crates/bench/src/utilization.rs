@@ -7,11 +7,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{cpu_jiffies, spawn_worker, Options, Run};
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Case {
     pub case: String,
     pub soakers: usize,
@@ -22,9 +22,12 @@ pub struct Case {
     /// CPU seconds per soaker: min and max.
     pub min_cpu_s: f64,
     pub max_cpu_s: f64,
+    /// CPU seconds of each soaker the index is over, in spawn order.
+    #[serde(default)]
+    pub cpu_s: Vec<f64>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct UtilizationResult {
     pub scenario: String,
     pub cpus: usize,
@@ -180,6 +183,7 @@ fn run_case(
         jain_index: jain(fair_set),
         min_cpu_s: fair_set.iter().copied().fold(f64::INFINITY, f64::min),
         max_cpu_s: fair_set.iter().copied().fold(0.0, f64::max),
+        cpu_s: fair_set.to_vec(),
     })
 }
 

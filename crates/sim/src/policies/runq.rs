@@ -133,23 +133,22 @@ impl RunQueues {
     }
 
     fn sift_up(&mut self, q: usize, mut i: usize) {
-        let heap = &mut self.heaps[q];
+        let (heap, pos) = (&mut self.heaps[q], &mut self.pos);
         let item = heap[i];
         while i > 0 {
             let parent = (i - 1) / D;
             if heap[parent] <= item {
                 break;
             }
-            heap[i] = heap[parent];
-            self.pos[heap[i].1 as usize] = i as u32;
+            let moved = heap[parent];
+            put(heap, pos, i, moved);
             i = parent;
         }
-        heap[i] = item;
-        self.pos[item.1 as usize] = i as u32;
+        put(heap, pos, i, item);
     }
 
     fn sift_down(&mut self, q: usize, mut i: usize) {
-        let heap = &mut self.heaps[q];
+        let (heap, pos) = (&mut self.heaps[q], &mut self.pos);
         let n = heap.len();
         let item = heap[i];
         loop {
@@ -166,13 +165,18 @@ impl RunQueues {
             if item <= heap[child] {
                 break;
             }
-            heap[i] = heap[child];
-            self.pos[heap[i].1 as usize] = i as u32;
+            let moved = heap[child];
+            put(heap, pos, i, moved);
             i = child;
         }
-        heap[i] = item;
-        self.pos[item.1 as usize] = i as u32;
+        put(heap, pos, i, item);
     }
+}
+
+/// Writes `slot` at heap index `i` and records where its entity now is.
+fn put(heap: &mut [(i64, u32)], pos: &mut [u32], i: usize, slot: (i64, u32)) {
+    heap[i] = slot;
+    pos[slot.1 as usize] = i as u32;
 }
 
 #[cfg(test)]
