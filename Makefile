@@ -4,10 +4,10 @@ CARGO ?= cargo
 # Debian packages the build and the tests need (clang compiles the BPF program,
 # libelf/zlib/pkg-config build the bundled libbpf).
 APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
-# What the tests and the bench run: PostgreSQL (db scenario, tested end to end), gcc (the
-# compile batch load), nginx and wget (web scenario, bench only).
-TEST_PACKAGES := postgresql gcc
-BENCH_PACKAGES := postgresql gcc nginx wget
+# What the tests and the bench run: PostgreSQL (db scenario), gcc (the compile batch
+# load), nginx and wget (web scenario); all tested end to end.
+TEST_PACKAGES := postgresql gcc nginx wget
+BENCH_PACKAGES := $(TEST_PACKAGES)
 CONFIG ?=
 
 .PHONY: all deps test-deps bench-deps build run test bench fmt clippy clean

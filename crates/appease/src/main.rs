@@ -97,6 +97,9 @@ struct BenchArgs {
     /// synthetic: serve over a UNIX socket instead of TCP loopback.
     #[arg(long)]
     unix: bool,
+    /// synthetic (TCP) and web: the server's loopback port (default: a free one).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    port: Option<u16>,
     /// How the client spaces requests: fixed (every 1/rate s) or poisson.
     #[arg(long, default_value = "fixed")]
     arrivals: String,
@@ -210,6 +213,9 @@ enum Worker {
         /// Listen on this UNIX socket instead of TCP loopback.
         #[arg(long)]
         unix: Option<PathBuf>,
+        /// TCP loopback port (0: a free one).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
         /// Process name (comm) to run under.
         #[arg(long, default_value = "bench-server")]
         name: String,
@@ -333,6 +339,7 @@ fn run(cmd: Command) -> Result<()> {
             Worker::Server {
                 cpu_ms,
                 unix,
+                port,
                 name,
                 call,
             } => {
@@ -340,6 +347,7 @@ fn run(cmd: Command) -> Result<()> {
                 Ok(appease_bench::worker::serve(
                     cpu,
                     unix.as_deref(),
+                    port,
                     &name,
                     &call,
                 )?)
@@ -435,6 +443,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         load,
         config,
         unix,
+        port,
         arrivals,
         batch,
         repeat,
@@ -467,6 +476,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         appease: std::env::current_exe().context("finding the appease binary")?,
         config,
         unix,
+        port,
         arrivals,
         batch,
         repeat: repeat as usize,

@@ -1038,6 +1038,61 @@ fn bench_rejects_unknown_scenarios_modes_and_loads() {
     }
 }
 
+#[test]
+fn bench_web_quick_serves_nginx_and_downloads_the_whole_site() {
+    let Some(_g) = serial() else { return };
+    let v = bench_json(&["web", "--quick", "--modes", "unloaded,appease"]);
+    assert_eq!(v["scenario"], "web");
+    for m in v["modes"].as_array().unwrap() {
+        // 2,000 requests/s for 5 s of small files.
+        assert!(m["requests"].as_u64().unwrap() > 5_000, "{m}");
+        assert!(m["latency_ms"]["p99"].as_f64().unwrap() > 0.0, "{m}");
+        assert!(
+            m["download_s"].as_f64().unwrap() > 0.0,
+            "wget -r timed: {m}"
+        );
+    }
+}
+
+#[test]
+fn bench_a_server_that_cannot_listen_is_one_clear_error_and_leaves_nothing() {
+    let Some(_g) = serial() else { return };
+    // Someone else holds the port: our server, and nginx, fail to start on it.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    for (scenario, expect) in [
+        // Our server fails to start, and says why.
+        ("synthetic", "did not start: listening on 127.0.0.1:"),
+        // Checked before nginx starts: connections to the port already succeed.
+        ("web", "is already in use: choose another --port"),
+    ] {
+        let bench = Command::new(BIN)
+            .args(["bench", scenario, "--quick", "--modes", "unloaded,appease"])
+            .args(["--port", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = bench.id();
+        let out = bench.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{scenario}: {err}");
+        // One message that names the port and why.
+        for what in [expect, &format!(":{port}"), "in use"] {
+            assert!(err.contains(what), "{scenario}: {what:?} in: {err}");
+        }
+        assert_eq!(bench_processes_left(pid), vec![], "{scenario}");
+        let tmp = std::env::temp_dir().join(format!("appease-bench-{pid}"));
+        assert!(!tmp.exists(), "{} left behind", tmp.display());
+    }
+    // --port only where a TCP server listens.
+    fails_saying(
+        Command::new(BIN).args(["bench", "db", "--quick", "--port", &port]),
+        "--port applies to the TCP servers",
+    );
+    drop(taken);
+}
+
 /// Runs `cmd` and checks that it fails with `expect` in its error output.
 fn fails_saying(cmd: &mut Command, expect: &str) {
     let out = cmd.output().unwrap();

@@ -134,6 +134,8 @@ pub struct Options {
     pub config: Option<PathBuf>,
     /// The synthetic server listens on a UNIX socket instead of TCP loopback.
     pub unix: bool,
+    /// The loopback port of the synthetic (TCP) or web server; None: a free one.
+    pub port: Option<u16>,
     /// How the client spaces its requests.
     pub arrivals: client::Arrivals,
     pub batch: Batch,
@@ -192,6 +194,11 @@ pub fn run(opts: &Options) -> Result<Report> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("appease bench needs root: its modes change priorities, policies and cgroups");
+    }
+    if opts.port.is_some()
+        && !(opts.scenario == "web" || opts.scenario == "synthetic" && !opts.unix)
+    {
+        bail!("--port applies to the TCP servers of the synthetic and web scenarios only");
     }
     if opts.scenario == "utilization" {
         return Ok(Report::Utilization(utilization::run(opts)?));
@@ -312,9 +319,12 @@ impl Drop for Run {
             unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
             let _exit_status_logged_by_daemon = d.wait();
         }
+        // Only those still running: a reaped child's pid may belong to someone else now.
         for c in &mut self.graceful {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            if matches!(c.try_wait(), Ok(None)) {
+                // SAFETY: signalling our own running child.
+                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            }
         }
         for c in &mut self.graceful {
             let t = Instant::now();
@@ -384,12 +394,16 @@ pub(crate) fn descendants(roots: &[u32]) -> Vec<u32> {
 }
 
 pub(crate) fn spawn_worker(appease: &Path, args: &[&str]) -> Result<Child> {
+    worker_command(appease, args, Stdio::inherit())
+}
+
+fn worker_command(appease: &Path, args: &[&str], stderr: Stdio) -> Result<Child> {
     Command::new(appease)
         .arg("bench-worker")
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .with_context(|| format!("starting {} bench-worker", appease.display()))
 }
@@ -419,7 +433,7 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     // The server, and what sends it requests.
     let load = match p.server.as_str() {
         "nginx" => {
-            let (target, protocol) = web::start(&mut run, &tmp)?;
+            let (target, protocol) = web::start(&mut run, &tmp, opts.port)?;
             Load::OpenLoop(target, protocol)
         }
         "postgresql" => Load::Pgbench(db::start(&mut run, &tmp)?),
@@ -514,10 +528,15 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
         {
             let into = tmp.join("download");
             let mut total = Duration::ZERO;
-            for _ in 0..DOWNLOADS {
-                total += web::download_tree(*addr, &into)?;
+            let mut done = 0;
+            while done < DOWNLOADS {
+                let Some(took) = web::download_tree(*addr, &into, &opts.stop)? else {
+                    break; // Ctrl-C
+                };
+                total += took;
+                done += 1;
             }
-            Some(total.as_secs_f64() / DOWNLOADS as f64)
+            (done > 0).then(|| total.as_secs_f64() / done as f64)
         }
         _ => None,
     };
@@ -632,9 +651,12 @@ fn start_synthetic(
     let _stale = std::fs::remove_file(&sock);
     let sock_arg = sock.display().to_string();
     let unix = p.transport == "unix";
+    let port_arg = opts.port.unwrap_or(0).to_string();
     let mut args = vec!["server", "--cpu-ms", &cpu_arg];
     if unix {
         args.extend(["--unix", &sock_arg]);
+    } else {
+        args.extend(["--port", &port_arg]);
     }
     let line = spawn_server(run, opts, &args)?;
     if unix {
@@ -650,14 +672,24 @@ fn start_synthetic(
 /// Starts `appease bench-worker ARGS` (a server) and returns the line where it says it
 /// listens, which it prints once it accepts connections.
 pub(crate) fn spawn_server(run: &mut Run, opts: &Options, args: &[&str]) -> Result<String> {
-    let mut server = spawn_worker(&opts.appease, args)?;
+    let mut server = worker_command(&opts.appease, args, Stdio::piped())?;
     let mut line = String::new();
     let read = BufReader::new(server.stdout.as_mut().expect("piped")).read_line(&mut line);
+    let mut stderr = server.stderr.take().expect("piped");
     run.children.push(server);
-    read.context("reading where the server listens")?;
-    if line.is_empty() {
-        bail!("the server `{}` exited before listening", args.join(" "));
+    if read.is_err() || line.is_empty() {
+        // It closed its stdout by exiting: its own last words say why.
+        let mut said = String::new();
+        drop(stderr.read_to_string(&mut said));
+        let why = said.lines().last().unwrap_or("it exited without a message");
+        bail!(
+            "the server `{}` did not start: {}",
+            args.join(" "),
+            why.trim_start_matches("appease: error: ")
+        );
     }
+    // Anything it says later goes where ours goes.
+    std::thread::spawn(move || drop(std::io::copy(&mut stderr, &mut std::io::stderr())));
     Ok(line.trim().to_string())
 }
 

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,9 +18,13 @@ const WGET: &str = "/usr/bin/wget";
 const FILES: u32 = 200;
 const DIRS: u32 = 10;
 
-/// nginx on a free loopback port, one worker, in the foreground; stopped with SIGTERM
-/// with the run.
-pub(crate) fn start(run: &mut Run, tmp: &Path) -> Result<(client::Target, client::Protocol)> {
+/// nginx on loopback `port` (None: a free one), one worker, in the foreground; stopped
+/// with SIGTERM with the run.
+pub(crate) fn start(
+    run: &mut Run,
+    tmp: &Path,
+    port: Option<u16>,
+) -> Result<(client::Target, client::Protocol)> {
     if !Path::new(NGINX).exists() {
         bail!("the web scenario needs nginx ({NGINX} is missing): apt-get install nginx");
     }
@@ -33,9 +38,20 @@ pub(crate) fn start(run: &mut Run, tmp: &Path) -> Result<(client::Target, client
         std::fs::write(file, vec![b'a' + (i % 26) as u8; size])?;
         paths.push(path);
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    // A port someone else listens on would look like nginx being up (connections
+    // succeed), so it is checked before nginx starts.
+    let port = match port {
+        Some(p) => match std::net::TcpListener::bind(("127.0.0.1", p)) {
+            Ok(_free) => p,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => bail!(
+                "127.0.0.1:{p} is already in use: choose another --port, or leave it out for a free one"
+            ),
+            Err(e) => bail!("cannot listen on 127.0.0.1:{p}: {e}"),
+        },
+        None => std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port(),
+    };
     let conf = tmp.join("nginx.conf");
     let config = format!(
         "daemon off;\nmaster_process on;\nworker_processes 1;\npid {tmp}/nginx.pid;\n\
@@ -57,17 +73,25 @@ pub(crate) fn start(run: &mut Run, tmp: &Path) -> Result<(client::Target, client
         .spawn()
         .context("starting nginx")?;
     run.graceful.push(child);
+    let nginx = run.graceful.last_mut().expect("just pushed");
     let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-    if wait_until(Duration::from_secs(5), || {
-        std::net::TcpStream::connect(addr).is_ok()
-    })
-    .is_err()
-    {
+    // Up when it accepts a connection; failed when it exits first (a port in use, a bad
+    // config), which it does at once.
+    let mut exited = None;
+    let up = wait_until(Duration::from_secs(5), || {
+        exited = nginx.try_wait().ok().flatten();
+        exited.is_some() || std::net::TcpStream::connect(addr).is_ok()
+    });
+    if up.is_err() || exited.is_some() {
         let err = std::fs::read_to_string(tmp.join("nginx-error.log")).unwrap_or_default();
-        bail!(
-            "nginx did not start on {addr}: {}",
-            err.lines().last().unwrap_or("no message")
-        );
+        let how = exited.map_or("did not start".to_string(), |s| format!("exited ({s})"));
+        // Its first emergency says why (a failed bind is retried, then "still could not").
+        let why = err
+            .lines()
+            .find(|l| l.contains("[emerg]"))
+            .or_else(|| err.lines().last())
+            .unwrap_or("no message");
+        bail!("nginx {how} on {addr}: {why}");
     }
     let protocol = client::Protocol::Http {
         host: "localhost".into(),
@@ -77,8 +101,12 @@ pub(crate) fn start(run: &mut Run, tmp: &Path) -> Result<(client::Target, client
 }
 
 /// Downloads the whole site as seeds/004 did (`wget -r`, one file after another) into
-/// `into`, and returns the wall-clock time it took.
-pub(crate) fn download_tree(addr: std::net::SocketAddr, into: &Path) -> Result<Duration> {
+/// `into`, and returns the wall-clock time it took; None when `stop` (Ctrl-C) ended it.
+pub(crate) fn download_tree(
+    addr: std::net::SocketAddr,
+    into: &Path,
+    stop: &AtomicBool,
+) -> Result<Option<Duration>> {
     if !Path::new(WGET).exists() {
         bail!("the whole-tree download needs wget ({WGET} is missing): apt-get install wget");
     }
@@ -86,26 +114,51 @@ pub(crate) fn download_tree(addr: std::net::SocketAddr, into: &Path) -> Result<D
     std::fs::create_dir_all(into)?;
     let started = Instant::now();
     // The crawler runs in the latency class, like our own client.
-    let out = Command::new("nice")
-        .args(["-n", "-10", WGET, "-r", "-np", "-q", "-P"])
+    // A server that stops answering must not hang the bench: 10 s per read, one try.
+    let mut wget = Command::new("nice")
+        .args([
+            "-n",
+            "-10",
+            WGET,
+            "-r",
+            "-np",
+            "-q",
+            "--timeout=10",
+            "--tries=1",
+            "-P",
+        ])
         .arg(into)
         .arg(format!("http://{addr}/"))
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .context("running wget")?;
+    let status = loop {
+        if let Some(s) = wget.try_wait()? {
+            break s;
+        }
+        if stop.load(Ordering::Relaxed) {
+            drop(wget.kill());
+            drop(wget.wait());
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
     let took = started.elapsed();
-    if !out.status.success() {
-        bail!(
-            "wget -r of the site failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    if !status.success() {
+        let mut said = String::new();
+        drop(std::io::Read::read_to_string(
+            wget.stderr.as_mut().expect("piped"),
+            &mut said,
+        ));
+        bail!("wget -r of the site failed ({status}): {}", said.trim());
     }
     let got = walk_files(into);
     if got < FILES as usize {
         bail!("wget -r fetched {got} of the site's {FILES} files");
     }
-    Ok(took)
+    Ok(Some(took))
 }
 
 /// Regular files under `dir`, except directory listings.

@@ -50,11 +50,12 @@ impl std::str::FromStr for Call {
 /// with the CPU time the request used (u64 ns, little endian). With `calls`, it burns
 /// half, calls those servers in turn (waiting for each answer), burns the other half, and
 /// counts their CPU time in its answer: seeds/000's cooperating processes. Listens on
-/// TCP loopback (printing its port) or on the UNIX socket `unix` (printing the path),
+/// TCP loopback `port` (0: a free one; it prints the port) or on the UNIX socket `unix` (printing the path),
 /// and serves one connection at a time until signalled.
 pub fn serve(
     cpu: Duration,
     unix: Option<&std::path::Path>,
+    port: u16,
     name: &str,
     calls: &[Call],
 ) -> io::Result<()> {
@@ -79,7 +80,9 @@ pub fn serve(
             }
         }
         None => {
-            let listener = TcpListener::bind("127.0.0.1:0")?;
+            let listener = TcpListener::bind(("127.0.0.1", port)).map_err(|e| {
+                io::Error::new(e.kind(), format!("listening on 127.0.0.1:{port}: {e}"))
+            })?;
             println!("{}", listener.local_addr()?.port());
             io::stdout().flush()?;
             for conn in listener.incoming() {
