@@ -782,9 +782,20 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
         for k in ["mean", "p50", "p90", "p99", "p999", "max"] {
             assert!(m["latency_ms"][k].as_f64().unwrap() > 0.0, "{k} in {m}");
         }
-        for k in ["requests", "batch_throughput", "cpu_util_pct"] {
+        for k in [
+            "requests",
+            "batch_throughput",
+            "cpu_util_pct",
+            "max_min_ms",
+            "p95_min_ms",
+        ] {
             assert!(m[k].is_number(), "{k} in {m}");
         }
+        // seeds/003: the last of 5 s of requests is answered after about 5 s.
+        let finish = m["time_to_finish_s"].as_f64().unwrap();
+        assert!((4.5..10.0).contains(&finish), "{m}");
+        let per = m["time_per_request_ms"].as_f64().unwrap();
+        assert!(per > 0.0 && per < 1e3 * finish, "{m}");
         assert!(m["requests"].as_u64().unwrap() > 100, "{m}");
         // The CDF climbs from the fastest answer to the slowest.
         let cdf: Vec<(f64, f64)> = serde_json::from_value(m["cdf_ms"].clone()).unwrap();
@@ -798,7 +809,16 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
     for name in &names {
         assert!(svg.contains(&format!("\n{name}\n")), "{name} in the legend");
     }
-    assert!(dir.0.join("result.json").exists() && dir.0.join("result.csv").exists());
+    assert!(dir.0.join("result.json").exists());
+    // One CSV row per mode, each with every column of the header.
+    let csv = std::fs::read_to_string(dir.0.join("result.csv")).unwrap();
+    let rows: Vec<usize> = csv.lines().map(|l| l.split(',').count()).collect();
+    assert_eq!(rows.len(), 1 + names.len(), "{csv}");
+    assert!(rows.iter().all(|&n| n == rows[0]), "{csv}");
+    assert!(
+        csv.starts_with("scenario,") && csv.contains(",time_to_finish_s,"),
+        "{csv}"
+    );
     // bench-plot redraws it from result.json alone.
     std::fs::remove_file(dir.0.join("cdf.svg")).unwrap();
     let replot = Command::new(BIN)

@@ -71,6 +71,8 @@ pub struct ClientResult {
     pub sent: u64,
     pub answered: u64,
     pub elapsed: Duration,
+    /// From the first intended send to the last answer (seeds/003's time to finish).
+    pub finished: Duration,
 }
 
 /// Raises the calling thread's priority (the client must not be what is starved) and
@@ -293,6 +295,7 @@ pub fn open_loop(
         sent,
         answered,
         elapsed: start.elapsed(),
+        finished: last_answer.saturating_duration_since(start),
     })
 }
 

@@ -218,6 +218,8 @@ impl Postgres {
             sent,
             answered,
             elapsed,
+            // pgbench reports no finish time of its own: its run, as it timed it.
+            finished: elapsed,
         })
     }
 }

@@ -56,6 +56,13 @@ pub struct ModeResult {
     pub max_min_ms: f64,
     pub p95_min_ms: f64,
     pub requests_per_s: f64,
+    /// seeds/003's time to finish: first intended send to last answer, s.
+    #[serde(default)]
+    pub time_to_finish_s: f64,
+    /// seeds/003's time per request across concurrent requests (time to finish over
+    /// requests answered), ms; its time per request is the mean latency.
+    #[serde(default)]
+    pub time_per_request_ms: f64,
     /// The response-time CDF: (percent of requests, answered within ms) at `CDF_PCTS`.
     pub cdf_ms: Vec<(f64, f64)>,
     /// The frames scenario: what a viewer sees.
@@ -103,6 +110,8 @@ impl ModeResult {
             max_min_ms: latency_ms.max - latency_ms.min,
             p95_min_ms: latency_ms.p95 - latency_ms.min,
             requests_per_s: r.answered as f64 / r.elapsed.as_secs_f64().max(1e-9),
+            time_to_finish_s: r.finished.as_secs_f64(),
+            time_per_request_ms: 1e3 * r.finished.as_secs_f64() / r.answered.max(1) as f64,
             cdf_ms: CDF_PCTS
                 .iter()
                 .map(|&p| (p, r.latency_us.value_at_percentile(p) as f64 / 1000.0))
@@ -244,13 +253,14 @@ impl ScenarioResult {
 pub fn csv(results: &[ScenarioResult]) -> String {
     let mut s = String::from(
         "scenario,load_per_cpu,mode,requests,lost,mean_ms,p50_ms,p90_ms,p95_ms,p99_ms,p999_ms,\
-         min_ms,max_ms,unhappiness_mean_ms,batch_throughput,cpu_util_pct\n",
+         min_ms,max_ms,max_min_ms,p95_min_ms,unhappiness_mean_ms,requests_per_s,time_to_finish_s,\
+         time_per_request_ms,batch_throughput,cpu_util_pct\n",
     );
     for r in results {
         for m in &r.modes {
             let l = &m.latency_ms;
             s += &format!(
-                "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.1},{:.2}\n",
+                "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.4},{:.1},{:.2}\n",
                 r.scenario,
                 r.load_per_cpu,
                 m.mode.name(),
@@ -264,7 +274,12 @@ pub fn csv(results: &[ScenarioResult]) -> String {
                 l.p999,
                 l.min,
                 l.max,
+                m.max_min_ms,
+                m.p95_min_ms,
                 m.unhappiness_ms.as_ref().map_or("-".to_string(), |u| format!("{:.2}", u.mean)),
+                m.requests_per_s,
+                m.time_to_finish_s,
+                m.time_per_request_ms,
                 m.batch_throughput,
                 m.cpu_util_pct
             );
@@ -321,6 +336,8 @@ pub fn median(runs: &[ModeResult]) -> ModeResult {
         max_min_ms: m(|r| r.max_min_ms),
         p95_min_ms: m(|r| r.p95_min_ms),
         requests_per_s: m(|r| r.requests_per_s),
+        time_to_finish_s: m(|r| r.time_to_finish_s),
+        time_per_request_ms: m(|r| r.time_per_request_ms),
         // Point by point, like every other metric.
         cdf_ms: (0..runs[0].cdf_ms.len())
             .map(|i| {
@@ -372,6 +389,8 @@ mod tests {
             max_min_ms: 0.0,
             p95_min_ms: 0.0,
             requests_per_s: 40.0,
+            time_to_finish_s: x,
+            time_per_request_ms: x / 100.0,
             cdf_ms: vec![(50.0, x), (99.0, 2.0 * x)],
             frames: Some(Frames {
                 fps: x,
@@ -391,6 +410,7 @@ mod tests {
         assert_eq!(m.cdf_ms, vec![(50.0, 6.0), (99.0, 12.0)]);
         assert_eq!(m.frames.as_ref().map(|f| f.dropped), Some(6));
         assert_eq!(m.download_s, Some(0.6));
+        assert_eq!((m.time_to_finish_s, m.time_per_request_ms), (6.0, 0.06));
         let m = median(&[result(5.0), result(7.0)]);
         assert_eq!(m.latency_ms.p99, 6.0);
         assert!(median_of(vec![]).is_nan());
@@ -413,7 +433,14 @@ mod frame_tests {
             sent: 6,
             answered: 5,
             elapsed: std::time::Duration::from_secs(2),
+            finished: std::time::Duration::from_millis(1500),
         };
+        // seeds/003: 5 answers in 1.5 s from the first send to the last answer.
+        let m = ModeResult::new(Mode::Appease, &r, 0.0, 50.0);
+        assert_eq!(m.time_to_finish_s, 1.5);
+        assert_eq!(m.time_per_request_ms, 300.0);
+        assert_eq!(m.requests_per_s, 2.5);
+        assert_eq!(m.max_min_ms, m.latency_ms.max - m.latency_ms.min);
         let f = Frames::new(&r, 25.0);
         // 41 and 90 ms are late; one frame never came back.
         assert_eq!(f.dropped, 3);
