@@ -824,8 +824,9 @@ impl<'w> Engine<'w> {
             return;
         }
         st.sent += 1;
-        let target = st.target[st.next_target % st.target.len()];
-        st.next_target += 1;
+        let n = st.target.len();
+        let target = st.target[st.next_target];
+        st.next_target = if st.next_target + 1 == n { 0 } else { st.next_target + 1 };
         let next = match def.arrivals {
             Arrivals::Poisson { .. } => {
                 let gap = st.exp.as_ref().expect("poisson").sample(&mut self.rng);
