@@ -139,7 +139,30 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     }));
     let report = daemon.actuator.restore_all();
     Status::remove(&daemon.opts.run_dir);
-    tracing::info!(?report, "restored every thread appease changed; exiting");
+    let RestoreReport {
+        restored,
+        gone,
+        left_alone,
+        failed,
+    } = report;
+    if failed == 0 {
+        tracing::info!(
+            restored,
+            gone,
+            left_alone,
+            "restored every thread appease changed; exiting"
+        );
+    } else {
+        // The journal keeps what could not be put back, for `appease restore` to retry.
+        tracing::warn!(
+            restored,
+            gone,
+            left_alone,
+            failed,
+            "could not restore every change (see the warnings above); the journal in {} keeps them for `appease restore`; exiting",
+            daemon.opts.run_dir.display()
+        );
+    }
     match result {
         Ok(r) => r,
         Err(panic) => std::panic::resume_unwind(panic),

@@ -826,7 +826,11 @@ impl<'w> Engine<'w> {
         st.sent += 1;
         let n = st.target.len();
         let target = st.target[st.next_target];
-        st.next_target = if st.next_target + 1 == n { 0 } else { st.next_target + 1 };
+        st.next_target = if st.next_target + 1 == n {
+            0
+        } else {
+            st.next_target + 1
+        };
         let next = match def.arrivals {
             Arrivals::Poisson { .. } => {
                 let gap = st.exp.as_ref().expect("poisson").sample(&mut self.rng);
