@@ -1,72 +1,97 @@
 //! The fair class's run queues: per queue, its waiting entities ordered by (key,
-//! entity), kept as an indexed binary min-heap. Every entity sits in at most one queue,
-//! so one table of positions (queue and heap slot) serves all of them.
+//! entity). Every entity sits in at most one queue, so one table of keys, queues and
+//! heap slots serves all of them. The order of (key, entity) pairs is total, so every
+//! query answers exactly what a sorted set would.
 //!
-//! Why a heap and not a search tree: a CPU-bound entity that used its slice goes back
-//! with the largest key, which a heap appends in O(1), and the first is always at the
-//! root; a B-tree pays a search and node shifts for both. The order of (key, entity)
-//! pairs is total, so every query answers exactly what a sorted set would.
-//!
-//! Each queue also keeps one slot in front of its heap for an entity that joined with
-//! a key below all others: a woken task usually does, and usually runs next, so it
-//! comes and goes without climbing to the root and being sifted out again.
+//! A queue is a sorted ring buffer while it is short and an indexed binary min-heap
+//! while it is long. The fair class takes from the front, and an entity goes back
+//! either at the end (a CPU-bound one that used its slice has the largest key) or at
+//! the front (a woken one, placed behind the minimum). In a ring both ends cost O(1),
+//! with no sift through the levels of a heap, and an insert or removal in the middle
+//! shifts the shorter side: cheap for a hundred entities, but 2–4× slower than a heap
+//! at a thousand (measured), hence the switch.
+
+use std::collections::VecDeque;
 
 const NOWHERE: u32 = u32::MAX;
-/// `pos` of the entity in its queue's front slot.
-const FRONT: u32 = u32::MAX - 1;
 /// Children per heap node (4 was measured slower: more comparisons per level).
 const D: usize = 2;
+/// A ring longer than this becomes a heap; a heap shorter than `RING_BELOW` a ring
+/// again (apart, so that a queue near the limit does not convert back and forth).
+const HEAP_ABOVE: usize = 256;
+const RING_BELOW: usize = 64;
+
+enum Queue {
+    Ring(VecDeque<(i64, u32)>),
+    Heap(Vec<(i64, u32)>),
+}
 
 pub struct RunQueues {
-    heaps: Vec<Vec<(i64, u32)>>,
-    /// Per queue: an entity ordered before every one in its heap, if any.
-    fronts: Vec<Option<(i64, u32)>>,
-    /// Per entity: its index in its queue's heap (or FRONT), and its queue (NOWHERE:
-    /// none).
-    pos: Vec<u32>,
+    queues: Vec<Queue>,
+    /// Per entity: its key, its queue (NOWHERE: none), and its slot if that is a heap.
+    key: Vec<i64>,
     home: Vec<u32>,
+    pos: Vec<u32>,
+    heap_above: usize,
+    ring_below: usize,
 }
 
 impl RunQueues {
     pub fn new(queues: usize, entities: usize) -> Self {
+        Self::with_limits(queues, entities, HEAP_ABOVE, RING_BELOW)
+    }
+
+    fn with_limits(queues: usize, entities: usize, heap_above: usize, ring_below: usize) -> Self {
         RunQueues {
-            heaps: vec![Vec::new(); queues],
-            fronts: vec![None; queues],
-            pos: vec![NOWHERE; entities],
+            queues: (0..queues).map(|_| Queue::Ring(VecDeque::new())).collect(),
+            key: vec![0; entities],
             home: vec![NOWHERE; entities],
+            pos: vec![NOWHERE; entities],
+            heap_above,
+            ring_below,
         }
     }
 
     #[cfg(test)]
     pub fn len(&self, q: usize) -> usize {
-        self.heaps[q].len() + usize::from(self.fronts[q].is_some())
+        match &self.queues[q] {
+            Queue::Ring(r) => r.len(),
+            Queue::Heap(h) => h.len(),
+        }
     }
 
     pub fn insert(&mut self, q: usize, key: i64, e: usize) {
         debug_assert_eq!(self.home[e], NOWHERE, "entity {e} is queued twice");
         self.home[e] = q as u32;
+        self.key[e] = key;
         let slot = (key, e as u32);
-        let heap_first = self.heaps[q].first().copied();
-        let slot = match self.fronts[q] {
-            None if heap_first.is_none_or(|h| slot < h) => {
-                self.fronts[q] = Some(slot);
-                self.pos[e] = FRONT;
-                return;
+        match &mut self.queues[q] {
+            Queue::Ring(ring) => {
+                match (ring.front(), ring.back()) {
+                    (_, None) => ring.push_back(slot),
+                    (_, Some(&last)) if last < slot => ring.push_back(slot),
+                    (Some(&first), _) if slot < first => ring.push_front(slot),
+                    _ => {
+                        let i = ring.partition_point(|&s| s < slot);
+                        ring.insert(i, slot);
+                    }
+                }
+                if ring.len() > self.heap_above {
+                    self.ring_to_heap(q);
+                }
             }
-            // The new first takes the front; the old one goes to the heap's root.
-            Some(front) if slot < front => {
-                self.fronts[q] = Some(slot);
-                self.pos[e] = FRONT;
-                front
+            Queue::Heap(heap) => {
+                heap.push(slot);
+                let i = heap.len() - 1;
+                self.pos[e] = i as u32;
+                self.sift_up(q, i);
             }
-            _ => slot,
-        };
-        let e = slot.1 as usize;
-        let heap = &mut self.heaps[q];
-        heap.push(slot);
-        let i = heap.len() - 1;
-        self.pos[e] = i as u32;
-        self.sift_up(q, i);
+        }
+    }
+
+    #[cfg(test)]
+    fn is_heap(&self, q: usize) -> bool {
+        matches!(self.queues[q], Queue::Heap(_))
     }
 
     /// The queue `e` waits in.
@@ -79,61 +104,120 @@ impl RunQueues {
     /// Takes `e` out of its queue; it must be in one.
     pub fn remove(&mut self, e: usize) {
         let q = self.home[e] as usize;
-        let i = self.pos[e] as usize;
-        if self.pos[e] == FRONT {
-            self.fronts[q] = None;
-            self.pos[e] = NOWHERE;
-            self.home[e] = NOWHERE;
-            return;
-        }
-        debug_assert!(self.heaps[q].get(i).is_some_and(|s| s.1 as usize == e));
-        self.pos[e] = NOWHERE;
         self.home[e] = NOWHERE;
-        let heap = &mut self.heaps[q];
-        let last = heap.pop().expect("not empty: e is in it");
-        if i == heap.len() {
-            return; // it was the last slot
-        }
-        heap[i] = last;
-        self.pos[last.1 as usize] = i as u32;
-        // The moved slot may belong above or below.
-        if i > 0 && last < self.heaps[q][(i - 1) / D] {
-            self.sift_up(q, i);
-        } else {
-            self.sift_down(q, i);
+        let slot = (self.key[e], e as u32);
+        match &mut self.queues[q] {
+            Queue::Ring(ring) => {
+                if ring.front() == Some(&slot) {
+                    ring.pop_front();
+                } else if ring.back() == Some(&slot) {
+                    ring.pop_back();
+                } else {
+                    let i = ring.partition_point(|&s| s < slot);
+                    debug_assert_eq!(
+                        ring.get(i),
+                        Some(&slot),
+                        "entity {e} is not where its key says"
+                    );
+                    ring.remove(i);
+                }
+            }
+            Queue::Heap(heap) => {
+                let i = self.pos[e] as usize;
+                debug_assert_eq!(heap.get(i), Some(&slot));
+                self.pos[e] = NOWHERE;
+                let last = heap.pop().expect("not empty: e is in it");
+                if i < heap.len() {
+                    heap[i] = last;
+                    self.pos[last.1 as usize] = i as u32;
+                    // The moved slot may belong above or below.
+                    if i > 0 && last < heap[(i - 1) / D] {
+                        self.sift_up(q, i);
+                    } else {
+                        self.sift_down(q, i);
+                    }
+                }
+                if self.heap_len(q) < self.ring_below {
+                    self.heap_to_ring(q);
+                }
+            }
         }
     }
 
     /// The smallest (key, entity).
     pub fn first(&self, q: usize) -> Option<(i64, usize)> {
-        self.fronts[q]
-            .or_else(|| self.heaps[q].first().copied())
-            .map(|(k, e)| (k, e as usize))
+        match &self.queues[q] {
+            Queue::Ring(r) => r.front(),
+            Queue::Heap(h) => h.first(),
+        }
+        .map(|&(k, e)| (k, e as usize))
     }
 
-    /// The largest (key, entity): always a leaf, so only the leaves are read.
+    /// The largest (key, entity); in a heap always a leaf, so only the leaves are read.
     pub fn last(&self, q: usize) -> Option<(i64, usize)> {
-        let heap = &self.heaps[q];
-        let n = heap.len();
-        let first_leaf = n.saturating_sub(2) / D + usize::from(n >= 2);
-        heap[first_leaf..]
-            .iter()
-            .max()
-            .copied()
-            .or(self.fronts[q])
-            .map(|(k, e)| (k, e as usize))
+        match &self.queues[q] {
+            Queue::Ring(r) => r.back().copied(),
+            Queue::Heap(h) => {
+                let n = h.len();
+                let first_leaf = n.saturating_sub(2) / D + usize::from(n >= 2);
+                h[first_leaf..].iter().max().copied()
+            }
+        }
+        .map(|(k, e)| (k, e as usize))
     }
 
     /// The entities of queue `q`, in no particular order.
     pub fn entities(&self, q: usize) -> impl Iterator<Item = usize> + '_ {
-        self.fronts[q]
-            .iter()
-            .chain(&self.heaps[q])
+        let (ring, heap) = match &self.queues[q] {
+            Queue::Ring(r) => (Some(r), None),
+            Queue::Heap(h) => (None, Some(h)),
+        };
+        ring.into_iter()
+            .flatten()
+            .chain(heap.into_iter().flatten())
             .map(|&(_, e)| e as usize)
     }
 
+    fn heap_len(&self, q: usize) -> usize {
+        match &self.queues[q] {
+            Queue::Heap(h) => h.len(),
+            Queue::Ring(_) => unreachable!("called on heaps"),
+        }
+    }
+
+    /// A sorted array is already a min-heap: only the slots need recording.
+    fn ring_to_heap(&mut self, q: usize) {
+        let Queue::Ring(ring) = &mut self.queues[q] else {
+            unreachable!("called on rings")
+        };
+        let heap = Vec::from(std::mem::take(ring));
+        for (i, &(_, e)) in heap.iter().enumerate() {
+            self.pos[e as usize] = i as u32;
+        }
+        self.queues[q] = Queue::Heap(heap);
+    }
+
+    fn heap_to_ring(&mut self, q: usize) {
+        let Queue::Heap(heap) = &mut self.queues[q] else {
+            unreachable!("called on heaps")
+        };
+        let mut slots = std::mem::take(heap);
+        slots.sort_unstable();
+        for &(_, e) in &slots {
+            self.pos[e as usize] = NOWHERE;
+        }
+        self.queues[q] = Queue::Ring(VecDeque::from(slots));
+    }
+
+    fn heap_mut(&mut self, q: usize) -> (&mut Vec<(i64, u32)>, &mut Vec<u32>) {
+        match &mut self.queues[q] {
+            Queue::Heap(h) => (h, &mut self.pos),
+            Queue::Ring(_) => unreachable!("called on heaps"),
+        }
+    }
+
     fn sift_up(&mut self, q: usize, mut i: usize) {
-        let (heap, pos) = (&mut self.heaps[q], &mut self.pos);
+        let (heap, pos) = self.heap_mut(q);
         let item = heap[i];
         while i > 0 {
             let parent = (i - 1) / D;
@@ -148,7 +232,7 @@ impl RunQueues {
     }
 
     fn sift_down(&mut self, q: usize, mut i: usize) {
-        let (heap, pos) = (&mut self.heaps[q], &mut self.pos);
+        let (heap, pos) = self.heap_mut(q);
         let n = heap.len();
         let item = heap[i];
         loop {
@@ -194,12 +278,29 @@ mod tests {
 
     #[test]
     fn answers_every_query_as_a_sorted_set_does() {
+        // Rings only, heaps only (past their first few entities), and queues that
+        // keep switching between the two.
+        assert_eq!(check_against_sorted_sets(usize::MAX, 0), 0);
+        assert_eq!(
+            check_against_sorted_sets(4, 0),
+            3,
+            "each queue becomes a heap once"
+        );
+        let switches = check_against_sorted_sets(52, 48);
+        assert!(switches > 20, "{switches} switches");
+    }
+
+    /// Random inserts and removals, every query compared; returns how many times a
+    /// queue switched between ring and heap.
+    fn check_against_sorted_sets(heap_above: usize, ring_below: usize) -> usize {
         const N: usize = 300;
-        let mut rq = RunQueues::new(3, N);
+        let mut rq = RunQueues::with_limits(3, N, heap_above, ring_below);
         let mut sets = vec![BTreeSet::new(); 3];
         let mut keys = vec![None; N];
         let mut s = 7;
+        let mut switches = 0;
         for step in 0..20_000 {
+            let kinds: Vec<bool> = (0..3).map(|q| rq.is_heap(q)).collect();
             let e = (lcg(&mut s) as usize) % N;
             match keys[e] {
                 Some((q, k)) => {
@@ -227,7 +328,9 @@ mod tests {
                 let mut want: Vec<usize> = set.iter().map(|&(_, e)| e).collect();
                 want.sort_unstable();
                 assert_eq!(all, want);
+                switches += usize::from(rq.is_heap(q) != kinds[q]);
             }
         }
+        switches
     }
 }
