@@ -99,6 +99,9 @@ const PROTECTED: &[&str] = &[
 ];
 /// A subtree wanting less than this many CPUs counts as idle.
 const IDLE_CPUS: f64 = 0.05;
+/// /proc counts CPU time in clock ticks (USER_HZ, 100 a second on Linux): a process that
+/// merely woke at a tick is charged all 10 ms of it.
+const CLOCK_TICK_NS: f64 = 10_000_000.0;
 /// A process wanting at least this many CPUs is busy itself.
 const BUSY_CPUS: f64 = 0.1;
 
@@ -234,12 +237,15 @@ impl BatchClassifier {
         // waiting for traffic beside a batch job) supervises mixed work: the batch tree
         // ends below it. A make's children are busy, or too young to tell.
         let after_ns = self.params.after.as_nanos() as u64;
+        // Over a short scan, one tick is already IDLE_CPUS (10 ms in 200 ms): idle means
+        // less than a tick and a half too.
+        let idle_below = dt.map_or(IDLE_CPUS, |d| IDLE_CPUS.max(1.5 * CLOCK_TICK_NS / d));
         let supervises_idle = |parent: u32, branch: u32| {
             children.get(&parent).is_some_and(|kids| {
                 kids.iter().any(|&k| {
                     k != branch
                         && by_pid.get(&k).is_some_and(|c| c.age_ns >= after_ns)
-                        && tree_rate(k) < IDLE_CPUS
+                        && tree_rate(k) < idle_below
                 })
             })
         };
@@ -655,6 +661,28 @@ mod tests {
         assert!(
             matches!(&d[..], [(_, BatchDecision::Demote { root: 92, .. })]),
             "{d:?}"
+        );
+    }
+
+    #[test]
+    fn an_idle_child_charged_a_clock_tick_in_a_short_scan_is_still_idle() {
+        // Scans every 200 ms. The supervisor's idle server is charged one 10 ms tick every
+        // other scan (it woke at a tick): 0.05 CPUs over that scan, yet idle.
+        let mut c = BatchClassifier::new(params());
+        let mut out = vec![];
+        for i in 0..=25u64 {
+            let t = i * S / 5;
+            let procs = vec![
+                p(1, 0, "systemd", 0.0),
+                p(90, 1, "supervisor", 0.0),
+                p(91, 90, "server", (i / 2) as f64 * 0.010),
+                p(92, 90, "soak", t as f64 / S as f64),
+            ];
+            out.extend(c.on_scan(t, &procs, none, |_| None));
+        }
+        assert!(
+            matches!(&out[..], [BatchDecision::Demote { root: 92, .. }]),
+            "{out:?}"
         );
     }
 
