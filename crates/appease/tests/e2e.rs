@@ -785,6 +785,7 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
         for k in [
             "requests",
             "batch_throughput",
+            "batch_cpus",
             "cpu_util_pct",
             "max_min_ms",
             "p95_min_ms",
@@ -842,8 +843,16 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
         get("unmanaged", "mean") > 2.0 * get("unloaded", "mean"),
         "{v}"
     );
-    let unloaded_batch = modes[0]["batch_throughput"].as_f64().unwrap();
-    assert_eq!(unloaded_batch, 0.0, "no soakers when unloaded");
+    let batch = |name: &str, k: &str| {
+        let m = modes.iter().find(|m| m["mode"] == name).unwrap();
+        m[k].as_f64().unwrap()
+    };
+    assert_eq!(batch("unloaded", "batch_throughput"), 0.0, "no soakers");
+    assert_eq!(batch("unloaded", "batch_cpus"), 0.0, "no soakers");
+    // Unmanaged, 8 soakers share 2 CPUs with a server that needs 0.2 of one: the
+    // soakers' own CPU time, reported when they end, says they got most of both.
+    let unmanaged = batch("unmanaged", "batch_cpus");
+    assert!((1.5..=2.0).contains(&unmanaged), "{unmanaged} CPUs: {v}");
 }
 
 /// PostgreSQL processes started from a bench's private directory, still running.
@@ -894,6 +903,8 @@ fn bench_with_a_compile_load_demotes_the_whole_make_tree() {
     // Both compile: files per second.
     assert!(m(0, "batch_throughput") > 1.0, "{v}");
     assert!(m(1, "batch_throughput") > 1.0, "{v}");
+    // The build's CPU time includes every compiler it ran, the unfinished ones too.
+    assert!(m(0, "batch_cpus") > 1.0, "{v}");
     assert!(
         mean(1) < mean(0),
         "demoted compilers no longer delay the server: {v}"

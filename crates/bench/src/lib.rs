@@ -272,13 +272,14 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                 );
                 let r = run_mode(opts, &params, mode, soakers)?;
                 eprintln!(
-                    "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms; batch {:.1} {}/s",
+                    "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms; batch {:.1} {}/s on {:.2} CPUs",
                     r.latency_ms.mean,
                     r.latency_ms.p95,
                     r.latency_ms.p99,
                     r.latency_ms.max,
                     r.batch_throughput,
-                    params.batch.unit()
+                    params.batch.unit(),
+                    r.batch_cpus
                 );
                 runs[i].push(r);
             }
@@ -543,7 +544,7 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
 
     // Soakers report their work on SIGTERM.
     let soak_time = soak_start.elapsed().as_secs_f64();
-    let mut units = 0u64;
+    let (mut units, mut cpu_ns) = (0u64, 0u64);
     for c in run
         .children
         .iter_mut()
@@ -555,10 +556,14 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
         if let Some(out) = c.stdout.as_mut() {
             let _partial_ok = out.read_to_string(&mut s);
         }
-        units += s.trim().parse::<u64>().unwrap_or(0);
+        // "UNITS CPU_NS"
+        let mut fields = s.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
+        units += fields.next().unwrap_or(0);
+        cpu_ns += fields.next().unwrap_or(0);
         let _reaped = c.wait();
     }
     let mut m = ModeResult::new(mode, &result, units as f64 / soak_time, util);
+    m.batch_cpus = cpu_ns as f64 / 1e9 / soak_time;
     m.download_s = download_s;
     if p.server == "player" {
         m.frames = Some(report::Frames::new(&result, p.rate_per_s));

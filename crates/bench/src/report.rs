@@ -49,6 +49,11 @@ pub struct ModeResult {
     pub lost: u64,
     /// Work units (1,000 loop iterations) per second, all soakers together.
     pub batch_throughput: f64,
+    /// CPUs the batch got on average (its CPU time over the time it ran): with
+    /// `batch_throughput`, whether a mode gave the batch less CPU or the batch did less
+    /// with the same CPU.
+    #[serde(default)]
+    pub batch_cpus: f64,
     pub cpu_util_pct: f64,
     /// seeds/004 unhappiness: time waited beyond the CPU the request needed, ms.
     pub unhappiness_ms: Option<Latency>,
@@ -104,6 +109,7 @@ impl ModeResult {
             requests: r.answered,
             lost: r.sent.saturating_sub(r.answered),
             batch_throughput,
+            batch_cpus: 0.0,
             cpu_util_pct,
             unhappiness_ms: (!r.unhappiness_us.is_empty())
                 .then(|| Latency::from_us(&r.unhappiness_us)),
@@ -172,7 +178,7 @@ impl ScenarioResult {
             p.rounds
         );
         s += &format!(
-            "{:<18} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9} {:>12} {:>8} {:>6}\n",
+            "{:<18} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9} {:>12} {:>8} {:>6} {:>6}\n",
             "mode",
             "mean",
             "p50",
@@ -184,6 +190,7 @@ impl ScenarioResult {
             "unhappy",
             "batch/s",
             "vs unm.",
+            "b.CPUs",
             "util%"
         );
         let unmanaged = self
@@ -199,7 +206,7 @@ impl ScenarioResult {
                 _ => "?".into(),
             };
             s += &format!(
-                "{:<18} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>9} {:>12.prec$} {:>8} {:>6.1}\n",
+                "{:<18} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>9} {:>12.prec$} {:>8} {:>6.2} {:>6.1}\n",
                 m.mode.name(),
                 l.mean,
                 l.p50,
@@ -211,13 +218,15 @@ impl ScenarioResult {
                 m.unhappiness_ms.as_ref().map_or("-".to_string(), |u| format!("{:.2}", u.mean)),
                 m.batch_throughput,
                 vs,
+                m.batch_cpus,
                 m.cpu_util_pct,
                 // Files compiled per second are few; work units are millions.
                 prec = if m.batch_throughput < 100.0 { 2 } else { 0 }
             );
         }
         s += &format!(
-            "latency and unhappiness (mean, beyond the request's own CPU) in ms; batch/s = {} per second\n",
+            "latency and unhappiness (mean, beyond the request's own CPU) in ms; batch/s = {} per second; \
+             b.CPUs = CPUs the batch got on average\n",
             p.batch.unit()
         );
         if self.modes.iter().any(|m| m.download_s.is_some()) {
@@ -254,13 +263,13 @@ pub fn csv(results: &[ScenarioResult]) -> String {
     let mut s = String::from(
         "scenario,load_per_cpu,mode,requests,lost,mean_ms,p50_ms,p90_ms,p95_ms,p99_ms,p999_ms,\
          min_ms,max_ms,max_min_ms,p95_min_ms,unhappiness_mean_ms,requests_per_s,time_to_finish_s,\
-         time_per_request_ms,batch_throughput,cpu_util_pct\n",
+         time_per_request_ms,batch_throughput,cpu_util_pct,batch_cpus\n",
     );
     for r in results {
         for m in &r.modes {
             let l = &m.latency_ms;
             s += &format!(
-                "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.4},{:.1},{:.2}\n",
+                "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.4},{:.1},{:.2},{:.3}\n",
                 r.scenario,
                 r.load_per_cpu,
                 m.mode.name(),
@@ -281,7 +290,8 @@ pub fn csv(results: &[ScenarioResult]) -> String {
                 m.time_to_finish_s,
                 m.time_per_request_ms,
                 m.batch_throughput,
-                m.cpu_util_pct
+                m.cpu_util_pct,
+                m.batch_cpus
             );
         }
     }
@@ -331,6 +341,7 @@ pub fn median(runs: &[ModeResult]) -> ModeResult {
         requests: runs.iter().map(|r| r.requests).sum::<u64>() / runs.len() as u64,
         lost: runs.iter().map(|r| r.lost).max().unwrap_or(0),
         batch_throughput: m(|r| r.batch_throughput),
+        batch_cpus: m(|r| r.batch_cpus),
         cpu_util_pct: m(|r| r.cpu_util_pct),
         unhappiness_ms: (unhappy.len() == runs.len()).then(|| median_latency(&unhappy)),
         max_min_ms: m(|r| r.max_min_ms),
@@ -384,6 +395,7 @@ mod tests {
             requests: 100,
             lost: 0,
             batch_throughput: x * 10.0,
+            batch_cpus: x / 10.0,
             cpu_util_pct: 99.0,
             unhappiness_ms: Some(lat(x / 2.0)),
             max_min_ms: 0.0,
@@ -406,6 +418,7 @@ mod tests {
         let m = median(&[result(5.0), result(9.0), result(6.0)]);
         assert_eq!(m.latency_ms, lat(6.0));
         assert_eq!(m.batch_throughput, 60.0);
+        assert_eq!(m.batch_cpus, 0.6);
         assert_eq!(m.unhappiness_ms, Some(lat(3.0)));
         assert_eq!(m.cdf_ms, vec![(50.0, 6.0), (99.0, 12.0)]);
         assert_eq!(m.frames.as_ref().map(|f| f.dropped), Some(6));

@@ -136,7 +136,7 @@ fn answer(mut s: impl Read + Write, cpu: Duration, callees: &mut Callees) {
 }
 
 /// Spins, counting units of work (1,000 loop iterations each), until SIGTERM; then
-/// prints the count.
+/// prints the count and the CPU time it used (ns).
 pub fn soak(name: &str) -> io::Result<()> {
     let name = std::ffi::CString::new(name).map_err(io::Error::other)?;
     set_name(&name);
@@ -153,8 +153,21 @@ pub fn soak(name: &str) -> io::Result<()> {
         std::hint::black_box(x);
         units += 1;
     }
-    println!("{units}");
+    println!("{units} {}", cpu_used_ns());
     Ok(())
+}
+
+/// CPU time (user and system) of this process and of every child it reaped, ns: what
+/// the batch actually got, whatever it made of it.
+fn cpu_used_ns() -> u64 {
+    let ns = |who| {
+        // SAFETY: getrusage fills the zeroed struct it is given.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(who, &mut u) };
+        let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+        tv(u.ru_utime) + tv(u.ru_stime)
+    };
+    ns(libc::RUSAGE_SELF) + ns(libc::RUSAGE_CHILDREN)
 }
 
 /// The process name (comm) that ps, top and `appease status` show.
@@ -223,7 +236,7 @@ pub const FILES: usize = 64;
 
 /// A real parallel C compile as batch load: generates a source tree in `dir` and runs
 /// `make -B -j JOBS` over it again and again until SIGTERM; then prints how many files
-/// it compiled. It starts compiling only after a line on stdin, so the bench can first
+/// it compiled and the CPU time the build used (ns). It starts compiling only after a line on stdin, so the bench can first
 /// set its priority or group, which every make and gcc it forks then inherits.
 pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
     use std::io::BufRead;
@@ -265,7 +278,7 @@ pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
             return Err(io::Error::other(format!("make failed: {status}")));
         }
     }
-    println!("{built}");
+    println!("{built} {}", cpu_used_ns());
     Ok(())
 }
 
