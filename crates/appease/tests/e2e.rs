@@ -903,7 +903,7 @@ fn bench_with_a_compile_load_demotes_the_whole_make_tree() {
     // Both compile: files per second.
     assert!(m(0, "batch_throughput") > 1.0, "{v}");
     assert!(m(1, "batch_throughput") > 1.0, "{v}");
-    // The build's CPU time includes every compiler it ran, the unfinished ones too.
+    // The build's CPU time includes every compiler it ran: the worker reaps them all.
     assert!(m(0, "batch_cpus") > 1.0, "{v}");
     assert!(
         mean(1) < mean(0),
