@@ -236,19 +236,14 @@ pub const FILES: usize = 64;
 
 /// A real parallel C compile as batch load: generates a source tree in `dir` and runs
 /// `make -B -j JOBS` over it again and again until SIGTERM; then prints how many files
-/// it compiled and the CPU time the build used (ns). It starts compiling only after a line on stdin, so the bench can first
-/// set its priority or group, which every make and gcc it forks then inherits.
+/// it compiled and the CPU time the build used (ns). It starts compiling only after a
+/// line on stdin, so the bench can first set its priority or group, which every make and
+/// gcc it forks then inherits.
 pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
-    // Compilers orphaned when make is killed come to this worker, which reaps them, so
-    // their CPU time counts in the build's (RUSAGE_CHILDREN) and none outlives it.
-    // SAFETY: a flag on this process only.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
     use std::io::BufRead;
     set_name(c"bench-compile");
     // Orphans below us (a gcc whose make is gone) become our children, not init's, so
-    // that `end_tree` can find and end them.
+    // that `end_tree` can find, end and reap them, and their CPU time counts in ours.
     // SAFETY: prctl with an integer argument.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     let stop = Arc::new(AtomicBool::new(false));
