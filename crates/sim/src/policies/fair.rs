@@ -81,6 +81,8 @@ struct Rq {
 pub struct Fair {
     mode: Mode,
     cpus: usize,
+    /// Entities below this are tasks, the rest group entities.
+    ntasks: usize,
     ents: Vec<Ent>,
     rqs: Vec<Rq>,
     /// The waiting (not current) entities of each run queue: by vruntime (CFS), or by
@@ -171,6 +173,7 @@ impl Fair {
         Fair {
             mode,
             cpus,
+            ntasks,
             queues: RunQueues::new(2 * rqs.len(), ents.len()),
             ents,
             rqs,
@@ -186,8 +189,13 @@ impl Fair {
         }
     }
 
-    /// Group entities: the run queue they stand for.
+    /// Group entities: the run queue they stand for. Tasks come first among the
+    /// entities, so a task is known by its index, without reading its data (on a pick,
+    /// not yet in cache).
     fn own(&self, e: usize) -> Option<usize> {
+        if e < self.ntasks {
+            return None;
+        }
         let own = self.ents[e].own;
         (own != TASK).then_some(own as usize)
     }
@@ -429,13 +437,17 @@ impl Fair {
         }
     }
 
-    /// Makes `e` the current entity of its queue (out of the waiting ones).
-    fn set_curr(&mut self, e: usize) {
-        let rq = self.ents[e].parent as usize;
+    /// Makes `e` (waiting on `rq`, or its current one) the current entity of `rq`.
+    fn set_curr(&mut self, rq: usize, e: usize) {
         if self.rqs[rq].curr == Some(e) {
             return;
         }
-        self.queues.remove(e);
+        // Nearly always the first waiting one; EEVDF's fallback may pick an ineligible one.
+        if self.queues.first(rq).is_some_and(|(_, f)| f == e) {
+            self.queues.pop_first(rq);
+        } else {
+            self.queues.remove(e);
+        }
         if let Some(old) = self.rqs[rq].curr.take() {
             self.wait_in(rq, old);
         }
@@ -541,7 +553,7 @@ impl Scheduler for Fair {
         let mut rq = cpu; // the root group's queue on this CPU
         loop {
             let e = self.pick_rq(rq)?;
-            self.set_curr(e);
+            self.set_curr(rq, e);
             match self.own(e) {
                 Some(child) => rq = child,
                 None => {

@@ -144,6 +144,31 @@ impl RunQueues {
         }
     }
 
+    /// Takes out the smallest (key, entity). Unlike `remove`, it reads nothing of the
+    /// entity's own (its key and queue are known from the slot), so the pick of a task
+    /// whose data is not in cache does not wait for it.
+    pub fn pop_first(&mut self, q: usize) -> Option<(i64, usize)> {
+        let (k, e) = match &mut self.queues[q] {
+            Queue::Ring(r) => r.pop_front()?,
+            Queue::Heap(h) => {
+                let first = *h.first()?;
+                let last = h.pop().expect("not empty");
+                if !h.is_empty() {
+                    h[0] = last;
+                    self.pos[last.1 as usize] = 0;
+                    self.sift_down(q, 0);
+                }
+                self.pos[first.1 as usize] = NOWHERE;
+                if self.heap_len(q) < self.ring_below {
+                    self.heap_to_ring(q);
+                }
+                first
+            }
+        };
+        self.home[e as usize] = NOWHERE;
+        Some((k, e as usize))
+    }
+
     /// The smallest (key, entity).
     pub fn first(&self, q: usize) -> Option<(i64, usize)> {
         match &self.queues[q] {
@@ -290,7 +315,7 @@ mod tests {
         assert!(switches > 20, "{switches} switches");
     }
 
-    /// Random inserts and removals, every query compared; returns how many times a
+    /// Random inserts, removals and takes of the first, every query compared; returns how many times a
     /// queue switched between ring and heap.
     fn check_against_sorted_sets(heap_above: usize, ring_below: usize) -> usize {
         const N: usize = 300;
@@ -302,6 +327,17 @@ mod tests {
         for step in 0..20_000 {
             let kinds: Vec<bool> = (0..3).map(|q| rq.is_heap(q)).collect();
             let e = (lcg(&mut s) as usize) % N;
+            if step % 7 == 0 {
+                // Taking out a queue's first, as a pick does.
+                let q = (lcg(&mut s) % 3) as usize;
+                let got = rq.pop_first(q);
+                assert_eq!(got, sets[q].pop_first(), "step {step}");
+                if let Some((_, f)) = got {
+                    keys[f] = None;
+                    assert_eq!(rq.queue_of(f), None);
+                }
+                continue;
+            }
             match keys[e] {
                 Some((q, k)) => {
                     assert_eq!(rq.queue_of(e), Some(q));
