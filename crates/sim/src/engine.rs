@@ -96,16 +96,15 @@ enum Kind {
     CpuBound,
     /// Computes, sleeps, again (times from its process's `cycle`).
     Cycle,
-    Server(Box<Inbox>),
+    /// The request slots queued behind its head request (`Task::head`). Boxed: a
+    /// VecDeque inline (32 bytes) would push a task past one cache line.
+    #[allow(clippy::box_collection)]
+    Server(Box<VecDeque<u32>>),
     Lock(Box<LockTask>),
 }
 
-/// A server's queued requests and how far it is into the first.
-#[derive(Clone, Debug, Default)]
-struct Inbox {
-    queue: VecDeque<Slot>,
-    stage: usize,
-}
+/// `Task::head` of a task with no request.
+const NO_REQUEST: u32 = u32::MAX;
 
 #[derive(Clone, Copy, Debug)]
 struct LockTask {
@@ -135,18 +134,18 @@ pub struct Lock {
     pub open_hold_ns: u128,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Slot {
-    req: usize,
-    caller: Option<TaskId>,
-}
-
 #[derive(Clone, Debug)]
 pub struct Task {
     /// Index of its [[process]].
     pub process: u32,
     pub state: State,
     pub cpu: u32,
+    /// Servers: the slot of the request it works on (or is blocked in a call for), and
+    /// how many of that request's calls it has made. Kept here, not with the queue
+    /// behind it, so that charging a request's CPU and handing an idle server a request
+    /// touch this line and the request's, nothing else.
+    head: u32,
+    stage: u16,
     /// CPU time left in the current segment (until a call, an answer or a sleep).
     remaining: Ns,
     pub cpu_total: Ns,
@@ -217,13 +216,15 @@ pub struct View {
 impl View {
     /// The unhappiness `t` holds right now: the requests it works on or has queued.
     pub fn unhappiness(&self, t: TaskId, now: Ns) -> f64 {
-        let Kind::Server(inbox) = &self.tasks[t].kind else {
+        let task = &self.tasks[t];
+        let Kind::Server(waiting) = &task.kind else {
             return 0.0;
         };
-        inbox
-            .queue
-            .iter()
-            .map(|s| &self.requests[s.req])
+        (task.head != NO_REQUEST)
+            .then_some(task.head)
+            .into_iter()
+            .chain(waiting.iter().copied())
+            .map(|r| &self.requests[r as usize])
             .filter(|r| r.chain.last().map(|c| c.0) == Some(t))
             .map(|r| r.top_value(now))
             .sum()
@@ -236,7 +237,7 @@ impl View {
 
     /// Whether `t` holds a request (works on one, queued one, or waits for a callee).
     pub fn holds_request(&self, t: TaskId) -> bool {
-        matches!(&self.tasks[t].kind, Kind::Server(inbox) if !inbox.queue.is_empty())
+        self.tasks[t].head != NO_REQUEST
     }
 
     pub fn runnable(&self) -> usize {
@@ -358,6 +359,8 @@ impl<'w> Engine<'w> {
                     process: pi as u32,
                     state: State::Sleeping,
                     cpu: (all.len() % w.sim.cpus) as u32,
+                    head: NO_REQUEST,
+                    stage: 0,
                     remaining: 0,
                     cpu_total: 0,
                     kind,
@@ -532,12 +535,10 @@ impl<'w> Engine<'w> {
         let task = &mut self.view.tasks[t];
         task.cpu_total += ran;
         task.remaining = task.remaining.saturating_sub(ran);
-        if let Kind::Server(inbox) = &task.kind {
-            if let Some(s) = inbox.queue.front() {
-                let r = &mut self.view.requests[s.req];
-                r.cpu += ran;
-                r.top_cpu += ran;
-            }
+        if task.head != NO_REQUEST {
+            let r = &mut self.view.requests[task.head as usize];
+            r.cpu += ran;
+            r.top_cpu += ran;
         }
         self.sched.charge(cpu, t, ran, self.now);
     }
@@ -690,12 +691,12 @@ impl<'w> Engine<'w> {
             .expect("a server task's process serves")
     }
 
-    /// Server task `t`'s queued requests.
-    fn inbox(&mut self, t: TaskId) -> &mut Inbox {
-        let Kind::Server(inbox) = &mut self.view.tasks[t].kind else {
+    /// Server task `t`'s requests queued behind its head.
+    fn waiting(&mut self, t: TaskId) -> &mut VecDeque<u32> {
+        let Kind::Server(waiting) = &mut self.view.tasks[t].kind else {
             unreachable!("checked: requests go to servers")
         };
-        inbox
+        waiting
     }
 
     /// A server's current request reached a call or its end: issue the call, or answer
@@ -703,11 +704,11 @@ impl<'w> Engine<'w> {
     fn server_progress(&mut self, t: TaskId) {
         loop {
             let serve = self.serve_of(t);
-            let inbox = self.inbox(t);
-            let Some(&slot) = inbox.queue.front() else {
+            let task = &self.view.tasks[t];
+            if task.head == NO_REQUEST {
                 return;
-            };
-            let stage_now = inbox.stage;
+            }
+            let (req, stage_now) = (task.head as usize, task.stage as usize);
             // Boundaries: after each call's after_cpu_ms, then the end.
             if stage_now < serve.calls.len() {
                 // Done with the part before call `stage_now`: call.
@@ -716,21 +717,23 @@ impl<'w> Engine<'w> {
                 let callee = self.pick_instance(callee_proc);
                 self.view.tasks[t].state = State::Blocked;
                 let alpha = self.w.sim.alpha;
-                let r = &mut self.view.requests[slot.req];
+                let r = &mut self.view.requests[req];
                 r.settle_top(self.now);
                 let u = r.chain.last().expect("open").1;
                 r.chain.last_mut().expect("open").1 = alpha * u;
                 r.chain.push((callee, (1.0 - alpha) * u));
-                self.deliver(callee, slot.req, Some(t), false);
+                self.deliver(callee, req, Some(t), false);
                 return;
             }
-            // The request is done here.
-            let inbox = self.inbox(t);
-            inbox.queue.pop_front();
-            inbox.stage = 0;
-            let r = &mut self.view.requests[slot.req];
+            // The request is done here: the next waiting one becomes the head.
+            let next = self.waiting(t).pop_front().unwrap_or(NO_REQUEST);
+            let task = &mut self.view.tasks[t];
+            (task.head, task.stage) = (next, 0);
+            let r = &mut self.view.requests[req];
             r.settle_top(self.now);
-            match slot.caller {
+            // The chain's entry below this server's is the caller's, if it was called.
+            let caller = r.chain.len().checked_sub(2).map(|i| r.chain[i].0);
+            match caller {
                 Some(caller) => {
                     let (_, u) = r.chain.pop().expect("callee on the chain");
                     r.chain.last_mut().expect("caller on the chain").1 += u;
@@ -749,7 +752,7 @@ impl<'w> Engine<'w> {
                         cpu: r.cpu,
                         unhappiness,
                     });
-                    self.view.free.push(slot.req);
+                    self.view.free.push(req);
                     if let Arrivals::Closed { think_ms } = self.w.customer[c].arrivals {
                         self.push(self.now + ms(think_ms), Ev::Arrive { customer: c });
                     }
@@ -764,11 +767,11 @@ impl<'w> Engine<'w> {
     /// Sets up the head request's first segment; true if `t` now has CPU work.
     fn start_head(&mut self, t: TaskId) -> bool {
         let serve = self.serve_of(t);
-        let inbox = self.inbox(t);
-        if inbox.queue.is_empty() {
+        let task = &mut self.view.tasks[t];
+        if task.head == NO_REQUEST {
             return false;
         }
-        inbox.stage = 0;
+        task.stage = 0;
         let first = serve.calls.first().map_or(serve.cpu_ms, |c| c.after_cpu_ms);
         self.view.tasks[t].remaining = ms(first);
         if self.view.tasks[t].remaining == 0 {
@@ -782,12 +785,12 @@ impl<'w> Engine<'w> {
     /// The callee answered: the caller goes on with its next segment.
     fn resume_caller(&mut self, caller: TaskId) {
         let serve = self.serve_of(caller);
-        let stage = &mut self.inbox(caller).stage;
-        let from = serve.calls[*stage].after_cpu_ms;
+        let stage = &mut self.view.tasks[caller].stage;
+        let from = serve.calls[*stage as usize].after_cpu_ms;
         *stage += 1;
         let to = serve
             .calls
-            .get(*stage)
+            .get(*stage as usize)
             .map_or(serve.cpu_ms, |c| c.after_cpu_ms);
         self.view.tasks[caller].remaining = ms(to - from);
         self.view.tasks[caller].state = State::Sleeping;
@@ -810,9 +813,13 @@ impl<'w> Engine<'w> {
     fn deliver(&mut self, t: TaskId, req: usize, caller: Option<TaskId>, unix: bool) {
         self.sched
             .on_request(t, self.now, unix || caller.is_some(), &self.view);
-        let queue = &mut self.inbox(t).queue;
-        queue.push_back(Slot { req, caller });
-        if queue.len() == 1 && self.view.tasks[t].state == State::Sleeping && !self.start_head(t) {
+        let task = &mut self.view.tasks[t];
+        if task.head != NO_REQUEST {
+            self.waiting(t).push_back(req as u32);
+            return;
+        }
+        task.head = req as u32;
+        if task.state == State::Sleeping && !self.start_head(t) {
             self.server_progress(t);
         }
     }

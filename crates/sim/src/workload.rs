@@ -11,6 +11,9 @@ use appease_config::checked;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
+/// Calls one request makes at one server (the engine counts them in 16 bits).
+pub const MAX_CALLS: usize = u16::MAX as usize;
+
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
     #[error("{file}: {source}")]
@@ -369,6 +372,15 @@ impl Workload {
                 ));
             }
             if let Some(s) = &p.serve {
+                if s.calls.len() > MAX_CALLS {
+                    return Err((
+                        Some(p.name.span()),
+                        format!(
+                            "process {name:?} makes {} calls per request; at most {MAX_CALLS} are supported",
+                            s.calls.len()
+                        ),
+                    ));
+                }
                 let mut last = 0.0;
                 for c in &s.calls {
                     if c.after_cpu_ms > s.cpu_ms || c.after_cpu_ms < last {
@@ -631,6 +643,19 @@ arrivals = { kind = "poisson", rate_per_s = 40.0 }
         );
         let e = err(&BASE.replace("to = \"db\"", "to = \"web\""));
         assert!(e.contains("call cycle: web -> web"), "{e}");
+    }
+
+    #[test]
+    fn more_calls_per_request_than_the_engine_counts_are_refused() {
+        let calls = vec!["{ to = \"db\", after_cpu_ms = 1.0 }"; MAX_CALLS + 1].join(", ");
+        let e = err(&BASE.replace(
+            "calls = [{ to = \"db\", after_cpu_ms = 2.0 }]",
+            &format!("calls = [{calls}]"),
+        ));
+        assert!(
+            e.contains("line 6") && e.contains("makes 65536 calls per request; at most 65535"),
+            "{e}"
+        );
     }
 
     #[test]
