@@ -1,8 +1,9 @@
 //! seeds/001's utilization and fairness cases, scaled to this machine:
 //! - (2·CPUs − 1) idle-class soakers beside one normal soaker must leave no CPU idle
 //!   (the old CFS left CPUs idle here), with SCHED_IDLE tasks and with an idle cgroup;
-//! - 48 batch groups of one soaker each, under one top-level idle group, must share
-//!   the CPUs fairly (Jain's index over their CPU time).
+//! - 48 batch groups of one soaker each must share the CPUs fairly (Jain's index over
+//!   their CPU time): as the kernel treats them under one top-level idle group, and as
+//!   the appease daemon manages them.
 
 use std::time::{Duration, Instant};
 
@@ -64,8 +65,29 @@ enum Layout {
     OneIdleGroup,
     /// All soakers SCHED_IDLE in their own group (the reference without groups).
     AllSchedIdle,
-    /// The appease daemon (default config, or --config) finds and demotes the soakers.
+    /// One group per soaker under a normal top-level group (batch jobs as a service
+    /// manager sets them up), then the appease daemon (default config, or --config)
+    /// finds and demotes the soakers.
     Appease,
+}
+
+/// Puts each of `pids` in a group of its own, all under one new top-level group (idle or
+/// not), which `run` removes at its end.
+fn one_group_each(run: &mut Run, pids: &[u32], idle_parent: bool) -> Result<()> {
+    let cg = appease_cgroup::Cgroups::detect()?;
+    let parent = cg.ensure_top_group(
+        &format!("appease-bench-{}.batch", std::process::id()),
+        idle_parent,
+        100,
+    )?;
+    run.cgroups.push((cg.clone(), parent.clone()));
+    for (i, &pid) in pids.iter().enumerate() {
+        let child = cg.ensure_child_group(&parent, &format!("g{i:02}"), 100)?;
+        // Children first: the parent is removed last.
+        run.cgroups.insert(0, (cg.clone(), child.clone()));
+        cg.move_process(pid, &child)?;
+    }
+    Ok(())
 }
 
 fn run_case(
@@ -100,6 +122,7 @@ fn run_case(
             0
         }
         Layout::Appease => {
+            one_group_each(&mut run, &pids, false)?;
             let cfg = std::env::temp_dir()
                 .join(format!("appease-bench-util-{}.toml", std::process::id()));
             let text = match &opts.config {
@@ -141,19 +164,7 @@ fn run_case(
             1
         }
         Layout::Groups(k) => {
-            let cg = appease_cgroup::Cgroups::detect()?;
-            let parent = cg.ensure_top_group(
-                &format!("appease-bench-{}.batch", std::process::id()),
-                true,
-                100,
-            )?;
-            run.cgroups.push((cg.clone(), parent.clone()));
-            for (i, &pid) in pids.iter().enumerate().take(k) {
-                let child = cg.ensure_child_group(&parent, &format!("g{i:02}"), 100)?;
-                // Children first: the parent is removed last.
-                run.cgroups.insert(0, (cg.clone(), child.clone()));
-                cg.move_process(pid, &child)?;
-            }
+            one_group_each(&mut run, &pids[..k], true)?;
             k
         }
     };
@@ -219,7 +230,7 @@ pub fn run(opts: &Options) -> Result<UtilizationResult> {
             48,
         ),
         (
-            "48 soakers demoted by the appease daemon",
+            "48 one-soaker batch groups, under the appease daemon",
             Layout::Appease,
             48,
         ),
