@@ -743,15 +743,22 @@ pub(crate) fn make_sched_idle(pids: &[u32]) -> Result<()> {
     Ok(())
 }
 
+/// A top-level group of the bench's, `appease-bench-PID.SUFFIX`, removed with the run.
+pub(crate) fn bench_top_group(
+    run: &mut Run,
+    suffix: &str,
+    idle: bool,
+) -> Result<(appease_cgroup::Cgroups, String)> {
+    let cg = appease_cgroup::Cgroups::detect()?;
+    let name = format!("appease-bench-{}.{suffix}", std::process::id());
+    let group = cg.ensure_top_group(&name, idle, 100)?;
+    run.cgroups.push((cg.clone(), group.clone()));
+    Ok((cg, group))
+}
+
 /// Our own children into a top-level idle group of the bench's, removed with the run.
 pub(crate) fn into_idle_group(run: &mut Run, pids: &[u32]) -> Result<()> {
-    let cg = appease_cgroup::Cgroups::detect()?;
-    let group = cg.ensure_top_group(
-        &format!("appease-bench-{}.idle", std::process::id()),
-        true,
-        100,
-    )?;
-    run.cgroups.push((cg.clone(), group.clone()));
+    let (cg, group) = bench_top_group(run, "idle", true)?;
     for &pid in pids {
         cg.move_process(pid, &group)?;
     }

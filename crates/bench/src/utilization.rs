@@ -74,13 +74,7 @@ enum Layout {
 /// Puts each of `pids` in a group of its own, all under one new top-level group (idle or
 /// not), which `run` removes at its end.
 fn one_group_each(run: &mut Run, pids: &[u32], idle_parent: bool) -> Result<()> {
-    let cg = appease_cgroup::Cgroups::detect()?;
-    let parent = cg.ensure_top_group(
-        &format!("appease-bench-{}.batch", std::process::id()),
-        idle_parent,
-        100,
-    )?;
-    run.cgroups.push((cg.clone(), parent.clone()));
+    let (cg, parent) = crate::bench_top_group(run, "batch", idle_parent)?;
     for (i, &pid) in pids.iter().enumerate() {
         let child = cg.ensure_child_group(&parent, &format!("g{i:02}"), 100)?;
         // Children first: the parent is removed last.
