@@ -67,14 +67,17 @@ fn reports_socket_reads_with_family_filtered_per_thread_and_lifecycle() {
         tx.send(gettid()).unwrap();
         let (mut s, _) = listener.accept().unwrap();
         let mut buf = [0u8; 64];
-        let mut got = 0;
+        let (mut got, mut reads) = (0, 0);
         while got < 50 {
             let n = s.read(&mut buf).unwrap();
+            reads += 1;
             if n == 0 {
                 break;
             }
             got += n;
         }
+        // Fewer than 50 when bytes arrive together while the thread is off CPU.
+        reads
     });
     let tcp_tid = rx.recv().unwrap();
     let mut c = TcpStream::connect(addr).unwrap();
@@ -90,7 +93,12 @@ fn reports_socket_reads_with_family_filtered_per_thread_and_lifecycle() {
     let unix_server = thread::spawn(move || {
         tx.send(gettid()).unwrap();
         let mut buf = [0u8; 16];
-        b.read_exact(&mut buf[..4]).unwrap();
+        let (mut got, mut reads) = (0, 0);
+        while got < 4 {
+            got += b.read(&mut buf[got..4]).unwrap();
+            reads += 1;
+        }
+        reads
     });
     let unix_tid = rx.recv().unwrap();
     a.write_all(b"ping").unwrap();
@@ -105,8 +113,8 @@ fn reports_socket_reads_with_family_filtered_per_thread_and_lifecycle() {
     let child_pid = child.id();
     let _ = { child }.wait().unwrap();
 
-    tcp_server.join().unwrap();
-    unix_server.join().unwrap();
+    let tcp_reads = tcp_server.join().unwrap();
+    let unix_reads = unix_server.join().unwrap();
     let events = collect(&mut probe, Duration::from_millis(300));
 
     eprintln!("events: {events:?}\ncounters: {:?}", probe.counters());
@@ -147,7 +155,11 @@ fn reports_socket_reads_with_family_filtered_per_thread_and_lifecycle() {
     );
 
     let c = probe.counters();
-    assert!(c.socket_reads >= 51, "every socket read is counted: {c:?}");
+    // Other processes' socket reads count too, hence at least.
+    assert!(
+        c.socket_reads >= tcp_reads + unix_reads,
+        "every socket read is counted ({tcp_reads} TCP, {unix_reads} UNIX): {c:?}"
+    );
     assert!(c.requests >= 2 && c.requests < c.socket_reads, "{c:?}");
     assert_eq!(c.lost, 0);
 }
