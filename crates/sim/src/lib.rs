@@ -80,7 +80,9 @@ pub struct LockReport {
 /// One answered request, for the CSV.
 #[derive(Clone, Debug, Serialize)]
 pub struct RequestRecord {
-    pub customer: String,
+    /// Index into the workload's customers (`Report::customers`): a run answers
+    /// hundreds of thousands of requests, and a name each would be a string copy each.
+    pub customer: usize,
     pub arrive_ms: f64,
     pub response_ms: f64,
     pub cpu_ms: f64,
@@ -106,6 +108,9 @@ pub struct Report {
     pub locks: Vec<LockReport>,
     #[serde(skip)]
     pub records: Vec<RequestRecord>,
+    /// The customers' names, in workload order.
+    #[serde(skip)]
+    pub customers: Vec<String>,
 }
 
 fn task_infos(w: &Workload) -> Vec<TaskInfo> {
@@ -175,7 +180,7 @@ pub fn run(w: &Workload, policy: Option<&str>) -> Result<Report, String> {
         unhappiness.system += weighted;
         *unhappiness.per_customer.get_mut(&c.name).expect("inserted") += weighted;
         records.push(RequestRecord {
-            customer: c.name.clone(),
+            customer: r.customer,
             arrive_ms: r.arrive as f64 / MS,
             response_ms: (done - r.arrive) as f64 / MS,
             cpu_ms: r.cpu as f64 / MS,
@@ -225,6 +230,7 @@ pub fn run(w: &Workload, policy: Option<&str>) -> Result<Report, String> {
             .map(|l| lock_report(l, out.duration))
             .collect(),
         records,
+        customers: w.customer.iter().map(|c| c.name.clone()).collect(),
     })
 }
 
@@ -261,7 +267,12 @@ pub fn records_csv(r: &Report) -> String {
     for x in &r.records {
         s += &format!(
             "{},{},{:.6},{:.6},{:.6},{:.6}\n",
-            r.policy, x.customer, x.arrive_ms, x.response_ms, x.cpu_ms, x.unhappiness_ms
+            r.policy,
+            r.customers[x.customer],
+            x.arrive_ms,
+            x.response_ms,
+            x.cpu_ms,
+            x.unhappiness_ms
         );
     }
     s
