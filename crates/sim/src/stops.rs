@@ -85,6 +85,37 @@ mod tests {
     }
 
     #[test]
+    fn the_first_stop_is_always_the_earliest_of_all_cpus() {
+        for cpus in [1, 2, 3, 5, 8, 64, 100] {
+            let mut s = Stops::new(cpus);
+            let mut stops: Vec<Option<Key>> = vec![None; cpus];
+            let mut x: u64 = 12345;
+            for seq in 1..5_000u64 {
+                // A small LCG: times collide often, so the sequence must break ties.
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let cpu = (x >> 33) as usize % cpus;
+                if (x >> 20) % 5 == 0 {
+                    s.clear(cpu);
+                    stops[cpu] = None;
+                } else {
+                    let key = ((x >> 40) % 50, seq);
+                    s.set(cpu, key);
+                    stops[cpu] = Some(key);
+                }
+                let expected = stops
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(c, k)| k.map(|k| (k, c)))
+                    .min();
+                assert_eq!(s.first(), expected, "{cpus} cpus, step {seq}");
+                assert_eq!(s.get(cpu), stops[cpu].unwrap_or((u64::MAX, u64::MAX)));
+            }
+        }
+    }
+
+    #[test]
     fn one_cpu_works() {
         let mut s = Stops::new(1);
         s.set(0, (7, 1));
