@@ -8,9 +8,11 @@ APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
 # load), nginx and wget (web scenario); all tested end to end.
 TEST_PACKAGES := postgresql gcc nginx wget
 BENCH_PACKAGES := $(TEST_PACKAGES)
+# Counts the simulator's instructions per event (a figure the host's noise cannot move).
+PROFILE_PACKAGES := valgrind
 CONFIG ?=
 
-.PHONY: all deps test-deps bench-deps build run test bench fmt clippy clean
+.PHONY: all deps test-deps bench-deps profile-deps build run test bench sim-instructions fmt clippy clean
 
 all: build
 
@@ -18,7 +20,8 @@ all: build
 deps: PACKAGES = $(APT_PACKAGES)
 test-deps: PACKAGES = $(APT_PACKAGES) $(TEST_PACKAGES)
 bench-deps: PACKAGES = $(APT_PACKAGES) $(BENCH_PACKAGES)
-deps test-deps bench-deps:
+profile-deps: PACKAGES = $(APT_PACKAGES) $(PROFILE_PACKAGES)
+deps test-deps bench-deps profile-deps:
 	@missing=""; for p in $(PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
@@ -54,6 +57,10 @@ bench: bench-deps build
 	./target/release/appease bench synthetic --load 1,2,4,8 --modes unloaded,unmanaged,batch-cgroup-idle,rbpe-classic,appease --out bench-out/sweep
 	./target/release/appease bench utilization --out bench-out/utilization
 	$(CARGO) bench --locked -p appease-sim --bench speed
+
+# Instructions per simulated event, every policy, both speed workloads (about 2 minutes).
+sim-instructions: profile-deps build
+	./scripts/sim-instructions.sh
 
 fmt:
 	$(CARGO) fmt --all

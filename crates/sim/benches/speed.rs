@@ -8,45 +8,17 @@
 //! Events are those the engine handles: slice ends, arrivals, wake-ups, balancing and
 //! policy ticks. Replaced slice ends are never queued, so they are not counted.
 
+/// The two hosts, as files a user can run with `appease sim` too.
 const HOSTS: [(&str, &str); 2] = [
     (
         "busy",
-        r#"
-[[process]]
-name = "hog"
-count = 8000
-behavior = "cpu-bound"
-"#,
+        include_str!("../../../examples/sim/speed-busy.toml"),
     ),
     (
         "typical",
-        r#"
-[[process]]
-name = "hog"
-count = 256
-behavior = "cpu-bound"
-[[process]]
-name = "daemon"
-count = 7744
-cycle = { cpu_ms = 0.5, sleep_ms = 1000.0 }
-"#,
+        include_str!("../../../examples/sim/speed-typical.toml"),
     ),
 ];
-
-const COMMON: &str = r#"
-[sim]
-cpus = 64
-duration_ms = 10000
-seed = 1
-[[process]]
-name = "web"
-count = 2000
-serve = { cpu_ms = 0.2 }
-[[customer]]
-name = "clients"
-to = "web"
-arrivals = { kind = "poisson", rate_per_s = 20000.0 }
-"#;
 
 fn main() {
     println!("64 CPUs, 10,000 processes, 20,000 requests/s, 10 s simulated; best of 3 runs");
@@ -54,9 +26,8 @@ fn main() {
         "{:<8} {:<12} {:>10} {:>9} {:>10} {:>9}",
         "host", "policy", "events", "wall ms", "Mevents/s", "answered"
     );
-    for (host, processes) in HOSTS {
-        let text = format!("{COMMON}{processes}");
-        let w = appease_sim::Workload::parse(&text, "speed.toml").expect("valid workload");
+    for (host, text) in HOSTS {
+        let w = appease_sim::Workload::parse(text, host).expect("valid workload");
         for p in appease_sim::POLICIES {
             // Best of three: the machine is shared.
             let best = (0..3)
