@@ -242,8 +242,10 @@ impl BatchManager {
             }
         }
         self.share_pct = 100.0 * cpu as f64 / (dt * host::cpus() as f64);
-        // Waiting more than a tenth of the time counts as having runnable work.
-        let waiting = wait as f64 > 0.1 * dt;
+        // Waiting more than a tenth of the time counts as having runnable work; so does a
+        // member runnable now, since a thread starved all scan long adds nothing to
+        // run_delay until it next gets the CPU.
+        let waiting = wait as f64 > 0.1 * dt || in_group.iter().any(|&pid| host::runnable_now(pid));
         tracing::debug!(
             share_pct = self.share_pct,
             waiting,

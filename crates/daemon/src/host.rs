@@ -186,6 +186,21 @@ pub fn wait_ns_of(pid: u32) -> Option<u64> {
     Some(total)
 }
 
+/// Whether any of a process's threads is running or waiting for a CPU right now (state R).
+/// schedstat's run_delay grows only when a thread gets the CPU, so a thread starved for a
+/// whole scan shows no new wait there; its state still says it wants to run.
+pub fn runnable_now(pid: u32) -> bool {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        fs::read_to_string(e.path().join("stat"))
+            .ok()
+            .and_then(|t| Some(appease_cgroup::stat_fields(&t)?.1.first()? == &"R"))
+            .unwrap_or(false)
+    })
+}
+
 /// Owner of a process.
 pub fn uid_of_process(pid: u32) -> Option<u32> {
     fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
@@ -222,5 +237,25 @@ mod tests {
         assert_eq!(parse_psi_some_total(psi), Some(2_048_070));
         assert!(runnable().is_some());
         assert!(cpus() >= 1);
+    }
+
+    #[test]
+    fn a_spinning_thread_is_runnable_and_a_sleeping_process_is_not() {
+        // This thread runs while it reads its own state.
+        assert!(runnable_now(std::process::id()));
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = sleeper.id();
+        // Until it has gone to sleep it may still be runnable.
+        let asleep = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            !runnable_now(pid)
+        });
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
+        assert!(asleep, "sleep(1) never left state R");
+        assert!(!runnable_now(u32::MAX), "no such process");
     }
 }
