@@ -133,7 +133,9 @@ impl ElevationPolicy {
     }
 
     fn burst_ns(&self) -> f64 {
-        self.params.budget.burst.as_nanos() as f64
+        // Through u64: a u128 → f64 conversion is a library call, and a burst is far
+        // below 2⁶⁴ ns, where both give the same value.
+        self.params.budget.burst.as_nanos() as u64 as f64
     }
 
     /// A thread received a request at `now`; `cpu_ns` is its total CPU time then.

@@ -26,6 +26,10 @@ impl CpuSet {
         self.words[c / 64] &= !(1 << (c % 64));
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.words.iter().all(|&w| w == 0)
+    }
+
     /// Members in [from, to), ascending.
     fn range(&self, from: usize, to: usize) -> impl Iterator<Item = usize> + '_ {
         let words = if from < to {

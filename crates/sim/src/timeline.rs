@@ -15,13 +15,14 @@ pub struct Timeline<T> {
     buckets: Vec<Vec<(u128, T)>>,
     /// Bit b set: bucket b is not empty (so the first one is found in a few words).
     full: [u64; 3],
+    /// The smallest key of each non-empty bucket, kept as keys arrive, so that the
+    /// earliest is known without a scan.
+    mins: [u128; BUCKETS],
     /// An emptied bucket's allocation, reused for the next redistribution.
     spare: Vec<(u128, T)>,
     /// The key of the last event taken out; every pending key is at least this.
     last: u128,
     len: usize,
-    /// The smallest pending key, once known (cleared by `pop`, kept by `push`).
-    min: Option<u128>,
 }
 
 fn pack(at: u64, seq: u64) -> u128 {
@@ -33,10 +34,10 @@ impl<T> Timeline<T> {
         Timeline {
             buckets: (0..BUCKETS).map(|_| Vec::new()).collect(),
             full: [0; 3],
+            mins: [u128::MAX; BUCKETS],
             spare: Vec::new(),
             last: 0,
             len: 0,
-            min: None,
         }
     }
 
@@ -51,31 +52,14 @@ impl<T> Timeline<T> {
         let b = self.bucket(key);
         self.put(b, key, item);
         self.len += 1;
-        if let Some(m) = self.min {
-            self.min = Some(m.min(key));
-        } else if self.len == 1 {
-            self.min = Some(key);
-        }
     }
 
     /// The earliest pending (time, sequence).
-    pub fn peek(&mut self) -> Option<(u64, u64)> {
+    pub fn peek(&self) -> Option<(u64, u64)> {
         if self.len == 0 {
             return None;
         }
-        let m = match self.min {
-            Some(m) => m,
-            None => {
-                let b = self.first_bucket();
-                let m = self.buckets[b]
-                    .iter()
-                    .map(|&(k, _)| k)
-                    .min()
-                    .expect("non-empty");
-                self.min = Some(m);
-                m
-            }
-        };
+        let m = self.mins[self.first_bucket()];
         Some(((m >> 64) as u64, m as u64))
     }
 
@@ -84,13 +68,23 @@ impl<T> Timeline<T> {
         let (at, seq) = self.peek()?;
         let key = pack(at, seq);
         let b = self.first_bucket();
+        if b > 0 && self.buckets[b].len() == 1 {
+            // Alone in its bucket: every other key is in a higher bucket and differs from
+            // the new `last` at the same bit as from the old, so none has to move.
+            let (k, item) = self.buckets[b].pop().expect("one key");
+            debug_assert_eq!(k, key);
+            self.empty(b);
+            self.last = key;
+            self.len -= 1;
+            return Some((at, item));
+        }
         if b > 0 {
             // Every key of the first non-empty bucket moves to a lower one relative to
             // the new `last`; the earliest lands in bucket 0.
             self.last = key;
             let mut moving =
                 std::mem::replace(&mut self.buckets[b], std::mem::take(&mut self.spare));
-            self.full[b / 64] &= !(1 << (b % 64));
+            self.empty(b);
             for (k, item) in moving.drain(..) {
                 let to = self.bucket(k);
                 self.put(to, k, item);
@@ -100,17 +94,23 @@ impl<T> Timeline<T> {
         let (k, item) = self.buckets[0]
             .pop()
             .expect("the earliest key is in bucket 0");
-        self.full[0] &= !1;
+        self.empty(0);
         debug_assert_eq!(k, key);
         debug_assert!(self.buckets[0].is_empty(), "keys are unique");
         self.len -= 1;
-        self.min = None;
         Some((at, item))
     }
 
     fn put(&mut self, b: usize, key: u128, item: T) {
         self.buckets[b].push((key, item));
         self.full[b / 64] |= 1 << (b % 64);
+        self.mins[b] = self.mins[b].min(key);
+    }
+
+    /// Bucket `b` was emptied.
+    fn empty(&mut self, b: usize) {
+        self.full[b / 64] &= !(1 << (b % 64));
+        self.mins[b] = u128::MAX;
     }
 
     fn first_bucket(&self) -> usize {

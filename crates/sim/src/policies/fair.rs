@@ -3,6 +3,10 @@
 //! slices), with task groups: per-CPU run queues per group, group entities weighted by
 //! shares × the group's load on that CPU / its load everywhere, SCHED_IDLE tasks and idle
 //! groups at weight 3 that never preempt and are preempted by any non-idle wakeup.
+//!
+//! The small helpers on every switch are `#[inline(always)]`: left to itself the compiler
+//! kept them as calls that save and restore every register: 5 % of busy cfs's instructions
+//! per event (`make sim-instructions`, docs/RESULTS.md).
 
 use super::runq::RunQueues;
 use crate::engine::{How, Ns, Scheduler, TaskId, TaskInfo, View};
@@ -23,6 +27,15 @@ const NICE_0: u64 = 1024;
 /// EEVDF: whether an entity of run queue `r` is eligible (v ≤ the load-weighted average).
 fn eligible_in(r: &Rq, ent: &Ent) -> bool {
     r.load == 0 || (ent.v as i128) * (r.load as i128) <= r.sum_wv
+}
+
+/// a/b rounded toward zero, as i128 division does, in 64 bits when a fits: a 128-bit
+/// division is a library call of about a hundred cycles.
+fn div_i128(a: i128, b: i128) -> i128 {
+    match (i64::try_from(a), i64::try_from(b)) {
+        (Ok(a), Ok(b)) if b != 0 && !(a == i64::MIN && b == -1) => (a / b) as i128,
+        _ => a / b,
+    }
 }
 
 /// a·b/c, exact: in 64 bits when a·b fits (always, for times below months), else 128.
@@ -72,7 +85,8 @@ struct Rq {
     nr: usize,
     load: u64,
     min_v: i64,
-    /// Σ w·v over its entities (EEVDF's average vruntime).
+    /// Σ w·v over its entities (EEVDF's average vruntime; not kept up to date under CFS,
+    /// which never reads it).
     sum_wv: i128,
     /// Parent group entity (None for a CPU's root queue).
     owner: Option<usize>,
@@ -217,6 +231,7 @@ impl Fair {
     }
 
     /// Queues `e` (not current) on `rq`, in the queue its mode and eligibility say.
+    #[inline(always)]
     fn wait_in(&mut self, rq: usize, e: usize) {
         match self.mode {
             Mode::Cfs => self.queues.insert(rq, self.ents[e].v, e),
@@ -234,14 +249,14 @@ impl Fair {
             if !self.eligible(rq, e) {
                 break;
             }
-            self.queues.remove(e);
+            self.queues.pop_first(ineligible);
             self.queues.insert(rq, self.ents[e].deadline, e);
         }
         while let Some((_, e)) = self.queues.first(rq) {
             if self.eligible(rq, e) {
                 return Some(e);
             }
-            self.queues.remove(e);
+            self.queues.pop_first(rq);
             self.queues.insert(ineligible, self.ents[e].v, e);
         }
         None
@@ -283,10 +298,11 @@ impl Fair {
         if r.load == 0 {
             r.min_v
         } else {
-            (r.sum_wv / r.load as i128) as i64
+            div_i128(r.sum_wv, r.load as i128) as i64
         }
     }
 
+    #[inline(always)]
     fn update_min_v(&mut self, rq: usize) {
         if self.mode != Mode::Cfs {
             return;
@@ -325,7 +341,7 @@ impl Fair {
                     0
                 } else {
                     // Keep the lag it left with, as seen after it joins.
-                    (ent.vlag as i128 * (load + ent.weight as i128) / load) as i64
+                    div_i128(ent.vlag as i128 * (load + ent.weight as i128), load) as i64
                 };
                 ent.v = avg - lag;
                 ent.deadline = ent.v + if how == How::New { vslice / 2 } else { vslice };
@@ -370,10 +386,17 @@ impl Fair {
     }
 
     /// A group's load on a CPU changed: its entity there is reweighted, up the tree.
+    #[inline(always)]
     fn load_changed(&mut self, rq: usize, delta: i64) {
+        // The root group has no entity to reweight (and its load is never read).
+        if let Some(ge) = self.rqs[rq].owner {
+            self.group_load_changed(rq, ge, delta);
+        }
+    }
+
+    fn group_load_changed(&mut self, rq: usize, ge: usize, delta: i64) {
         let g = self.group_of_rq(rq);
         self.group_load[g] = (self.group_load[g] as i64 + delta).max(0) as u64;
-        let Some(ge) = self.rqs[rq].owner else { return };
         let new = if self.group_idle[g] {
             WEIGHT_IDLE
         } else {
@@ -401,7 +424,8 @@ impl Fair {
         if self.mode == Mode::Eevdf {
             // The rest of its request keeps its real-time size.
             let ent = &mut self.ents[e];
-            ent.deadline = v + ((ent.deadline - v) as i128 * old as i128 / new as i128) as i64;
+            ent.deadline =
+                v + div_i128((ent.deadline - v) as i128 * old as i128, new as i128) as i64;
         }
         self.ents[e].weight = new as u32;
         let r = &mut self.rqs[rq];
@@ -460,12 +484,17 @@ impl Fair {
     }
 
     fn task_rq(&self, t: TaskId, cpu: usize) -> usize {
-        self.group_of_rq(self.ents[t].parent as usize) * self.cpus + cpu
+        let parent = self.ents[t].parent as usize;
+        if parent < self.cpus {
+            return cpu; // the root group's queues come first
+        }
+        self.group_of_rq(parent) * self.cpus + cpu
     }
 
     /// Puts the current entities back with the waiting ones (the CPU stops running them).
     /// Walks up by owner rather than collecting the path first: a task of the root group,
     /// the common case, has a path of one (about 1.1× faster for cfs, docs/RESULTS.md).
+    #[inline(always)]
     fn clear_curr(&mut self, t: TaskId) {
         let mut e = t;
         loop {
@@ -484,6 +513,7 @@ impl Fair {
     }
 
     /// Removes a task from its CPU, and group entities left empty on the way up.
+    #[inline(always)]
     fn dequeue_task(&mut self, t: TaskId) {
         let mut e = t;
         loop {
@@ -508,6 +538,9 @@ impl Fair {
     /// the level where the kernel compares them.
     fn matching(&self, curr: TaskId, woken: TaskId) -> (usize, usize) {
         let up = |e: usize| self.rqs[self.ents[e].parent as usize].owner;
+        if up(curr).is_none() && up(woken).is_none() {
+            return (curr, woken); // both in root groups: the common case
+        }
         let depth = |t: TaskId| self.path(t).count();
         let (mut a, mut b) = (curr, woken);
         let (mut da, mut db) = (depth(curr), depth(woken));
@@ -552,8 +585,20 @@ impl Scheduler for Fair {
     fn pick(&mut self, cpu: usize, _now: Ns, _view: &View) -> Option<TaskId> {
         let mut rq = cpu; // the root group's queue on this CPU
         loop {
-            let e = self.pick_rq(rq)?;
-            self.set_curr(rq, e);
+            let e = match (self.mode, self.rqs[rq].curr) {
+                // The usual case (`put_prev` left nothing current): CFS runs the
+                // leftmost, taken off by position.
+                (Mode::Cfs, None) => {
+                    let (_, e) = self.queues.pop_first(rq)?;
+                    self.rqs[rq].curr = Some(e);
+                    e
+                }
+                _ => {
+                    let e = self.pick_rq(rq)?;
+                    self.set_curr(rq, e);
+                    e
+                }
+            };
             match self.own(e) {
                 Some(child) => rq = child,
                 None => {
@@ -573,6 +618,15 @@ impl Scheduler for Fair {
                 } else {
                     self.latency
                 };
+                let r = &self.rqs[self.ents[t].parent as usize];
+                if r.owner.is_none() {
+                    // A task of the root group (the same arithmetic as the loop below).
+                    // Through i64: one instruction each way, where u64 ↔ f64 takes several
+                    // (the values are far below 2⁶³, so they are the same).
+                    let share = period as i64 as f64
+                        * (self.ents[t].weight as f64 / r.load.max(1) as i64 as f64);
+                    return (share as i64 as Ns).max(self.min_gran);
+                }
                 let mut share = period as f64;
                 for e in self.path(t) {
                     let r = &self.rqs[self.ents[e].parent as usize];
@@ -597,15 +651,22 @@ impl Scheduler for Fair {
     fn charge(&mut self, _cpu: usize, t: TaskId, ran: Ns, _now: Ns) {
         let mut e = t;
         loop {
-            let rq = self.ents[e].parent as usize;
-            let w = self.ents[e].weight as u64;
-            let dv = mul_div(ran, NICE_0, w.max(1)) as i64;
-            self.ents[e].v += dv;
-            self.rqs[rq].sum_wv += w as i128 * dv as i128;
-            if self.mode == Mode::Eevdf && self.ents[e].v >= self.ents[e].deadline {
-                // Request served: the next one.
-                let vs = self.vslice(e);
-                self.ents[e].deadline = self.ents[e].v + vs;
+            let ent = &mut self.ents[e];
+            let rq = ent.parent as usize;
+            let w = ent.weight as u64;
+            let dv = if w == NICE_0 {
+                ran as i64 // nice 0: no division (tens of cycles)
+            } else {
+                mul_div(ran, NICE_0, w.max(1)) as i64
+            };
+            ent.v += dv;
+            if self.mode == Mode::Eevdf {
+                self.rqs[rq].sum_wv += w as i128 * dv as i128; // only EEVDF averages
+                if self.ents[e].v >= self.ents[e].deadline {
+                    // Request served: the next one.
+                    let vs = self.vslice(e);
+                    self.ents[e].deadline = self.ents[e].v + vs;
+                }
             }
             self.update_min_v(rq);
             match self.rqs[rq].owner {

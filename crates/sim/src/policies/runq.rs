@@ -60,22 +60,33 @@ impl RunQueues {
         }
     }
 
+    /// The common cases (a ring's either end) are inlined into the caller; the rest
+    /// are out of line, so that the short path saves and restores few registers.
+    #[inline(always)]
     pub fn insert(&mut self, q: usize, key: i64, e: usize) {
         debug_assert_eq!(self.home[e], NOWHERE, "entity {e} is queued twice");
         self.home[e] = q as u32;
         self.key[e] = key;
         let slot = (key, e as u32);
+        if let Queue::Ring(ring) = &mut self.queues[q] {
+            if ring.len() < self.heap_above {
+                match (ring.front(), ring.back()) {
+                    (_, None) => return ring.push_back(slot),
+                    (_, Some(&last)) if last < slot => return ring.push_back(slot),
+                    (Some(&first), _) if slot < first => return ring.push_front(slot),
+                    _ => {}
+                }
+            }
+        }
+        self.insert_slow(q, slot);
+    }
+
+    #[inline(never)]
+    fn insert_slow(&mut self, q: usize, slot: (i64, u32)) {
         match &mut self.queues[q] {
             Queue::Ring(ring) => {
-                match (ring.front(), ring.back()) {
-                    (_, None) => ring.push_back(slot),
-                    (_, Some(&last)) if last < slot => ring.push_back(slot),
-                    (Some(&first), _) if slot < first => ring.push_front(slot),
-                    _ => {
-                        let i = ring.partition_point(|&s| s < slot);
-                        ring.insert(i, slot);
-                    }
-                }
+                let i = ring.partition_point(|&s| s < slot);
+                ring.insert(i, slot);
                 if ring.len() > self.heap_above {
                     self.ring_to_heap(q);
                 }
@@ -83,7 +94,7 @@ impl RunQueues {
             Queue::Heap(heap) => {
                 heap.push(slot);
                 let i = heap.len() - 1;
-                self.pos[e] = i as u32;
+                self.pos[slot.1 as usize] = i as u32;
                 self.sift_up(q, i);
             }
         }
@@ -147,29 +158,37 @@ impl RunQueues {
     /// Takes out the smallest (key, entity). Unlike `remove`, it reads nothing of the
     /// entity's own (its key and queue are known from the slot), so the pick of a task
     /// whose data is not in cache does not wait for it.
+    #[inline(always)]
     pub fn pop_first(&mut self, q: usize) -> Option<(i64, usize)> {
         let (k, e) = match &mut self.queues[q] {
             Queue::Ring(r) => r.pop_front()?,
-            Queue::Heap(h) => {
-                let first = *h.first()?;
-                let last = h.pop().expect("not empty");
-                if !h.is_empty() {
-                    h[0] = last;
-                    self.pos[last.1 as usize] = 0;
-                    self.sift_down(q, 0);
-                }
-                self.pos[first.1 as usize] = NOWHERE;
-                if self.heap_len(q) < self.ring_below {
-                    self.heap_to_ring(q);
-                }
-                first
-            }
+            Queue::Heap(_) => self.heap_pop_first(q)?,
         };
         self.home[e as usize] = NOWHERE;
         Some((k, e as usize))
     }
 
+    #[inline(never)]
+    fn heap_pop_first(&mut self, q: usize) -> Option<(i64, u32)> {
+        let Queue::Heap(h) = &mut self.queues[q] else {
+            unreachable!("called on heaps")
+        };
+        let first = *h.first()?;
+        let last = h.pop().expect("not empty");
+        if !h.is_empty() {
+            h[0] = last;
+            self.pos[last.1 as usize] = 0;
+            self.sift_down(q, 0);
+        }
+        self.pos[first.1 as usize] = NOWHERE;
+        if self.heap_len(q) < self.ring_below {
+            self.heap_to_ring(q);
+        }
+        Some(first)
+    }
+
     /// The smallest (key, entity).
+    #[inline(always)]
     pub fn first(&self, q: usize) -> Option<(i64, usize)> {
         match &self.queues[q] {
             Queue::Ring(r) => r.front(),
