@@ -58,7 +58,7 @@ bench: bench-deps build
 	./target/release/appease bench utilization --out bench-out/utilization
 	$(CARGO) bench --locked -p appease-sim --bench speed
 
-# Instructions per simulated event, every policy, both speed workloads (about 2 minutes).
+# Instructions per simulated event, every policy, both speed workloads (about a minute).
 sim-instructions: profile-deps build
 	./scripts/sim-instructions.sh
 
