@@ -24,9 +24,10 @@ const TASK: u32 = u32::MAX;
 pub const WEIGHT_IDLE: u64 = 3;
 const NICE_0: u64 = 1024;
 
-/// EEVDF: whether an entity of run queue `r` is eligible (v ≤ the load-weighted average).
-fn eligible_in(r: &Rq, ent: &Ent) -> bool {
-    r.load == 0 || (ent.v as i128) * (r.load as i128) <= r.sum_wv
+/// EEVDF: whether an entity of run queue `r` with vruntime `v` is eligible (v ≤ the
+/// load-weighted average).
+fn eligible_in(r: &Rq, v: i64) -> bool {
+    r.load == 0 || (v as i128) * (r.load as i128) <= r.sum_wv
 }
 
 /// a/b rounded toward zero, as i128 division does, in 64 bits when a fits: a 128-bit
@@ -244,9 +245,11 @@ impl Fair {
     /// sides only when the average vruntime passes them, so each pick moves few.
     fn first_eligible(&mut self, rq: usize) -> Option<usize> {
         let ineligible = self.rqs.len() + rq;
-        // The lowest vruntimes first: once one is not eligible, none after it is.
-        while let Some((_, e)) = self.queues.first(ineligible) {
-            if !self.eligible(rq, e) {
+        // The lowest vruntimes first: once one is not eligible, none after it is. The
+        // queue's key is the vruntime, so the entity itself (often not in cache) is read
+        // only when it moves.
+        while let Some((v, e)) = self.queues.first(ineligible) {
+            if !eligible_in(&self.rqs[rq], v) {
                 break;
             }
             self.queues.pop_first(ineligible);
@@ -290,7 +293,7 @@ impl Fair {
 
     /// EEVDF: whether `e` is eligible (v ≤ the load-weighted average).
     fn eligible(&self, rq: usize, e: usize) -> bool {
-        eligible_in(&self.rqs[rq], &self.ents[e])
+        eligible_in(&self.rqs[rq], self.ents[e].v)
     }
 
     fn avg_v(&self, rq: usize) -> i64 {
