@@ -255,7 +255,7 @@ mod tests {
         });
         sleeper.kill().unwrap();
         sleeper.wait().unwrap();
-        assert!(asleep, "sleep(1) never left state R");
+        assert!(asleep, "`sleep 5` never left state R");
         assert!(!runnable_now(u32::MAX), "no such process");
     }
 }
