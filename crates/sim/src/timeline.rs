@@ -65,9 +65,12 @@ impl<T> Timeline<T> {
 
     /// Takes out the earliest pending event.
     pub fn pop(&mut self) -> Option<(u64, T)> {
-        let (at, seq) = self.peek()?;
-        let key = pack(at, seq);
+        if self.len == 0 {
+            return None;
+        }
         let b = self.first_bucket();
+        let key = self.mins[b];
+        let at = (key >> 64) as u64;
         if b > 0 && self.buckets[b].len() == 1 {
             // Alone in its bucket: every other key is in a higher bucket and differs from
             // the new `last` at the same bit as from the old, so none has to move.
