@@ -363,6 +363,44 @@ fn elevation_and_the_ideal_scheduler_cut_the_service_call_unhappiness_of_cfs() {
     assert!((eevdf - 150.0).abs() < 7.5, "{eevdf}");
 }
 
+/// Three hogs and a server on one CPU with 10 ms EEVDF slices; 0.2 ms requests, Poisson.
+fn protected_hogs(server_slice: &str) -> String {
+    format!(
+        r#"
+[sim]
+cpus = 1
+duration_ms = 10000
+[tunables]
+base_slice_ms = 10.0
+[[process]]
+name = "hog"
+count = 3
+behavior = "cpu-bound"
+[[process]]
+name = "server"
+serve = {{ cpu_ms = 0.2 }}
+{server_slice}
+[[customer]]
+name = "c"
+to = "server"
+arrivals = {{ kind = "poisson", rate_per_s = 40.0 }}
+"#
+    )
+}
+
+#[test]
+fn eevdf_protects_the_running_slice_unless_the_woken_task_has_a_shorter_one() {
+    // RUN_TO_PARITY (Linux 6.17+): a woken server with the hogs' slice, even one with
+    // an earlier deadline, waits for the running hog to reach its deadline, up to 10 ms.
+    let equal = sim(&protected_hogs(""), "eevdf").requests;
+    assert!(equal.p99_ms > 2.0, "p99 {} ms", equal.p99_ms);
+    // PREEMPT_SHORT: with a 1 ms slice it preempts at once, so a request takes its
+    // 0.2 ms of CPU and little more.
+    let short = sim(&protected_hogs("slice_ms = 1.0"), "eevdf").requests;
+    assert!(short.p99_ms < 0.5, "p99 {} ms", short.p99_ms);
+    assert_eq!(short.count, equal.count);
+}
+
 /// N processes, each alone on its CPU, compute (exponential, mean Z) then hold one lock
 /// (exponential, mean x̄ = 1 ms): the machine-repairman queue `appease model contention`
 /// solves exactly. Ten seeded runs give a 99 % confidence interval that must hold the

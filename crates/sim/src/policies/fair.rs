@@ -4,6 +4,11 @@
 //! shares × the group's load on that CPU / its load everywhere, SCHED_IDLE tasks and idle
 //! groups at weight 3 that never preempt and are preempted by any non-idle wakeup.
 //!
+//! EEVDF follows Linux 6.17+ (the target kernel is 6.18): RUN_TO_PARITY protects the
+//! entity picked to run from wakeup preemption until its deadline, or for the shortest
+//! slice on its queue if that is shorter than its own; PREEMPT_SHORT lets a woken entity
+//! with a shorter slice than the current one ignore that protection.
+//!
 //! The small helpers on every switch are `#[inline(always)]`: left to itself the compiler
 //! kept them as calls that save and restore every register: 5 % of busy cfs's instructions
 //! per event (`make sim-instructions`, docs/RESULTS.md).
@@ -63,6 +68,10 @@ pub enum Mode {
 struct Ent {
     v: i64,
     deadline: i64,
+    /// EEVDF: the lag it left its queue with, while off its queue; while it is its
+    /// queue's current entity, the vruntime its slice protection lasts to (the kernel
+    /// kept it in the same field before 6.17, for the same reason: the lag is not used
+    /// until it leaves).
     vlag: i64,
     weight: u32,
     /// Real-time slice (EEVDF request size).
@@ -115,6 +124,8 @@ pub struct Fair {
     min_gran: Ns,
     wakeup_gran: Ns,
     base_slice: Ns,
+    /// Every entity has the same slice: slice protection always lasts to the deadline.
+    uniform_slices: bool,
 }
 
 impl Fair {
@@ -185,7 +196,9 @@ impl Fair {
         for (i, info) in infos.iter().enumerate() {
             ents[i].parent = (info.group * cpus) as u32; // cpu 0 until placed
         }
+        let uniform_slices = ents.windows(2).all(|p| p[0].slice == p[1].slice);
         Fair {
+            uniform_slices,
             mode,
             cpus,
             ntasks,
@@ -479,6 +492,35 @@ impl Fair {
             self.wait_in(rq, old);
         }
         self.rqs[rq].curr = Some(e);
+        if self.mode == Mode::Eevdf {
+            self.protect_slice(rq, e);
+        }
+    }
+
+    /// EEVDF's RUN_TO_PARITY: `e`, just made current, is not preempted on wakeups until
+    /// its deadline, or until it has run the shortest slice among the others on its
+    /// queue if that is shorter than its own.
+    fn protect_slice(&mut self, rq: usize, e: usize) {
+        let own = self.ents[e].slice;
+        let shortest = if self.uniform_slices {
+            own
+        } else {
+            self.waiting(rq)
+                .map(|o| self.ents[o].slice)
+                .fold(own, Ns::min)
+        };
+        let ent = &self.ents[e];
+        let mut vprot = ent.deadline;
+        if shortest < own {
+            let v = mul_div(shortest, NICE_0, ent.weight.max(1) as u64) as i64;
+            vprot = vprot.min(ent.v + v);
+        }
+        self.ents[e].vlag = vprot;
+    }
+
+    /// Whether the current entity `c` is still protected from wakeup preemption.
+    fn protected(&self, c: usize) -> bool {
+        self.ents[c].vlag > self.ents[c].v
     }
 
     /// Entities from the task up to its root-level ancestor.
@@ -638,11 +680,11 @@ impl Scheduler for Fair {
                 (share as Ns).max(self.min_gran)
             }
             Mode::Eevdf => {
-                // Until the first deadline on its path is reached.
+                // Until the first deadline, or end of slice protection, on its path.
                 let mut until = Ns::MAX;
                 for e in self.path(t) {
                     let ent = &self.ents[e];
-                    let vleft = (ent.deadline - ent.v).max(0) as u64;
+                    let vleft = (ent.deadline.min(ent.vlag) - ent.v).max(0) as u64;
                     let real = mul_div(vleft, ent.weight as u64, NICE_0);
                     until = until.min(real as Ns);
                 }
@@ -710,9 +752,21 @@ impl Scheduler for Fair {
                 self.ents[c].v - self.ents[w].v > gran
             }
             Mode::Eevdf => {
+                // As the kernel's pick_eevdf(): an eligible current entity keeps the CPU
+                // while its slice is protected, unless the woken one has a shorter slice
+                // (PREEMPT_SHORT); else the earlier eligible deadline wins.
                 let rq = self.ents[w].parent as usize;
-                self.eligible(rq, w)
-                    && (self.ents[w].deadline < self.ents[c].deadline || !self.eligible(rq, c))
+                if !self.eligible(rq, w) {
+                    return false;
+                }
+                if !self.eligible(rq, c) {
+                    return true;
+                }
+                let short = self.ents[w].slice < self.ents[c].slice;
+                if self.protected(c) && !short {
+                    return false;
+                }
+                self.ents[w].deadline < self.ents[c].deadline
             }
         }
     }
