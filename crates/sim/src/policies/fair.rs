@@ -124,8 +124,9 @@ pub struct Fair {
     min_gran: Ns,
     wakeup_gran: Ns,
     base_slice: Ns,
-    /// Every entity has the same slice: slice protection always lasts to the deadline.
-    uniform_slices: bool,
+    /// The shortest slice of any entity: one with this slice is protected to its deadline
+    /// without a look at its queue.
+    min_slice: Ns,
 }
 
 impl Fair {
@@ -196,9 +197,9 @@ impl Fair {
         for (i, info) in infos.iter().enumerate() {
             ents[i].parent = (info.group * cpus) as u32; // cpu 0 until placed
         }
-        let uniform_slices = ents.windows(2).all(|p| p[0].slice == p[1].slice);
+        let min_slice = ents.iter().map(|e| e.slice).min().unwrap_or(0);
         Fair {
-            uniform_slices,
+            min_slice,
             mode,
             cpus,
             ntasks,
@@ -502,7 +503,7 @@ impl Fair {
     /// queue if that is shorter than its own.
     fn protect_slice(&mut self, rq: usize, e: usize) {
         let own = self.ents[e].slice;
-        let shortest = if self.uniform_slices {
+        let shortest = if own <= self.min_slice {
             own
         } else {
             self.waiting(rq)
