@@ -11,7 +11,7 @@ printf "%-8s %-12s %10s %14s %12s\n" host policy events instructions "instr/even
 for host in busy typical; do
   for p in $policies; do
     out=$(mktemp)
-    events=$(valgrind --tool=callgrind --toggle-collect='appease_sim::engine::Engine::run' \
+    events=$(valgrind --tool=callgrind --toggle-collect='appease_sim::engine::Engine*::run' \
       --callgrind-out-file=/dev/null "$bin" sim run "examples/sim/speed-$host.toml" \
       --policy "$p" --json 2>"$out" | sed -n 's/.*"events": *\([0-9]*\).*/\1/p')
     instr=$(sed -n 's/.*Collected : *\([0-9]*\).*/\1/p' "$out")

@@ -135,15 +135,24 @@ fn task_infos(w: &Workload) -> Vec<TaskInfo> {
     v
 }
 
+/// Runs the engine with a policy: the outcome and the wall time in seconds.
+struct Timed<'w>(&'w Workload);
+
+impl<'w> policies::WithPolicy<'w> for Timed<'w> {
+    type Out = (engine::Outcome, f64);
+    fn with<S: engine::Scheduler + 'w>(self, sched: S) -> Self::Out {
+        let started = Instant::now();
+        let out = Engine::new(self.0, sched).run();
+        (out, started.elapsed().as_secs_f64())
+    }
+}
+
 /// Runs `w` under `policy` (the workload's own when None).
 pub fn run(w: &Workload, policy: Option<&str>) -> Result<Report, String> {
     let name = policy.unwrap_or(w.sim.policy.get_ref()).to_string();
     let infos = task_infos(w);
-    let sched = policies::build(&name, w, &infos)
+    let (out, wall) = policies::build(&name, w, &infos, Timed(w))
         .ok_or_else(|| format!("unknown policy {name:?} (one of {})", POLICIES.join(", ")))?;
-    let started = Instant::now();
-    let out = Engine::new(w, sched).run();
-    let wall = started.elapsed().as_secs_f64();
     let total = out.duration as f64 * w.sim.cpus as f64;
     let busy: u64 = out.busy.iter().sum();
 

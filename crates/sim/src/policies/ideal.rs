@@ -3,7 +3,7 @@
 //! priority; from it runs the one with the most unhappiness. Q1, everything else, is
 //! scheduled by CFS.
 
-use super::fair::{Fair, Mode};
+use super::fair::Cfs;
 use crate::engine::{How, Ns, Scheduler, TaskId, TaskInfo, View};
 use crate::workload::Workload;
 
@@ -11,7 +11,7 @@ use crate::workload::Workload;
 const Q0_QUANTUM: Ns = 1_000_000;
 
 pub struct Ideal {
-    fair: Fair,
+    fair: Cfs,
     q0: Vec<Vec<TaskId>>,
     in_q0: Vec<bool>,
     curr_q0: Vec<bool>,
@@ -20,7 +20,7 @@ pub struct Ideal {
 impl Ideal {
     pub fn new(w: &Workload, infos: &[TaskInfo]) -> Self {
         Ideal {
-            fair: Fair::new(Mode::Cfs, w, infos),
+            fair: Cfs::new(w, infos),
             q0: vec![Vec::new(); w.sim.cpus],
             in_q0: vec![false; infos.len()],
             curr_q0: vec![false; w.sim.cpus],
@@ -28,7 +28,10 @@ impl Ideal {
     }
 }
 
+// The fair class's methods are inlined through these into the engine (about 60
+// instructions per event fewer, `make sim-instructions`).
 impl Scheduler for Ideal {
+    #[inline(always)]
     fn enqueue(&mut self, cpu: usize, t: TaskId, now: Ns, how: How, view: &View) {
         self.in_q0[t] = view.holds_request(t);
         if self.in_q0[t] {
@@ -38,6 +41,7 @@ impl Scheduler for Ideal {
         }
     }
 
+    #[inline(always)]
     fn pick(&mut self, cpu: usize, now: Ns, view: &View) -> Option<TaskId> {
         let q = &self.q0[cpu];
         let best = (0..q.len()).max_by(|&a, &b| {
@@ -53,6 +57,7 @@ impl Scheduler for Ideal {
         self.fair.pick(cpu, now, view)
     }
 
+    #[inline(always)]
     fn slice(&mut self, cpu: usize, t: TaskId, now: Ns, view: &View) -> Ns {
         if self.curr_q0[cpu] {
             Q0_QUANTUM
@@ -61,12 +66,14 @@ impl Scheduler for Ideal {
         }
     }
 
+    #[inline(always)]
     fn charge(&mut self, cpu: usize, t: TaskId, ran: Ns, now: Ns) {
         if !self.in_q0[t] {
             self.fair.charge(cpu, t, ran, now);
         }
     }
 
+    #[inline(always)]
     fn put_prev(&mut self, cpu: usize, t: TaskId, now: Ns, runnable: Option<How>, view: &View) {
         if self.in_q0[t] {
             if runnable.is_some() {
@@ -77,6 +84,7 @@ impl Scheduler for Ideal {
         }
     }
 
+    #[inline(always)]
     fn preempts(&self, cpu: usize, curr: TaskId, woken: TaskId, now: Ns, view: &View) -> bool {
         match (self.in_q0[curr], self.in_q0[woken]) {
             (false, true) => true,
@@ -85,6 +93,7 @@ impl Scheduler for Ideal {
         }
     }
 
+    #[inline(always)]
     fn nr_queued(&self, cpu: usize) -> usize {
         self.q0[cpu].len() + self.fair.nr_queued(cpu)
     }

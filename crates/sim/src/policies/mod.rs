@@ -12,28 +12,37 @@ pub mod staircase;
 use crate::engine::{ms, Scheduler, TaskInfo};
 use crate::workload::Workload;
 
-/// Builds the policy `name` (one of [`crate::POLICIES`]).
-pub fn build<'w>(
+/// What to do with a policy once it is built: generic over the policy's type, so that
+/// the engine is compiled for each one (see [`crate::engine::Engine`]).
+pub trait WithPolicy<'w> {
+    type Out;
+    fn with<S: Scheduler + 'w>(self, sched: S) -> Self::Out;
+}
+
+/// Builds the policy `name` (one of [`crate::POLICIES`]) and hands it to `then`; None
+/// for an unknown name.
+pub fn build<'w, F: WithPolicy<'w>>(
     name: &str,
     w: &'w Workload,
     infos: &[TaskInfo],
-) -> Option<Box<dyn Scheduler + 'w>> {
+    then: F,
+) -> Option<F::Out> {
     let t = &w.tunables;
     let cpus = w.sim.cpus;
     Some(match name {
-        "rr" => Box::new(rr::RoundRobin::new(cpus, ms(t.quantum_ms))),
-        "mlfq" => Box::new(mlfq::Mlfq::new(
+        "rr" => then.with(rr::RoundRobin::new(cpus, ms(t.quantum_ms))),
+        "mlfq" => then.with(mlfq::Mlfq::new(
             cpus,
             infos.len(),
             ms(t.quantum_ms),
             t.mlfq_queues,
         )),
-        "o1" => Box::new(o1::O1::new(cpus, infos)),
-        "staircase" => Box::new(staircase::Staircase::new(cpus, infos)),
-        "cfs" => Box::new(fair::Fair::new(fair::Mode::Cfs, w, infos)),
-        "eevdf" => Box::new(fair::Fair::new(fair::Mode::Eevdf, w, infos)),
-        "cfs-rbpe" => Box::new(rbpe::Rbpe::new(w, infos)),
-        "unhappiness" => Box::new(ideal::Ideal::new(w, infos)),
+        "o1" => then.with(o1::O1::new(cpus, infos)),
+        "staircase" => then.with(staircase::Staircase::new(cpus, infos)),
+        "cfs" => then.with(fair::Cfs::new(w, infos)),
+        "eevdf" => then.with(fair::Eevdf::new(w, infos)),
+        "cfs-rbpe" => then.with(rbpe::Rbpe::new(w, infos)),
+        "unhappiness" => then.with(ideal::Ideal::new(w, infos)),
         _ => return None,
     })
 }

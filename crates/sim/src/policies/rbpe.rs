@@ -5,7 +5,7 @@
 
 use appease_policy::{elevated_nice, Decision, ElevationPolicy, LoadTracker, Source};
 
-use super::fair::{Fair, Mode};
+use super::fair::Cfs;
 use crate::engine::{How, Ns, Scheduler, TaskId, TaskInfo, View};
 use crate::workload::Workload;
 
@@ -14,7 +14,7 @@ const TICK_NS: Ns = 20_000_000;
 const LOAD_NS: Ns = 100_000_000;
 
 pub struct Rbpe {
-    fair: Fair,
+    fair: Cfs,
     policy: ElevationPolicy,
     load: LoadTracker,
     base_nice: Vec<i32>,
@@ -24,7 +24,7 @@ pub struct Rbpe {
 impl Rbpe {
     pub fn new(w: &Workload, infos: &[TaskInfo]) -> Self {
         Rbpe {
-            fair: Fair::new(Mode::Cfs, w, infos),
+            fair: Cfs::new(w, infos),
             policy: ElevationPolicy::new(appease_config::Config::default().elevation_params()),
             load: LoadTracker::new(w.sim.cpus),
             base_nice: infos.iter().map(|i| i.nice).collect(),
@@ -47,25 +47,34 @@ impl Rbpe {
     }
 }
 
+// The fair class's methods are inlined through these into the engine (about 60
+// instructions per event fewer, `make sim-instructions`).
 impl Scheduler for Rbpe {
+    #[inline(always)]
     fn enqueue(&mut self, cpu: usize, t: TaskId, now: Ns, how: How, view: &View) {
         self.fair.enqueue(cpu, t, now, how, view)
     }
+    #[inline(always)]
     fn pick(&mut self, cpu: usize, now: Ns, view: &View) -> Option<TaskId> {
         self.fair.pick(cpu, now, view)
     }
+    #[inline(always)]
     fn slice(&mut self, cpu: usize, t: TaskId, now: Ns, view: &View) -> Ns {
         self.fair.slice(cpu, t, now, view)
     }
+    #[inline(always)]
     fn charge(&mut self, cpu: usize, t: TaskId, ran: Ns, now: Ns) {
         self.fair.charge(cpu, t, ran, now)
     }
+    #[inline(always)]
     fn put_prev(&mut self, cpu: usize, t: TaskId, now: Ns, runnable: Option<How>, view: &View) {
         self.fair.put_prev(cpu, t, now, runnable, view)
     }
+    #[inline(always)]
     fn preempts(&self, cpu: usize, curr: TaskId, woken: TaskId, now: Ns, view: &View) -> bool {
         self.fair.preempts(cpu, curr, woken, now, view)
     }
+    #[inline(always)]
     fn nr_queued(&self, cpu: usize) -> usize {
         self.fair.nr_queued(cpu)
     }
