@@ -122,11 +122,16 @@ pub struct ElevationPolicy {
     due: Vec<Nanos>,
     /// TID → slot in `threads`.
     slots: FxHashMap<u32, u32>,
+    /// `params`' bucket size and forget_after in ns, converted once, not per request.
+    burst_ns: f64,
+    forget_ns: u64,
 }
 
 impl ElevationPolicy {
     pub fn new(params: ElevationParams) -> Self {
         ElevationPolicy {
+            burst_ns: burst_ns(&params),
+            forget_ns: params.forget_after.as_nanos() as u64,
             params,
             threads: Vec::new(),
             due: Vec::new(),
@@ -140,21 +145,12 @@ impl ElevationPolicy {
 
     /// New parameters (config reload); current elevations fade under the new ladder.
     pub fn set_params(&mut self, params: ElevationParams) {
+        self.burst_ns = burst_ns(&params);
+        self.forget_ns = params.forget_after.as_nanos() as u64;
         self.params = params;
-        let forget_ns = self.forget_ns();
         for (due, t) in self.due.iter_mut().zip(&self.threads) {
-            *due = due_time(t, forget_ns);
+            *due = due_time(t, self.forget_ns);
         }
-    }
-
-    fn forget_ns(&self) -> u64 {
-        self.params.forget_after.as_nanos() as u64
-    }
-
-    fn burst_ns(&self) -> f64 {
-        // Through u64: a u128 → f64 conversion is a library call, and a burst is far
-        // below 2⁶⁴ ns, where both give the same value.
-        self.params.budget.burst.as_nanos() as u64 as f64
     }
 
     /// A thread received a request at `now`; `cpu_ns` is its total CPU time then.
@@ -167,9 +163,8 @@ impl ElevationPolicy {
         cpu_ns: u64,
         load: Load,
     ) -> Option<Decision> {
-        let burst = self.burst_ns();
+        let (burst, forget_ns) = (self.burst_ns, self.forget_ns);
         let share = self.params.budget.cpu_share;
-        let forget_ns = self.forget_ns();
         let step = self
             .params
             .ladder
@@ -228,9 +223,8 @@ impl ElevationPolicy {
         now: Nanos,
         mut cpu_of: impl FnMut(u32, u32) -> Option<u64>,
     ) -> Vec<Decision> {
-        let burst = self.burst_ns();
+        let (burst, forget_ns) = (self.burst_ns, self.forget_ns);
         let share = self.params.budget.cpu_share;
-        let forget_ns = self.params.forget_after.as_nanos() as u64;
         let slice = self.params.slice;
         let mut out = Vec::new();
         let mut i = 0;
@@ -346,6 +340,12 @@ impl ElevationPolicy {
     pub fn tracked(&self) -> usize {
         self.threads.len()
     }
+}
+
+fn burst_ns(params: &ElevationParams) -> f64 {
+    // Through u64: a u128 → f64 conversion is a library call, and a burst is far below
+    // 2⁶⁴ ns, where both give the same value.
+    params.budget.burst.as_nanos() as u64 as f64
 }
 
 /// The earliest time a tick has something to do for `t`: decay, a CPU-time re-read,
@@ -625,6 +625,26 @@ mod tests {
         p.on_request(2_000 * MS, 10, 10, Source::Unix, 0, load(2.0));
         assert_eq!(p.levels(10), 4);
         assert_eq!(p.levels(2), 0);
+    }
+
+    #[test]
+    fn a_reload_applies_the_new_forget_after_to_threads_already_watched() {
+        let mut p = ElevationPolicy::new(params());
+        // Watched (for its budget) but not elevated: an idle machine.
+        p.on_request(0, 1, 1, Source::Unix, 0, load(0.5));
+        assert_eq!(p.tracked(), 1);
+        p.set_params(ElevationParams {
+            forget_after: Duration::from_secs(1),
+            ..params()
+        });
+        p.on_tick(999 * MS, |_, _| Some(0));
+        assert_eq!(p.tracked(), 1);
+        p.on_tick(1_000 * MS, |_, _| Some(0));
+        assert_eq!(
+            p.tracked(),
+            0,
+            "forgotten after the new 1 s, not the old 10 s"
+        );
     }
 
     #[test]
