@@ -13,6 +13,7 @@
 //! kept them as calls that save and restore every register: 5 % of busy cfs's instructions
 //! per event (`make sim-instructions`, docs/RESULTS.md).
 
+use super::eevdf_queues::{Avg, EevdfQueues, Keys};
 use super::runq::RunQueues;
 use crate::engine::{How, Ns, Scheduler, TaskId, TaskInfo, View};
 use crate::workload::{SchedClass, Workload};
@@ -29,12 +30,6 @@ const TASK: u32 = u32::MAX;
 pub const WEIGHT_IDLE: u64 = 3;
 const NICE_0: u64 = 1024;
 
-/// EEVDF: whether an entity of run queue `r` with vruntime `v` is eligible (v ≤ the
-/// load-weighted average).
-fn eligible_in(r: &Rq, v: i64) -> bool {
-    r.load == 0 || (v as i128) * (r.load as i128) <= r.sum_wv
-}
-
 /// a/b rounded toward zero, as i128 division does, in 64 bits when a fits: a 128-bit
 /// division is a library call of about a hundred cycles.
 fn div_i128(a: i128, b: i128) -> i128 {
@@ -49,6 +44,13 @@ fn mul_div(a: u64, b: u64, c: u64) -> u64 {
     match a.checked_mul(b) {
         Some(p) => p / c,
         None => (a as u128 * b as u128 / c as u128) as u64,
+    }
+}
+
+fn keys_of(ent: &Ent) -> Keys {
+    Keys {
+        deadline: ent.deadline,
+        v: ent.v,
     }
 }
 
@@ -110,10 +112,10 @@ pub struct Fair<const EEVDF: bool> {
     ntasks: usize,
     ents: Vec<Ent>,
     rqs: Vec<Rq>,
-    /// The waiting (not current) entities of each run queue: by vruntime (CFS), or by
-    /// deadline while eligible and by vruntime while not (EEVDF: queue `rqs.len() + rq`
-    /// holds the ineligible ones).
+    /// The waiting (not current) entities of each run queue: CFS's by vruntime; EEVDF's
+    /// in `eevdf`, and this one empty.
     queues: RunQueues,
+    eevdf: EevdfQueues,
     /// Per group (0 = root): shares, idle, its load on all CPUs.
     shares: Vec<u64>,
     group_idle: Vec<bool>,
@@ -208,7 +210,8 @@ impl<const EEVDF: bool> Fair<EEVDF> {
             min_slice,
             cpus,
             ntasks,
-            queues: RunQueues::new(2 * rqs.len(), ents.len()),
+            queues: RunQueues::new(if EEVDF { 0 } else { rqs.len() }, ents.len()),
+            eevdf: EevdfQueues::new(if EEVDF { rqs.len() } else { 0 }, ents.len()),
             ents,
             rqs,
             shares,
@@ -238,81 +241,76 @@ impl<const EEVDF: bool> Fair<EEVDF> {
         rq / self.cpus
     }
 
-    fn key(&self, e: usize) -> i64 {
-        match Self::MODE {
-            Mode::Cfs => self.ents[e].v,
-            Mode::Eevdf => self.ents[e].deadline,
-        }
-    }
-
     fn vslice(&self, e: usize) -> i64 {
         let ent = &self.ents[e];
         mul_div(ent.slice, NICE_0, ent.weight.max(1) as u64) as i64
     }
 
-    /// Queues `e` (not current) on `rq`, in the queue its mode and eligibility say.
+    /// Queues `e` (not current) on `rq`.
     #[inline(always)]
     fn wait_in(&mut self, rq: usize, e: usize) {
         match Self::MODE {
             Mode::Cfs => self.queues.insert(rq, self.ents[e].v, e),
-            Mode::Eevdf if self.eligible(rq, e) => self.queues.insert(rq, self.ents[e].deadline, e),
-            Mode::Eevdf => self.queues.insert(self.rqs.len() + rq, self.ents[e].v, e),
+            Mode::Eevdf => self
+                .eevdf
+                .insert(rq, e, keys_of(&self.ents[e]), self.avg(rq)),
         }
     }
 
-    /// EEVDF: the waiting eligible entity with the earliest deadline. Entities change
-    /// sides only when the average vruntime passes them, so each pick moves few.
+    /// Takes `e` off `rq`, where it waits.
+    #[inline(always)]
+    fn unqueue(&mut self, rq: usize, e: usize) {
+        match Self::MODE {
+            Mode::Cfs => self.queues.remove(e),
+            Mode::Eevdf => {
+                let ents = &self.ents;
+                self.eevdf.remove(rq, e, |o| keys_of(&ents[o]));
+            }
+        }
+    }
+
+    /// EEVDF: what eligibility on `rq` depends on.
+    fn avg(&self, rq: usize) -> Avg {
+        let r = &self.rqs[rq];
+        Avg {
+            load: r.load,
+            sum_wv: r.sum_wv,
+        }
+    }
+
+    /// EEVDF: the waiting eligible entity with the earliest deadline.
     fn first_eligible(&mut self, rq: usize) -> Option<usize> {
-        let ineligible = self.rqs.len() + rq;
-        // The lowest vruntimes first: once one is not eligible, none after it is. The
-        // queue's key is the vruntime, so the entity itself (often not in cache) is read
-        // only when it moves.
-        while let Some((v, e)) = self.queues.first(ineligible) {
-            if !eligible_in(&self.rqs[rq], v) {
-                break;
-            }
-            self.queues.pop_first(ineligible);
-            self.queues.insert(rq, self.ents[e].deadline, e);
-        }
-        while let Some((_, e)) = self.queues.first(rq) {
-            if self.eligible(rq, e) {
-                return Some(e);
-            }
-            self.queues.pop_first(rq);
-            self.queues.insert(ineligible, self.ents[e].v, e);
-        }
-        None
+        let (ents, avg) = (&self.ents, self.avg(rq));
+        self.eevdf.first_eligible(rq, avg, |o| keys_of(&ents[o]))
     }
 
-    /// The waiting entity with the earliest key (CFS: vruntime; EEVDF: deadline).
+    /// EEVDF: the waiting entity with the earliest deadline.
     fn earliest(&self, rq: usize) -> Option<usize> {
-        self.waiting(rq).min_by_key(|&e| (self.key(e), e))
+        self.eevdf.earliest(rq, |o| keys_of(&self.ents[o]))
     }
 
     /// The entity the balancer takes: the one furthest ahead, which has the least
     /// claim on this CPU (CFS: the latest vruntime; EEVDF: the ineligible one with the
-    /// latest vruntime, else the eligible one with the latest deadline).
+    /// latest vruntime, else the eligible one with the latest deadline, in a long queue
+    /// as sorted at its last pick: `EevdfQueues::latest`).
     fn latest(&self, rq: usize) -> Option<usize> {
         match Self::MODE {
-            Mode::Cfs => self.queues.last(rq),
-            Mode::Eevdf => self
-                .queues
-                .last(self.rqs.len() + rq)
-                .or_else(|| self.queues.last(rq)),
+            Mode::Cfs => self.queues.last(rq).map(|(_, e)| e),
+            Mode::Eevdf => self.eevdf.latest(rq, self.avg(rq)),
         }
-        .map(|(_, e)| e)
     }
 
     fn waiting(&self, rq: usize) -> impl Iterator<Item = usize> + '_ {
-        let ineligible = (Self::MODE == Mode::Eevdf).then(|| self.rqs.len() + rq);
-        self.queues
-            .entities(rq)
-            .chain(ineligible.into_iter().flat_map(|q| self.queues.entities(q)))
+        let (cfs, eevdf) = match Self::MODE {
+            Mode::Cfs => (Some(self.queues.entities(rq)), None),
+            Mode::Eevdf => (None, Some(self.eevdf.entities(rq))),
+        };
+        cfs.into_iter().flatten().chain(eevdf.into_iter().flatten())
     }
 
     /// EEVDF: whether `e` is eligible (v ≤ the load-weighted average).
     fn eligible(&self, rq: usize, e: usize) -> bool {
-        eligible_in(&self.rqs[rq], self.ents[e].v)
+        self.avg(rq).eligible(self.ents[e].v)
     }
 
     fn avg_v(&self, rq: usize) -> i64 {
@@ -398,7 +396,12 @@ impl<const EEVDF: bool> Fair<EEVDF> {
         if r.curr == Some(e) {
             r.curr = None;
         } else {
-            self.queues.remove(e);
+            // Field by field (not `unqueue`), so that `r` stays borrowed: one bounds
+            // check fewer on every dequeue.
+            match Self::MODE {
+                Mode::Cfs => self.queues.remove(e),
+                Mode::Eevdf => self.eevdf.remove(rq, e, |o| keys_of(&self.ents[o])),
+            }
         }
         r.nr -= 1;
         r.load -= w;
@@ -440,7 +443,7 @@ impl<const EEVDF: bool> Fair<EEVDF> {
         let rq = self.ents[e].parent as usize;
         let queued = self.rqs[rq].curr != Some(e);
         if queued {
-            self.queues.remove(e);
+            self.unqueue(rq, e);
         }
         let v = self.ents[e].v;
         if Self::MODE == Mode::Eevdf {
@@ -488,11 +491,12 @@ impl<const EEVDF: bool> Fair<EEVDF> {
         if self.rqs[rq].curr == Some(e) {
             return;
         }
-        // Nearly always the first waiting one; EEVDF's fallback may pick an ineligible one.
-        if self.queues.first(rq).is_some_and(|(_, f)| f == e) {
-            self.queues.pop_first(rq);
-        } else {
-            self.queues.remove(e);
+        match Self::MODE {
+            // Nearly always the first waiting one.
+            Mode::Cfs if self.queues.first(rq).is_some_and(|(_, f)| f == e) => {
+                self.queues.pop_first(rq);
+            }
+            _ => self.unqueue(rq, e),
         }
         if let Some(old) = self.rqs[rq].curr.take() {
             self.wait_in(rq, old);

@@ -1,5 +1,6 @@
 //! The scheduling policies the simulator compares.
 
+mod eevdf_queues;
 pub mod fair;
 pub mod ideal;
 pub mod mlfq;
