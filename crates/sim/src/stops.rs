@@ -9,9 +9,14 @@ pub type Key = (u64, u64);
 /// A node: time · 2⁶⁴ + sequence · 2¹⁶ + CPU. Sequence numbers are unique, so one
 /// unsigned comparison orders nodes as their keys do, and the winner carries its CPU.
 /// An update costs 124 instructions for 64 CPUs, where (key, CPU) pairs with early exits
-/// cost 197 (`make sim-instructions`, docs/RESULTS.md).
-type Node = u128;
-const NONE: Node = u128::MAX;
+/// cost 197 (`make sim-instructions`, docs/RESULTS.md). Kept as its two 64-bit halves,
+/// high first: see `put`.
+type Node = [u64; 2];
+const NONE: Node = [u64::MAX; 2];
+
+fn wide([hi, lo]: Node) -> u128 {
+    (hi as u128) << 64 | lo as u128
+}
 const CPU_BITS: u32 = 16;
 /// Room for 2⁴⁸ events: close to a year at ten million a second.
 const MAX_SEQ: u64 = 1 << (64 - CPU_BITS);
@@ -20,6 +25,8 @@ pub struct Stops {
     /// Node i holds the earliest of the nodes under it; leaf `base + c` is CPU c's stop.
     tree: Vec<Node>,
     base: usize,
+    /// log2(base): the matches a leaf plays on its way to the root.
+    levels: u32,
 }
 
 impl Stops {
@@ -29,31 +36,67 @@ impl Stops {
         Stops {
             tree: vec![NONE; 2 * base],
             base,
+            levels: base.trailing_zeros(),
         }
     }
 
     /// Sets (or replaces) `cpu`'s stop.
     pub fn set(&mut self, cpu: usize, (time, seq): Key) {
         assert!(seq < MAX_SEQ, "more than 2^48 events");
-        self.put(
-            cpu,
-            (time as u128) << 64 | (seq as u128) << CPU_BITS | cpu as u128,
-        );
+        self.put(cpu, [time, seq << CPU_BITS | cpu as u64]);
     }
 
     /// Replays the matches from the leaf to the root, with no early exit: the CPU that
     /// just stopped held the earliest stop, so its new one is compared all the way up.
-    /// Indices are masked by the tree's size so that no access needs a bounds check.
+    ///
+    /// Which of two nodes wins is a coin toss, so each match must be a conditional move,
+    /// not a branch: as branches they were mispredicted often enough to cost a tenth of
+    /// the typical host's time (docs/RESULTS.md, session 15). In a loop, x86 code
+    /// generation turns those moves into branches whatever the source says, so the
+    /// matches are unrolled for each tree height, out of line (inlined, the event loop
+    /// would be the loop).
+    #[inline(never)]
     fn put(&mut self, cpu: usize, node: Node) {
+        match self.levels {
+            0 => self.replay::<0>(cpu, node),
+            1 => self.replay::<1>(cpu, node),
+            2 => self.replay::<2>(cpu, node),
+            3 => self.replay::<3>(cpu, node),
+            4 => self.replay::<4>(cpu, node),
+            5 => self.replay::<5>(cpu, node),
+            6 => self.replay::<6>(cpu, node),
+            7 => self.replay::<7>(cpu, node),
+            8 => self.replay::<8>(cpu, node),
+            9 => self.replay::<9>(cpu, node),
+            10 => self.replay::<10>(cpu, node),
+            11 => self.replay::<11>(cpu, node),
+            12 => self.replay::<12>(cpu, node),
+            13 => self.replay::<13>(cpu, node),
+            14 => self.replay::<14>(cpu, node),
+            15 => self.replay::<15>(cpu, node),
+            _ => self.replay::<16>(cpu, node), // CPU_BITS: no more than 2^16 CPUs
+        }
+    }
+
+    /// `put` for a tree of height `LEVELS`. Indices are masked by the tree's size so
+    /// that no access needs a bounds check.
+    #[inline(always)]
+    fn replay<const LEVELS: u32>(&mut self, cpu: usize, node: Node) {
         let mask = 2 * self.base - 1;
         let tree = &mut self.tree[..=mask];
         let mut i = (self.base + cpu) & mask;
         tree[i] = node;
-        let mut best = node;
-        while i > 1 {
-            best = best.min(tree[(i ^ 1) & mask]);
+        let [mut hi, mut lo] = node;
+        for _ in 0..LEVELS {
+            // Each half apart: a 128-bit select is made a branch regardless. (Outside
+            // a loop, the plain `if` is a conditional move; `select_unpredictable` would
+            // say so, but needs Rust 1.88.)
+            let [oh, ol] = tree[(i ^ 1) & mask];
+            let take = wide([oh, ol]) < wide([hi, lo]);
+            hi = if take { oh } else { hi };
+            lo = if take { ol } else { lo };
             i /= 2;
-            tree[i & mask] = best;
+            tree[i & mask] = [hi, lo];
         }
     }
 
@@ -69,7 +112,7 @@ impl Stops {
     /// The earliest pending stop: (key, cpu). With one CPU, the root is its leaf.
     pub fn first(&self) -> Option<(Key, usize)> {
         let node = self.tree[1];
-        (node != NONE).then(|| (unpack(node), (node as u64 & ((1 << CPU_BITS) - 1)) as usize))
+        (node != NONE).then(|| (unpack(node), (node[1] & ((1 << CPU_BITS) - 1)) as usize))
     }
 }
 
@@ -77,7 +120,7 @@ fn unpack(node: Node) -> Key {
     if node == NONE {
         return (u64::MAX, u64::MAX);
     }
-    ((node >> 64) as u64, (node as u64) >> CPU_BITS)
+    (node[0], node[1] >> CPU_BITS)
 }
 
 #[cfg(test)]
@@ -134,6 +177,20 @@ mod tests {
                 assert_eq!(s.get(cpu), stops[cpu].unwrap_or((u64::MAX, u64::MAX)));
             }
         }
+    }
+
+    #[test]
+    fn the_tallest_tree_finds_the_earliest_stop() {
+        let cpus = 1 << CPU_BITS;
+        let mut s = Stops::new(cpus);
+        for (seq, cpu) in [cpus - 1, 0, cpus / 2 + 1].into_iter().enumerate() {
+            s.set(cpu, (100 - seq as u64, seq as u64));
+        }
+        assert_eq!(s.first(), Some(((98, 2), cpus / 2 + 1)));
+        s.clear(cpus / 2 + 1);
+        assert_eq!(s.first(), Some(((99, 1), 0)));
+        s.clear(0);
+        assert_eq!(s.first(), Some(((100, 0), cpus - 1)));
     }
 
     #[test]
