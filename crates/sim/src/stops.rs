@@ -7,16 +7,12 @@
 pub type Key = (u64, u64);
 
 /// A node: time · 2⁶⁴ + sequence · 2¹⁶ + CPU. Sequence numbers are unique, so one
-/// unsigned comparison orders nodes as their keys do, and the winner carries its CPU.
-/// An update costs 124 instructions for 64 CPUs, where (key, CPU) pairs with early exits
-/// cost 197 (`make sim-instructions`, docs/RESULTS.md). Kept as its two 64-bit halves,
-/// high first: see `put`.
+/// unsigned comparison orders nodes as their keys do, and the winner carries its CPU
+/// ((key, CPU) pairs with early exits cost more: docs/RESULTS.md, session 10). Kept as
+/// its two 64-bit halves, high first, so that `put` can choose each with a conditional
+/// move.
 type Node = [u64; 2];
 const NONE: Node = [u64::MAX; 2];
-
-fn wide([hi, lo]: Node) -> u128 {
-    (hi as u128) << 64 | lo as u128
-}
 const CPU_BITS: u32 = 16;
 /// Room for 2⁴⁸ events: close to a year at ten million a second.
 const MAX_SEQ: u64 = 1 << (64 - CPU_BITS);
@@ -88,9 +84,9 @@ impl Stops {
         tree[i] = node;
         let [mut hi, mut lo] = node;
         for _ in 0..LEVELS {
-            // Each half apart: a 128-bit select is made a branch regardless. (Outside
-            // a loop, the plain `if` is a conditional move; `select_unpredictable` would
-            // say so, but needs Rust 1.88.)
+            // Each half apart, as 64-bit conditional moves (in the loop, a 128-bit
+            // `min` was a branch in every form tried). `select_unpredictable` would say
+            // so, but needs Rust 1.88, and unrolled the plain `if` compiles the same.
             let [oh, ol] = tree[(i ^ 1) & mask];
             let take = wide([oh, ol]) < wide([hi, lo]);
             hi = if take { oh } else { hi };
@@ -114,6 +110,11 @@ impl Stops {
         let node = self.tree[1];
         (node != NONE).then(|| (unpack(node), (node[1] & ((1 << CPU_BITS) - 1)) as usize))
     }
+}
+
+/// The node as the one number that orders it.
+fn wide([hi, lo]: Node) -> u128 {
+    (hi as u128) << 64 | lo as u128
 }
 
 fn unpack(node: Node) -> Key {

@@ -307,14 +307,8 @@ impl EevdfQueues {
 
 #[cfg(test)]
 mod tests {
+    use super::super::runq::lcg;
     use super::*;
-
-    fn lcg(state: &mut u64) -> u64 {
-        *state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        *state >> 33
-    }
 
     #[test]
     fn last_eligible_is_the_largest_eligible_vruntime() {

@@ -307,18 +307,20 @@ fn put(heap: &mut [(i64, u32)], pos: &mut [u32], i: usize, slot: (i64, u32)) {
     pos[slot.1 as usize] = i as u32;
 }
 
+/// A small deterministic generator for the queues' tests, so they need no RNG crate
+/// setup.
+#[cfg(test)]
+pub(super) fn lcg(state: &mut u64) -> u64 {
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *state >> 33
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
-
-    /// A small deterministic generator, so the test needs no RNG crate setup.
-    fn lcg(state: &mut u64) -> u64 {
-        *state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        *state >> 33
-    }
 
     #[test]
     fn answers_every_query_as_a_sorted_set_does() {
