@@ -265,8 +265,9 @@ impl EevdfQueues {
     }
 
     /// The entity furthest ahead: the ineligible one with the latest vruntime, else the
-    /// one with the latest deadline. A long queue answers from the fronts of its ordered
-    /// queues, as sorted at the last pick (the balancer's choice, not a pick's).
+    /// one with the latest deadline. A long queue answers from the far ends of its two
+    /// ordered queues as its last pick left them, so an entity the average has passed
+    /// since may count on the wrong side (the balancer's choice, never a pick's).
     pub fn latest(&self, q: usize, avg: Avg) -> Option<usize> {
         if self.queue[q].long {
             return self
