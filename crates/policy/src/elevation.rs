@@ -228,12 +228,18 @@ impl ElevationPolicy {
         let slice = self.params.slice;
         let mut out = Vec::new();
         let mut i = 0;
+        // Below this, the slots of a block that holds a due thread: looked at one by one,
+        // without reading the block's minimum again at each.
+        let mut one_by_one = 0;
         while i < self.threads.len() {
             // Most threads are not due: skip them eight at a time, by their minimum.
-            if let Some(block) = self.due.get(i..i + 8) {
-                if block.iter().fold(Nanos::MAX, |m, &d| m.min(d)) > now {
-                    i += 8;
-                    continue;
+            if i >= one_by_one {
+                match self.due.get(i..i + 8) {
+                    Some(block) if block.iter().fold(Nanos::MAX, |m, &d| m.min(d)) > now => {
+                        i += 8;
+                        continue;
+                    }
+                    _ => one_by_one = i + 8,
                 }
             }
             if self.due[i] > now {

@@ -210,8 +210,15 @@ impl<const EEVDF: bool> Fair<EEVDF> {
             min_slice,
             cpus,
             ntasks,
-            queues: RunQueues::new(if EEVDF { 0 } else { rqs.len() }, ents.len()),
-            eevdf: EevdfQueues::new(if EEVDF { rqs.len() } else { 0 }, ents.len()),
+            // The other mode's structure holds nothing, for no entity.
+            queues: match EEVDF {
+                false => RunQueues::new(rqs.len(), ents.len()),
+                true => RunQueues::new(0, 0),
+            },
+            eevdf: match EEVDF {
+                true => EevdfQueues::new(rqs.len(), ents.len()),
+                false => EevdfQueues::new(0, 0),
+            },
             ents,
             rqs,
             shares,
