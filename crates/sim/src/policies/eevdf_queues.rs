@@ -259,6 +259,17 @@ impl EevdfQueues {
         None
     }
 
+    /// In a long queue, the entity the next pick most likely returns: the front of the
+    /// eligible ones as the last pick left them (for a prefetch; a short queue's pick
+    /// reads no entity). None for a short queue.
+    #[inline(always)]
+    pub fn likely_first(&self, q: usize) -> Option<usize> {
+        match self.queue[q].long {
+            true => self.ordered.first(q).map(|(_, e)| e),
+            false => None,
+        }
+    }
+
     /// The entity with the earliest deadline, eligible or not.
     pub fn earliest(&self, q: usize, keys: impl Fn(usize) -> Keys) -> Option<usize> {
         self.entities(q).min_by_key(|&e| (keys(e).deadline, e))
@@ -385,6 +396,9 @@ mod tests {
                     .min_by_key(|&&e| (keys[e].deadline, e))
                     .copied();
                 assert_eq!(qs.first_eligible(q, avg, of), want, "step {step}");
+                // Right after a pick, with the same average, the hint is that pick.
+                let hint = if qs.is_long(q) { want } else { None };
+                assert_eq!(qs.likely_first(q), hint, "step {step}");
                 assert_eq!(qs.len(q), list.len());
                 let earliest = list.iter().min_by_key(|&&e| (keys[e].deadline, e));
                 assert_eq!(qs.earliest(q, of), earliest.copied(), "step {step}");

@@ -15,7 +15,7 @@
 
 use super::eevdf_queues::{Avg, EevdfQueues, Keys};
 use super::runq::RunQueues;
-use crate::engine::{How, Ns, Scheduler, TaskId, TaskInfo, View};
+use crate::engine::{prefetch, How, Ns, Scheduler, TaskId, TaskInfo, View};
 use crate::workload::{SchedClass, Workload};
 
 /// The kernel's nice → weight table (sched_prio_to_weight), nice -20 first.
@@ -812,6 +812,21 @@ impl<const EEVDF: bool> Scheduler for Fair<EEVDF> {
 
     fn nr_queued(&self, cpu: usize) -> usize {
         self.cpu_tasks[cpu] - self.cpu_curr[cpu].is_some() as usize
+    }
+
+    /// CFS: the root queue's leftmost; EEVDF: a long root queue's earliest eligible
+    /// deadline as the last pick left it; if it is a task (not a group).
+    #[inline(always)]
+    fn prefetch_next(&self, cpu: usize) -> Option<TaskId> {
+        let e = match Self::MODE {
+            Mode::Cfs => self.queues.first(cpu)?.1,
+            Mode::Eevdf => self.eevdf.likely_first(cpu)?,
+        };
+        if e >= self.ntasks {
+            return None;
+        }
+        prefetch(&self.ents[e]);
+        Some(e)
     }
 
     fn steal(&mut self, cpu: usize, _now: Ns) -> Option<TaskId> {

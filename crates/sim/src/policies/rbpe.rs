@@ -78,6 +78,10 @@ impl Scheduler for Rbpe {
     fn nr_queued(&self, cpu: usize) -> usize {
         self.fair.nr_queued(cpu)
     }
+    #[inline(always)]
+    fn prefetch_next(&self, cpu: usize) -> Option<TaskId> {
+        self.fair.prefetch_next(cpu)
+    }
     fn steal(&mut self, cpu: usize, now: Ns) -> Option<TaskId> {
         self.fair.steal(cpu, now)
     }
