@@ -9,7 +9,9 @@ pub mod ladder;
 pub mod load;
 pub mod roles;
 
-pub use elevation::{Budget, Decision, ElevationParams, ElevationPolicy, Reason, Source};
+pub use elevation::{
+    Budget, Decision, DenseIndex, ElevationParams, ElevationPolicy, Reason, SlotIndex, Source,
+};
 pub use ladder::{Ladder, LadderError, Step};
 pub use load::{Load, LoadTracker};
 

@@ -3,7 +3,7 @@
 //! fed with simulated requests, task CPU times and load, as the daemon feeds it with
 //! BPF events and /proc readings.
 
-use appease_policy::{elevated_nice, Decision, ElevationPolicy, LoadTracker, Source};
+use appease_policy::{elevated_nice, Decision, DenseIndex, ElevationPolicy, LoadTracker, Source};
 
 use super::fair::Cfs;
 use crate::engine::{How, Ns, Scheduler, TaskId, TaskInfo, View};
@@ -15,7 +15,8 @@ const LOAD_NS: Ns = 100_000_000;
 
 pub struct Rbpe {
     fair: Cfs,
-    policy: ElevationPolicy,
+    /// Task ids are dense: the policy finds a thread's state by direct index.
+    policy: ElevationPolicy<DenseIndex>,
     load: LoadTracker,
     base_nice: Vec<i32>,
     next_load: Ns,
@@ -25,7 +26,9 @@ impl Rbpe {
     pub fn new(w: &Workload, infos: &[TaskInfo]) -> Self {
         Rbpe {
             fair: Cfs::new(w, infos),
-            policy: ElevationPolicy::new(appease_config::Config::default().elevation_params()),
+            policy: ElevationPolicy::with_index(
+                appease_config::Config::default().elevation_params(),
+            ),
             load: LoadTracker::new(w.sim.cpus),
             base_nice: infos.iter().map(|i| i.nice).collect(),
             next_load: 0,
