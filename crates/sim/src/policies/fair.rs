@@ -47,6 +47,16 @@ fn mul_div(a: u64, b: u64, c: u64) -> u64 {
     }
 }
 
+/// A real time as virtual time for an entity of `weight` (a·NICE_0/weight): for nice 0,
+/// the usual case, `a` itself, with no division (tens of cycles).
+fn to_virtual(a: u64, weight: u64) -> u64 {
+    if weight == NICE_0 {
+        a
+    } else {
+        mul_div(a, NICE_0, weight.max(1))
+    }
+}
+
 fn keys_of(ent: &Ent) -> Keys {
     Keys {
         deadline: ent.deadline,
@@ -250,7 +260,7 @@ impl<const EEVDF: bool> Fair<EEVDF> {
 
     fn vslice(&self, e: usize) -> i64 {
         let ent = &self.ents[e];
-        mul_div(ent.slice, NICE_0, ent.weight.max(1) as u64) as i64
+        to_virtual(ent.slice, ent.weight as u64) as i64
     }
 
     /// Queues `e` (not current) on `rq`.
@@ -529,7 +539,7 @@ impl<const EEVDF: bool> Fair<EEVDF> {
         let ent = &self.ents[e];
         let mut vprot = ent.deadline;
         if shortest < own {
-            let v = mul_div(shortest, NICE_0, ent.weight.max(1) as u64) as i64;
+            let v = to_virtual(shortest, ent.weight as u64) as i64;
             vprot = vprot.min(ent.v + v);
         }
         self.ents[e].vlag = vprot;
@@ -751,11 +761,7 @@ impl<const EEVDF: bool> Scheduler for Fair<EEVDF> {
             let ent = &mut self.ents[e];
             let rq = ent.parent as usize;
             let w = ent.weight as u64;
-            let dv = if w == NICE_0 {
-                ran as i64 // nice 0: no division (tens of cycles)
-            } else {
-                mul_div(ran, NICE_0, w.max(1)) as i64
-            };
+            let dv = to_virtual(ran, w) as i64;
             ent.v += dv;
             if Self::MODE == Mode::Eevdf {
                 self.rqs[rq].sum_wv += w as i128 * dv as i128; // only EEVDF averages
@@ -800,8 +806,7 @@ impl<const EEVDF: bool> Scheduler for Fair<EEVDF> {
         }
         match Self::MODE {
             Mode::Cfs => {
-                let gran =
-                    mul_div(self.wakeup_gran, NICE_0, self.ents[w].weight.max(1) as u64) as i64;
+                let gran = to_virtual(self.wakeup_gran, self.ents[w].weight as u64) as i64;
                 self.ents[c].v - self.ents[w].v > gran
             }
             Mode::Eevdf => {
