@@ -53,7 +53,6 @@ pub struct TaskInfo {
     pub slice: Option<Ns>,
 }
 
-/// The scheduling policy: run queues and the choice of what runs.
 /// Asks the CPU to bring `x`'s first cache line in, without waiting for it.
 #[inline(always)]
 pub(crate) fn prefetch<T>(x: &T) {
@@ -68,6 +67,7 @@ pub(crate) fn prefetch<T>(x: &T) {
     let _ = x;
 }
 
+/// The scheduling policy: run queues and the choice of what runs.
 pub trait Scheduler {
     /// Puts a runnable task on `cpu`'s queue.
     fn enqueue(&mut self, cpu: usize, t: TaskId, now: Ns, how: How, view: &View);

@@ -640,9 +640,10 @@ impl<const EEVDF: bool> Fair<EEVDF> {
 fn root_slice(period: Ns, weight: u64, load: u64, min_gran: Ns) -> Ns {
     let load = load.max(1);
     // A share of at most min_gran, exactly: the answer is min_gran, with no division. It
-    // is a busy CPU's usual case (equal weights give exactly min_gran), where the
-    // division was a tenth of the event loop's time. The float share below is within
-    // 2⁻⁵² of the exact one, so it would not reach min_gran + 1 either: the same answer.
+    // is a busy CPU's usual case (equal weights give exactly min_gran), where waiting for
+    // the division was about 13 % of the event loop's own time. The float share below is
+    // within 2⁻⁵² of the exact one, so it would not reach min_gran + 1 either: the same
+    // answer.
     if period as u128 * weight as u128 <= min_gran as u128 * load as u128 {
         return min_gran;
     }
