@@ -156,7 +156,7 @@ pub struct Lock {
 
 #[derive(Clone, Debug)]
 pub struct Task {
-    /// Index of its [[process]].
+    /// Index of its `[[process]]`.
     pub process: u32,
     pub state: State,
     pub cpu: u32,
