@@ -188,7 +188,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
     pub fn with_index(params: ElevationParams) -> Self {
         ElevationPolicy {
             burst_ns: burst_ns(&params),
-            forget_ns: params.forget_after.as_nanos() as u64,
+            forget_ns: forget_ns(&params),
             params,
             threads: Vec::new(),
             due: Vec::new(),
@@ -203,7 +203,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
     /// New parameters (config reload); current elevations fade under the new ladder.
     pub fn set_params(&mut self, params: ElevationParams) {
         self.burst_ns = burst_ns(&params);
-        self.forget_ns = params.forget_after.as_nanos() as u64;
+        self.forget_ns = forget_ns(&params);
         self.params = params;
         for (due, t) in self.due.iter_mut().zip(&self.threads) {
             *due = due_time(t, self.forget_ns);
@@ -415,6 +415,10 @@ fn burst_ns(params: &ElevationParams) -> f64 {
     // Through u64: a u128 → f64 conversion is a library call, and a burst is far below
     // 2⁶⁴ ns, where both give the same value.
     params.budget.burst.as_nanos() as u64 as f64
+}
+
+fn forget_ns(params: &ElevationParams) -> u64 {
+    params.forget_after.as_nanos() as u64
 }
 
 /// The earliest time a tick has something to do for `t`: decay, a CPU-time re-read,

@@ -876,6 +876,7 @@ impl<const EEVDF: bool> Scheduler for Fair<EEVDF> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::runq::lcg;
     use super::*;
 
     /// The slice as computed before the shortcut: always through the division.
@@ -887,21 +888,21 @@ mod tests {
     #[test]
     fn the_root_slice_shortcut_gives_what_the_division_gives() {
         let weights = [15u64, 1024, 1277, 88761];
-        let mut x: u64 = 7;
+        let mut s = 7;
         let mut shortcuts = 0;
         for i in 0..200_000u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let min_gran = 750_000 + (x >> 40) % 3_000_000;
-            let nr = 1 + (x >> 20) % 300;
+            let min_gran = 750_000 + lcg(&mut s) % 3_000_000;
+            let nr = 1 + lcg(&mut s) % 300;
             let period = (nr * min_gran).max(24_000_000);
-            let weight = weights[(x >> 10) as usize % 4];
+            let weight = weights[lcg(&mut s) as usize % 4];
             // Loads around the point where the share is exactly min_gran, and random ones.
             let load = match i % 3 {
-                0 => (period as u128 * weight as u128 / min_gran as u128) as u64 + (x >> 60) - 8,
+                0 => {
+                    let at = (period as u128 * weight as u128 / min_gran as u128) as u64;
+                    at + lcg(&mut s) % 16 - 8
+                }
                 1 => weight * nr,
-                _ => (x >> 30) % 30_000_000,
+                _ => lcg(&mut s) % 30_000_000,
             };
             let want = divided(period, weight, load, min_gran);
             assert_eq!(
