@@ -24,6 +24,10 @@ pub struct Groups {
     /// The batch group was made again: it is idle, whatever mode it had.
     batch_remade: bool,
     moved: HashMap<u32, Moved>,
+    /// systemd owns the cgroup tree: appease writes none of it (see `boundary`).
+    systemd: bool,
+    /// Service processes kept where they are (pid -> start time), logged once.
+    stayed: HashMap<u32, u64>,
 }
 
 struct Moved {
@@ -49,6 +53,10 @@ pub struct MovedView {
     pub tree: u32,
     pub why: String,
     pub since: u64,
+    /// `moved`, or `in place: REASON` for a tree that stays in its cgroup (SCHED_IDLE per
+    /// thread) because a move would escape a limit or a container.
+    #[serde(default)]
+    pub placement: String,
 }
 
 impl Groups {
@@ -61,7 +69,28 @@ impl Groups {
             made: HashMap::new(),
             batch_remade: false,
             moved: HashMap::new(),
+            systemd: false,
+            stayed: HashMap::new(),
         }
+    }
+
+    /// systemd owns the cgroup tree (cgroup v2 with systemd as PID 1): appease moves no
+    /// process and creates no group in it; batch is expressed in place.
+    pub fn owned_by_systemd(mut self, systemd: bool) -> Self {
+        self.systemd = systemd;
+        self
+    }
+
+    /// Why a process in cgroup `from` must not be moved out of it, if it must not: a
+    /// limit that binds its cgroup, a container, or systemd's ownership of the tree.
+    pub fn boundary(&self, from: &str) -> Option<String> {
+        if self.systemd {
+            return Some(
+                "systemd owns the cgroup tree (placement through its D-Bus API is not built yet)"
+                    .into(),
+            );
+        }
+        self.cg.boundary_of(from).map(|b| b.to_string())
     }
 
     pub fn batch_path(&self) -> String {
@@ -187,19 +216,40 @@ impl KernelActuator {
 
     /// Moves the processes of a tree into the idle group (created on first use).
     /// Returns how many moved; vanished processes are skipped.
+    /// Processes whose cgroup must not be left (a limit, a container, systemd's tree)
+    /// stay where they are, each of their threads in SCHED_IDLE instead (`in_place`).
+    /// Returns how many processes were demoted either way.
     pub fn demote(&mut self, root: u32, members: &[u32], why: &str) -> Result<usize, ActError> {
-        let name = self.groups_mut()?.batch_name.clone();
-        let group = self.ensure_group(&name, true, 100)?;
-        let moved = self.move_into(&group, "batch", root, members, why)?;
-        self.counters.demotions += moved as u64;
-        tracing::info!(
-            root,
-            moved,
-            why,
-            dry_run = self.dry_run,
-            "demoted to the idle group"
-        );
-        Ok(moved)
+        let (mut to_move, mut in_place) = (Vec::new(), Vec::new());
+        for &pid in members {
+            let g = self.groups_mut()?;
+            if g.moved.contains_key(&pid) {
+                continue;
+            }
+            let Ok(from) = g.cg.group_of(pid) else {
+                continue; // gone
+            };
+            match g.boundary(&from) {
+                Some(reason) => in_place.push((pid, from, reason)),
+                None => to_move.push(pid),
+            }
+        }
+        let mut moved = 0;
+        if !to_move.is_empty() {
+            let name = self.groups_mut()?.batch_name.clone();
+            let group = self.ensure_group(&name, true, 100)?;
+            moved = self.move_into(&group, "batch", root, &to_move, why)?;
+            tracing::info!(
+                root,
+                moved,
+                why,
+                dry_run = self.dry_run,
+                "demoted to the idle group"
+            );
+        }
+        let idled = self.idle_in_place(root, &in_place, why);
+        self.counters.demotions += (moved + idled) as u64;
+        Ok(moved + idled)
     }
 
     /// Moves processes of a latency service into its group (see ensure_service_group).
@@ -239,6 +289,13 @@ impl KernelActuator {
             };
             if from == group {
                 continue; // born in the group
+            }
+            if let Some(reason) = self.groups_mut()?.boundary(&from) {
+                let g = self.groups_mut()?;
+                if g.stayed.insert(pid, stat.start) != Some(stat.start) {
+                    tracing::info!(pid, group, from, reason, "left in its cgroup");
+                }
+                continue;
             }
             let key = TaskKey {
                 pid,
@@ -334,9 +391,10 @@ impl KernelActuator {
                 self.journal(Record::Return { key: m.key })?;
             }
         }
-        self.counters.promotions += back as u64;
-        tracing::info!(root, back, "promoted out of the idle group");
-        Ok(back)
+        let unidled = self.unidle_tree(root, members);
+        self.counters.promotions += (back + unidled) as u64;
+        tracing::info!(root, back, unidled, "promoted out of the idle class");
+        Ok(back + unidled)
     }
 
     /// Every process in appease's groups back where it came from, and the groups removed.
@@ -439,14 +497,21 @@ impl KernelActuator {
     }
 
     /// Whether appease moved `pid` into one of its groups.
+    /// Whether appease moved `pid` into one of its groups, or decided to leave it in
+    /// its own (a boundary: see `Groups::boundary`).
     pub fn is_moved(&self, pid: u32) -> bool {
-        self.groups
-            .as_ref()
-            .is_some_and(|g| g.moved.contains_key(&pid))
+        self.groups.as_ref().is_some_and(|g| {
+            g.moved.contains_key(&pid)
+                || g.stayed
+                    .get(&pid)
+                    .is_some_and(|&start| sys::task_stat(pid, pid).is_ok_and(|s| s.start == start))
+        })
     }
 
     pub fn moved(&self) -> Vec<MovedView> {
-        let Some(g) = &self.groups else { return vec![] };
+        let Some(g) = &self.groups else {
+            return self.idled_views();
+        };
         let mut v: Vec<MovedView> = g
             .moved
             .iter()
@@ -459,7 +524,9 @@ impl KernelActuator {
                 tree: m.root,
                 why: m.why.clone(),
                 since: m.since,
+                placement: "moved".into(),
             })
+            .chain(self.idled_views())
             .collect();
         v.sort_by_key(|m| m.pid);
         v

@@ -53,6 +53,11 @@ pub enum Record {
     },
     /// The process is back in `from`, or gone: nothing to undo.
     Return { key: TaskKey },
+    /// appease is about to put this thread in SCHED_IDLE where it is (a batch tree that
+    /// must stay in its cgroup); `orig` is what it puts back.
+    Idle { key: TaskKey, orig: Sched },
+    /// The thread is back to `orig`, gone, or changed by someone else: nothing to undo.
+    Unidle { key: TaskKey },
 }
 
 /// A process move that must be undone.
@@ -69,16 +74,21 @@ pub struct JournalState {
     pub threads: BTreeMap<TaskKey, Pending>,
     pub moves: BTreeMap<TaskKey, PendingMove>,
     pub groups: BTreeSet<String>,
+    /// Threads put in SCHED_IDLE in place, with what they had before.
+    pub idled: BTreeMap<TaskKey, Sched>,
 }
 
 impl JournalState {
     pub fn is_empty(&self) -> bool {
-        self.threads.is_empty() && self.moves.is_empty() && self.groups.is_empty()
+        self.threads.is_empty()
+            && self.moves.is_empty()
+            && self.groups.is_empty()
+            && self.idled.is_empty()
     }
 
-    /// How many changes are pending (threads, processes, groups).
+    /// How many changes are pending (threads, processes, groups, idled threads).
     pub fn len(&self) -> usize {
-        self.threads.len() + self.moves.len() + self.groups.len()
+        self.threads.len() + self.moves.len() + self.groups.len() + self.idled.len()
     }
 }
 
@@ -163,6 +173,9 @@ impl Journal {
                 to: m.to.clone(),
             })?;
         }
+        for (&key, &orig) in &self.live.idled {
+            line(&Record::Idle { key, orig })?;
+        }
         for p in self.live.threads.values() {
             for rec in [
                 Record::Manage {
@@ -235,6 +248,13 @@ fn apply(live: &mut JournalState, rec: Record) {
         }
         Record::Return { key } => {
             live.moves.remove(&key);
+        }
+        Record::Idle { key, orig } => {
+            // A second record of the same thread keeps the first original.
+            live.idled.entry(key).or_insert(orig);
+        }
+        Record::Unidle { key } => {
+            live.idled.remove(&key);
         }
     }
 }

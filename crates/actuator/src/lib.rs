@@ -4,6 +4,7 @@
 //! priority someone else changed after appease did), and a recycled tid is never touched.
 
 pub mod groups;
+mod in_place;
 pub mod journal;
 pub mod sys;
 
@@ -145,6 +146,8 @@ pub struct KernelActuator {
     self_pid: u32,
     dry_run: bool,
     groups: Option<Groups>,
+    /// Threads put in SCHED_IDLE in place (tid -> record): see `in_place`.
+    idled: HashMap<u32, in_place::Idled>,
     pub counters: ActCounters,
 }
 
@@ -162,6 +165,7 @@ impl KernelActuator {
             base_slice_ns,
             self_pid: std::process::id(),
             groups: None,
+            idled: HashMap::new(),
             counters: ActCounters::default(),
         })
     }
@@ -453,6 +457,7 @@ impl Actuator for KernelActuator {
             }
         }
         self.restore_groups(&mut report);
+        self.restore_in_place(&mut report);
         if report.failed == 0 {
             if let Some(j) = self.journal.take() {
                 if let Err(e) = j.remove_if_empty() {
@@ -553,6 +558,9 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
     }
     let state = journal.state().clone();
     for rec in groups::restore_journal_groups(&state, &mut report) {
+        journal.append(&rec)?;
+    }
+    for rec in in_place::restore_journal_in_place(&state, base_slice_ns, &mut report) {
         journal.append(&rec)?;
     }
     journal.remove_if_empty()?;

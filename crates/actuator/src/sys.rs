@@ -67,24 +67,33 @@ pub fn sched_getattr(tid: u32) -> io::Result<Sched> {
 /// Sets nice and slice of a fair-class thread in one call, keeping its policy.
 /// `slice_ns == 0` gives the kernel's default slice back.
 pub fn sched_set_fair(tid: u32, nice: i32, slice_ns: u64, reset_on_fork: bool) -> io::Result<()> {
-    let a = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
-        sched_flags: SCHED_FLAG_KEEP_POLICY
-            | if reset_on_fork {
-                SCHED_FLAG_RESET_ON_FORK
-            } else {
-                0
-            },
-        sched_nice: nice,
-        sched_runtime: slice_ns,
-        ..Default::default()
-    };
+    sched_setattr(
+        tid,
+        &SchedAttr {
+            size: std::mem::size_of::<SchedAttr>() as u32,
+            sched_flags: SCHED_FLAG_KEEP_POLICY | rof_flag(reset_on_fork),
+            sched_nice: nice,
+            sched_runtime: slice_ns,
+            ..Default::default()
+        },
+    )
+}
+
+fn rof_flag(reset_on_fork: bool) -> u64 {
+    if reset_on_fork {
+        SCHED_FLAG_RESET_ON_FORK
+    } else {
+        0
+    }
+}
+
+fn sched_setattr(tid: u32, a: &SchedAttr) -> io::Result<()> {
     // SAFETY: `a` is a valid sched_attr whose size field matches.
     let r = unsafe {
         libc::syscall(
             libc::SYS_sched_setattr,
             tid as libc::pid_t,
-            &a as *const SchedAttr,
+            a as *const SchedAttr,
             0 as libc::c_uint,
         )
     };
@@ -92,6 +101,38 @@ pub fn sched_set_fair(tid: u32, nice: i32, slice_ns: u64, reset_on_fork: bool) -
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Sets a thread's policy (SCHED_NORMAL, SCHED_BATCH or SCHED_IDLE) with its nice and
+/// slice; `slice_ns == 0` is the kernel's default slice.
+pub fn sched_set_policy(
+    tid: u32,
+    policy: u32,
+    nice: i32,
+    slice_ns: u64,
+    reset_on_fork: bool,
+) -> io::Result<()> {
+    sched_setattr(
+        tid,
+        &SchedAttr {
+            size: std::mem::size_of::<SchedAttr>() as u32,
+            sched_policy: policy,
+            sched_flags: rof_flag(reset_on_fork),
+            sched_nice: nice,
+            sched_runtime: slice_ns,
+            ..Default::default()
+        },
+    )
+}
+
+/// The threads of a process (empty once it is gone).
+pub fn threads_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A pidfd for one thread; it becomes readable when the thread exits.

@@ -49,7 +49,7 @@ enum Command {
     Bench(BenchArgs),
     /// Redraw the SVG plots of a bench run from the result.json in DIR (no root).
     BenchPlot { dir: PathBuf },
-    /// The deterministic scheduler simulator with seeds/004's unhappiness model.
+    /// The deterministic scheduler simulator with the 2010 customer-appeasement paper's unhappiness model.
     Sim {
         #[command(subcommand)]
         command: SimCommand,
@@ -59,7 +59,7 @@ enum Command {
         #[command(subcommand)]
         command: ModelCommand,
     },
-    /// Staggered fixed priorities for a multi-process application (seeds/000).
+    /// Staggered fixed priorities for a multi-process application (the AIX case study).
     Roles {
         #[command(subcommand)]
         command: RolesCommand,
@@ -160,7 +160,7 @@ enum ModelCommand {
         #[arg(long)]
         json: bool,
     },
-    /// seeds/004's closed forms (eqs. 6–27): the unhappiness one request causes under
+    /// the 2010 customer-appeasement paper's closed forms (eqs. 6–27): the unhappiness one request causes under
     /// round robin, feedback queues, CFS and CFS with request-based elevation.
     Unhappiness {
         /// N: runnable processes, the server included.
@@ -544,7 +544,7 @@ fn unhappiness(p: &appease_model::unhappiness::Params, json: bool) -> Result<()>
         return Ok(());
     }
     println!(
-        "seeds/004 closed forms: N = {} processes, q = {} ms, sched_latency = {} ms, \
+        "Closed forms of the 2010 customer-appeasement paper: N = {} processes, q = {} ms, sched_latency = {} ms, \
          τ = {} ms, τ1,τ2,τ3 = {},{},{} ms, elevation nice −{}",
         p.processes,
         p.quantum_ms,

@@ -1,4 +1,4 @@
-//! `appease roles suggest FILE`: staggered roles from observed per-call work (seeds/000).
+//! `appease roles suggest FILE`: staggered roles from observed per-call work (the AIX case study).
 
 use std::path::Path;
 

@@ -41,6 +41,24 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
             ""
         }
     );
+    let h = &status.layout;
+    println!(
+        "host: {}{}{}{}; {}",
+        h.kind,
+        h.cpu_hierarchy
+            .as_deref()
+            .map(|p| format!(" at {p}"))
+            .unwrap_or_default(),
+        h.container
+            .as_deref()
+            .map(|c| format!(", appease runs in a {c} container"))
+            .unwrap_or_default(),
+        h.sched_ext
+            .as_deref()
+            .map(|s| format!(", sched_ext {s} loaded"))
+            .unwrap_or_default(),
+        h.effects
+    );
     let l = &status.load;
     println!(
         "load: {:.2} runnable/CPU on {} CPUs, CPU pressure {:.1} % -> ladder step {} (unix {}, inet {}, fade {} ms/level)",
@@ -117,7 +135,7 @@ fn print_processes(status: &Status, now: u64) {
         );
     }
     println!(
-        "{} process(es) in the idle group ({} demoted, {} promoted so far)",
+        "{} process(es) in the idle class ({} demoted, {} promoted so far)",
         status.processes.len(),
         a.demotions,
         a.promotions
@@ -126,12 +144,12 @@ fn print_processes(status: &Status, now: u64) {
         return;
     }
     println!(
-        "{:>7} {:<16} {:<6} {:<16} {:<24} {:>7}  {:<32} SINCE",
-        "PID", "COMM", "CLASS", "GROUP", "FROM", "TREE", "WHY"
+        "{:>7} {:<16} {:<6} {:<16} {:<24} {:>7}  {:<32} {:<10} SINCE",
+        "PID", "COMM", "CLASS", "GROUP", "FROM", "TREE", "WHY", "HOW"
     );
     for p in &status.processes {
         println!(
-            "{:>7} {:<16} {:<6} {:<16} {:<24} {:>7}  {:<32} {}s ago",
+            "{:>7} {:<16} {:<6} {:<16} {:<24} {:>7}  {:<32} {:<10} {}s ago",
             p.pid,
             p.comm,
             p.class,
@@ -139,6 +157,7 @@ fn print_processes(status: &Status, now: u64) {
             p.original_group,
             p.tree,
             p.why,
+            p.placement,
             now.saturating_sub(p.since)
         );
     }

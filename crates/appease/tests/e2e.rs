@@ -792,7 +792,7 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
         ] {
             assert!(m[k].is_number(), "{k} in {m}");
         }
-        // seeds/003: the last of 5 s of requests is answered after about 5 s.
+        // the Staircase study: the last of 5 s of requests is answered after about 5 s.
         let finish = m["time_to_finish_s"].as_f64().unwrap();
         assert!((4.5..10.0).contains(&finish), "{m}");
         let per = m["time_per_request_ms"].as_f64().unwrap();
@@ -1011,7 +1011,7 @@ fn bench_utilization_quick_keeps_the_cpus_busy_and_shares_them_among_demoted_bat
             .find(|c| c["case"].as_str().is_some_and(|n| n.contains(name)))
             .unwrap_or_else(|| panic!("no case {name:?}: {v}"))
     };
-    // seeds/001: idle-class soakers beside one normal soaker leave no CPU idle.
+    // the CFS group-scheduling slides: idle-class soakers beside one normal soaker leave no CPU idle.
     for name in ["sched-idle: 2*CPUs-1", "cgroup-idle: 2*CPUs-1"] {
         let util = case(name)["cpu_util_pct"].as_f64().unwrap();
         assert!(util >= 99.0, "{name}: {util} % busy");
@@ -1649,4 +1649,269 @@ fn sim_run_and_compare_report_every_key_and_refuse_bad_workloads() {
         assert!(err.contains("bad.toml") && err.contains(expect), "{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Limits bind a whole cgroup: trees under one are demoted in place.
+
+/// A top-level cgroup of the test's with half a CPU of quota (`cpu.cfs_quota_us` on
+/// v1, `cpu.max` on v2; on v2 also `pids.max`), removed on drop once its processes are.
+struct LimitedGroup {
+    cg: appease_cgroup::Cgroups,
+    path: String,
+    procs: Vec<u32>,
+}
+
+impl LimitedGroup {
+    fn new(tag: &str, pids_max: Option<u32>) -> Self {
+        let cg = appease_cgroup::Cgroups::detect().expect("a CPU cgroup hierarchy");
+        let path = format!("/appease-e2e-{tag}{}", std::process::id());
+        let dir = cg.root().join(&path[1..]);
+        std::fs::create_dir(&dir).unwrap();
+        let write = |f: &str, v: &str| std::fs::write(dir.join(f), v).unwrap();
+        match cg.version() {
+            appease_cgroup::Version::V1 => {
+                write("cpu.cfs_period_us", "100000");
+                write("cpu.cfs_quota_us", "50000");
+            }
+            appease_cgroup::Version::V2 => {
+                write("cpu.max", "50000 100000");
+                if let Some(n) = pids_max {
+                    write("pids.max", &n.to_string());
+                }
+            }
+        }
+        LimitedGroup {
+            cg,
+            path,
+            procs: vec![],
+        }
+    }
+
+    fn adopt(&mut self, pid: u32) {
+        self.cg.move_process(pid, &self.path).unwrap();
+        self.procs.push(pid);
+    }
+}
+
+impl Drop for LimitedGroup {
+    fn drop(&mut self) {
+        for p in self.cg.processes(&self.path).unwrap_or_default() {
+            // SAFETY: ending processes this test started in its own group.
+            unsafe { libc::kill(p as i32, libc::SIGKILL) };
+        }
+        let gone = wait_for(Duration::from_secs(5), || {
+            self.cg.processes(&self.path).is_ok_and(|p| p.is_empty())
+        });
+        assert!(gone.is_some(), "processes left in {}", self.path);
+        // An emptied cgroup can still be busy for a moment.
+        wait_for(Duration::from_secs(2), || {
+            self.cg.remove(&self.path).is_ok()
+        });
+        assert!(!self.cg.exists(&self.path), "{} removed", self.path);
+    }
+}
+
+/// A thread's scheduling policy (0 normal, 5 SCHED_IDLE), field 41 of its stat.
+fn policy_of(pid: u32, tid: u32) -> u32 {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap();
+    let (_, f) = appease_cgroup::stat_fields(&t).unwrap();
+    f[41 - 3].parse().unwrap()
+}
+
+/// CPU time of all of a process's threads, ns (schedstat).
+fn cpu_ns_of(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let t = std::fs::read_to_string(e.path().join("schedstat")).ok()?;
+                    t.split_whitespace().next()?.parse::<u64>().ok()
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// A forked copy of this process that spins and takes what waits on its socket every
+/// 20 ms, fed a request every 50 ms: busy, and receiving requests (never batch).
+struct BusyServer {
+    pid: u32,
+    stop: Arc<AtomicBool>,
+    feeder: Option<JoinHandle<()>>,
+}
+
+impl BusyServer {
+    fn start() -> Self {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        // SAFETY: the child only spins, calls recv and loops: async-signal-safe.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            use std::os::fd::AsRawFd;
+            let fd = b.as_raw_fd();
+            let mut buf = [0u8; 64];
+            loop {
+                spin_cpu(Duration::from_millis(20));
+                // SAFETY: valid buffer; non-blocking receive.
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let feeder = thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let _ = a.write_all(b"q");
+                thread::sleep(Duration::from_millis(50));
+            }
+        });
+        BusyServer {
+            pid: child as u32,
+            stop,
+            feeder: Some(feeder),
+        }
+    }
+}
+
+impl Drop for BusyServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(f) = self.feeder.take() {
+            let _ = f.join();
+        }
+        drop(KillOnDrop(self.pid));
+    }
+}
+
+/// The soaker and the server under one half-CPU limit, a daemon, and the soaker
+/// demoted in place. Bound left to right, dropped right to left: the daemon stops first.
+fn demoted_under_a_limit(
+    tag: &str,
+    pids_max: Option<u32>,
+) -> (LimitedGroup, TempDir, Soakers, BusyServer, Daemon, String) {
+    let mut limited = LimitedGroup::new(tag, pids_max);
+    let dir = TempDir::new(tag);
+    let batch_group = format!("appease-e2e-{tag}b{}", std::process::id());
+    // Under half a CPU shared with the server, the soaker can want only about a quarter
+    // of one (a throttled task is not even waiting): the threshold is lowered to match.
+    let cfg = dir.file(
+        "batch.toml",
+        &format!("{}min_cpus = 0.15\n", batch_config(&batch_group)),
+    );
+    let soakers = Soakers(vec![forking_soaker()]);
+    let soaker = soakers.0[0].id();
+    let server = BusyServer::start();
+    limited.adopt(soaker);
+    limited.adopt(server.pid);
+    let daemon = Daemon::start(&dir.0, &cfg);
+    let idle = wait_for(Duration::from_secs(8), || policy_of(soaker, soaker) == 5);
+    assert!(
+        idle.is_some(),
+        "soaker demoted in place: {}",
+        daemon.log_text()
+    );
+    (limited, dir, soakers, server, daemon, batch_group)
+}
+
+#[test]
+fn a_soaker_under_a_cpu_limit_is_demoted_in_place_and_the_limit_still_binds_the_group() {
+    let Some(_g) = serial() else { return };
+    let (limited, _dir, soakers, server, mut daemon, batch_group) =
+        demoted_under_a_limit("limit", None);
+    let soaker = soakers.0[0].id();
+    let group = limited.path.clone();
+    assert_eq!(
+        cpu_cgroup(soaker).as_deref(),
+        Some(group.as_str()),
+        "not moved"
+    );
+    assert_eq!(cpu_cgroup(server.pid).as_deref(), Some(group.as_str()));
+    assert_eq!(
+        policy_of(server.pid, server.pid),
+        0,
+        "the server is not batch"
+    );
+    assert!(
+        !limited.cg.exists(&format!("/{batch_group}")),
+        "no idle group was needed"
+    );
+    let mut st = daemon.status_json();
+    let listed = wait_for(Duration::from_secs(3), || {
+        st = daemon.status_json();
+        st["processes"].as_array().unwrap().iter().any(|p| {
+            p["pid"] == soaker
+                && p["placement"].as_str().unwrap().starts_with("in place")
+                && p["group"] == group.as_str()
+        })
+    });
+    assert!(listed.is_some(), "status says how: {st}");
+
+    // Together, the two still get half a CPU: the quota binds the whole group.
+    let before = cpu_ns_of(soaker) + cpu_ns_of(server.pid);
+    let t = std::time::Instant::now();
+    thread::sleep(Duration::from_secs(2));
+    let used =
+        (cpu_ns_of(soaker) + cpu_ns_of(server.pid) - before) as f64 / t.elapsed().as_nanos() as f64;
+    eprintln!("the limited group used {used:.3} CPUs (quota 0.5)");
+    assert!(
+        used <= 0.55,
+        "the group used {used:.3} CPUs over its 0.5 quota"
+    );
+    assert!(used >= 0.3, "the group ran: {used:.3} CPUs");
+
+    // A child born after the demotion is born idle, in the group.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(soaker as i32, libc::SIGUSR1) };
+    let mut kids = vec![];
+    // An idle-class shell beside a spinning server runs rarely: give it time.
+    assert!(wait_for(Duration::from_secs(15), || {
+        kids = children_of(soaker);
+        !kids.is_empty()
+    })
+    .is_some());
+    let kid = kids[0];
+    let _end_kid = KillOnDrop(kid);
+    assert_eq!(policy_of(kid, kid), 5, "born idle");
+    assert_eq!(cpu_cgroup(kid).as_deref(), Some(group.as_str()));
+
+    // Stop: both back in the normal class, still in their group.
+    assert!(daemon.signal(libc::SIGTERM).success());
+    assert_eq!(policy_of(soaker, soaker), 0, "{}", daemon.log_text());
+    assert_eq!(
+        policy_of(kid, kid),
+        0,
+        "the child born idle is put back too"
+    );
+    assert_eq!(cpu_cgroup(soaker).as_deref(), Some(group.as_str()));
+}
+
+#[test]
+fn kill_9_with_a_soaker_demoted_in_place_then_restore_puts_its_class_back() {
+    let Some(_g) = serial() else { return };
+    let (_limited, dir, soakers, _server, mut daemon, _) = demoted_under_a_limit("limk", None);
+    let soaker = soakers.0[0].id();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(soaker as i32, libc::SIGUSR1) };
+    let mut kids = vec![];
+    // An idle-class shell beside a spinning server runs rarely: give it time.
+    assert!(wait_for(Duration::from_secs(15), || {
+        kids = children_of(soaker);
+        !kids.is_empty()
+    })
+    .is_some());
+    let _end_kid = KillOnDrop(kids[0]);
+    daemon.signal(libc::SIGKILL);
+    assert_eq!(policy_of(soaker, soaker), 5, "still idle after the crash");
+    let out = appease(&dir.0, &["restore"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(policy_of(soaker, soaker), 0);
+    assert_eq!(
+        policy_of(kids[0], kids[0]),
+        0,
+        "a child with no record of its own goes back as its parent"
+    );
+    assert!(
+        !dir.0.join("journal.jsonl").exists(),
+        "nothing left to undo: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -66,12 +66,12 @@ pub struct ClientResult {
     /// Response time in µs, from intended send time to the answer.
     pub latency_us: Histogram<u64>,
     /// Response time minus the CPU time the server spent on the request, µs
-    /// (seeds/004's unhappiness for a single customer with weight 1).
+    /// (the 2010 customer-appeasement paper's unhappiness for a single customer with weight 1).
     pub unhappiness_us: Histogram<u64>,
     pub sent: u64,
     pub answered: u64,
     pub elapsed: Duration,
-    /// From the first intended send to the last answer (seeds/003's time to finish).
+    /// From the first intended send to the last answer (the Staircase study's time to finish).
     pub finished: Duration,
 }
 

@@ -226,7 +226,7 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
         // A 25 fps player: each frame arrives from its demuxer over a UNIX socket and is
         // decoded on 8 ms of CPU; it must be done before the next one is due.
         "frames" => ("player", "unix", 8.0, 25.0, client::Arrivals::Fixed),
-        // seeds/000: searches through six cooperating processes, 5 ms of CPU each.
+        // the AIX case study: searches through six cooperating processes, 5 ms of CPU each.
         "pipeline" => ("pipeline", "unix", 5.0, 100.0, opts.arrivals),
         // The DESIGN.md experiment.
         _ => (
@@ -522,7 +522,7 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     let (busy1, total1) = cpu_jiffies();
     let util = 100.0 * (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64;
 
-    // seeds/004's web test: the whole site with wget -r, under the same batch load.
+    // the 2010 customer-appeasement paper's web test: the whole site with wget -r, under the same batch load.
     let download_s = match &load {
         Load::OpenLoop(client::Target::Tcp(addr), _)
             if p.server == "nginx" && !opts.stop.load(Ordering::Relaxed) =>
@@ -571,7 +571,7 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     Ok(m)
 }
 
-/// Whole-tree downloads per mode (seeds/004 averaged three).
+/// Whole-tree downloads per mode (the 2010 customer-appeasement paper averaged three).
 const DOWNLOADS: u32 = 3;
 
 /// What sends the server its requests.

@@ -1,4 +1,4 @@
-//! The `pipeline` scenario: seeds/000's application of six cooperating processes. A
+//! The `pipeline` scenario: the AIX case study's application of six cooperating processes. A
 //! search enters at A, which calls B to F over UNIX sockets, each a separate process
 //! doing its part of the work, and answers when all have answered.
 
@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use crate::{client, spawn_server, Options, Run};
 
-/// seeds/000 Figure 3: each process's share of a call's CPU (%) and how often it runs
+/// The AIX case study's Figure 3: each process's share of a call's CPU (%) and how often it runs
 /// per call. A call makes two searches; A runs once per search.
 const FIGURE_3: [(&str, f64, f64); 6] = [
     ("A", 48.0, 2.0),

@@ -1,7 +1,7 @@
 //! Plots a person would rather look at than read: each mode's response-time CDF against
-//! the unloaded one (seeds/000 Figures 2 and 5), and latency against the batch level
-//! (seeds/004 Figures 1–2); for the utilization scenario, how evenly each case shares the
-//! CPUs among its soakers (seeds/001). SVG, written with `--out`.
+//! the unloaded one (the AIX case study's Figures 2 and 5), and latency against the batch level
+//! (the 2010 customer-appeasement paper's Figures 1–2); for the utilization scenario, how evenly each case shares the
+//! CPUs among its soakers (the CFS group-scheduling slides). SVG, written with `--out`.
 
 use plotters::prelude::*;
 

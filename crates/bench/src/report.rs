@@ -55,16 +55,16 @@ pub struct ModeResult {
     #[serde(default)]
     pub batch_cpus: f64,
     pub cpu_util_pct: f64,
-    /// seeds/004 unhappiness: time waited beyond the CPU the request needed, ms.
+    /// the 2010 customer-appeasement paper unhappiness: time waited beyond the CPU the request needed, ms.
     pub unhappiness_ms: Option<Latency>,
-    /// seeds/003 spreads.
+    /// the Staircase study spreads.
     pub max_min_ms: f64,
     pub p95_min_ms: f64,
     pub requests_per_s: f64,
-    /// seeds/003's time to finish: first intended send to last answer, s.
+    /// the Staircase study's time to finish: first intended send to last answer, s.
     #[serde(default)]
     pub time_to_finish_s: f64,
-    /// seeds/003's time per request across concurrent requests (time to finish over
+    /// the Staircase study's time per request across concurrent requests (time to finish over
     /// requests answered), ms; its time per request is the mean latency.
     #[serde(default)]
     pub time_per_request_ms: f64,
@@ -77,7 +77,7 @@ pub struct ModeResult {
     pub download_s: Option<f64>,
 }
 
-/// A player's frames (seeds/004 Figs 3–4): a frame not decoded within its period after
+/// A player's frames (the 2010 customer-appeasement paper's Figs 3–4): a frame not decoded within its period after
 /// it arrived misses its display time and is dropped.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Frames {
@@ -149,7 +149,7 @@ impl ScenarioResult {
                     .to_string()
             }
             "pipeline" => format!(
-                "seeds/000's six cooperating processes A-F (Figure 3's split), {} ms of CPU per search",
+                "the AIX case study's six cooperating processes A-F (Figure 3's split), {} ms of CPU per search",
                 p.cpu_ms
             ),
             "player" => format!(
@@ -448,7 +448,7 @@ mod frame_tests {
             elapsed: std::time::Duration::from_secs(2),
             finished: std::time::Duration::from_millis(1500),
         };
-        // seeds/003: 5 answers in 1.5 s from the first send to the last answer.
+        // the Staircase study: 5 answers in 1.5 s from the first send to the last answer.
         let m = ModeResult::new(Mode::Appease, &r, 0.0, 50.0);
         assert_eq!(m.time_to_finish_s, 1.5);
         assert_eq!(m.time_per_request_ms, 300.0);

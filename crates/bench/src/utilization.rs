@@ -1,4 +1,4 @@
-//! seeds/001's utilization and fairness cases, scaled to this machine:
+//! The CFS group-scheduling slides' utilization and fairness cases, scaled to this machine:
 //! - (2·CPUs − 1) idle-class soakers beside one normal soaker must leave no CPU idle
 //!   (the old CFS left CPUs idle here), with SCHED_IDLE tasks and with an idle cgroup;
 //! - 48 batch groups of one soaker each must share the CPUs fairly (Jain's index over
@@ -245,7 +245,7 @@ pub fn run(opts: &Options) -> Result<UtilizationResult> {
 impl UtilizationResult {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "utilization: seeds/001's cases on {} CPUs, {} s each\n{:<52} {:>7} {:>7} {:>8} {:>10} {:>10}\n",
+            "utilization: the CFS group-scheduling slides' cases on {} CPUs, {} s each\n{:<52} {:>7} {:>7} {:>8} {:>10} {:>10}\n",
             self.cpus, self.measure_s, "case", "soakers", "util%", "Jain", "min cpu s", "max cpu s"
         );
         for c in &self.cases {

@@ -1,5 +1,5 @@
 //! The `web` scenario's server: nginx from Debian serving a generated tree of small
-//! files, and seeds/004's whole-tree download (wget -r of the site, timed).
+//! files, and the 2010 customer-appeasement paper's whole-tree download (wget -r of the site, timed).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -100,7 +100,7 @@ pub(crate) fn start(
     Ok((client::Target::Tcp(addr), protocol))
 }
 
-/// Downloads the whole site as seeds/004 did (`wget -r`, one file after another) into
+/// Downloads the whole site as the 2010 customer-appeasement paper did (`wget -r`, one file after another) into
 /// `into`, and returns the wall-clock time it took; None when `stop` (Ctrl-C) ended it.
 pub(crate) fn download_tree(
     addr: std::net::SocketAddr,

@@ -49,7 +49,7 @@ impl std::str::FromStr for Call {
 /// A single-threaded server: per 1-byte request it burns `cpu` of CPU time and answers
 /// with the CPU time the request used (u64 ns, little endian). With `calls`, it burns
 /// half, calls those servers in turn (waiting for each answer), burns the other half, and
-/// counts their CPU time in its answer: seeds/000's cooperating processes. Listens on
+/// counts their CPU time in its answer: the AIX case study's cooperating processes. Listens on
 /// TCP loopback `port` (0: a free one; it prints the port) or on the UNIX socket `unix` (printing the path),
 /// and serves one connection at a time until signalled.
 pub fn serve(

@@ -13,9 +13,15 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+pub mod boundary;
+pub mod layout;
+
+pub use boundary::{container_of, Boundary, Container};
+pub use layout::{HostLayout, LayoutKind};
+
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    #[error("no usable CPU cgroup hierarchy: neither {V1_CPU}/cpu.shares nor a cgroup v2 root with the cpu controller ({V2_ROOT}/cgroup.controllers)")]
+    #[error("no usable CPU cgroup hierarchy: /proc/self/mounts lists neither a cgroup v1 hierarchy with the cpu controller nor a cgroup2 mount whose cgroup.controllers offers cpu")]
     NoCpuController,
     #[error("the CPU cgroup hierarchy at {root} has no cpu.idle (needs Linux 5.15 or newer)")]
     NoIdleSupport { root: PathBuf },
@@ -39,9 +45,6 @@ impl CgroupError {
     }
 }
 
-const V1_CPU: &str = "/sys/fs/cgroup/cpu";
-const V2_ROOT: &str = "/sys/fs/cgroup";
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Version {
     V1,
@@ -63,19 +66,14 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Cgr
 }
 
 impl Cgroups {
-    /// Finds the CPU hierarchy of this host: v1's cpu controller if mounted on its
-    /// own, otherwise a v2 root with the cpu controller available.
+    /// Finds the CPU hierarchy of this host from the mount table: a v1 hierarchy with
+    /// the cpu controller if there is one, otherwise a cgroup2 mount that offers cpu
+    /// (at /sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host).
     pub fn detect() -> Result<Self, CgroupError> {
-        let v1 = Path::new(V1_CPU);
-        if v1.join("cpu.shares").exists() {
-            return Self::at(Version::V1, v1);
+        match layout::cpu_hierarchy_in(Path::new("/")) {
+            Some((version, root)) => Self::at(version, &root),
+            None => Err(CgroupError::NoCpuController),
         }
-        let v2 = Path::new(V2_ROOT);
-        let controllers = fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
-        if controllers.split_whitespace().any(|c| c == "cpu") {
-            return Self::at(Version::V2, v2);
-        }
-        Err(CgroupError::NoCpuController)
     }
 
     /// A hierarchy at a given root (tests, unusual mounts).
@@ -103,7 +101,7 @@ impl Cgroups {
         &self.root
     }
 
-    fn dir(&self, group: &str) -> PathBuf {
+    pub(crate) fn dir(&self, group: &str) -> PathBuf {
         self.root.join(group.trim_start_matches('/'))
     }
 

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 /// The default configuration, as shipped in the repository.
 pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
-/// The 2010 paper's RBPE script settings (seeds/004 Table 1).
+/// The 2010 paper's RBPE script settings (the 2010 customer-appeasement paper's Table 1).
 pub const RBPE_CLASSIC_TOML: &str = include_str!("../../../config/rbpe-classic.toml");
 
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +59,7 @@ impl Default for RolesSection {
 }
 
 /// A fixed, staggered priority for one process of a multi-process application
-/// (seeds/000). `appease roles suggest` proposes the ranks.
+/// (the AIX case study). `appease roles suggest` proposes the ranks.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Role {

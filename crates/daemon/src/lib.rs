@@ -94,13 +94,34 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     };
     let mut actuator = KernelActuator::new(journal, opts.config.hands_off.comms.clone())
         .context("starting the actuator")?;
+    let layout = appease_cgroup::HostLayout::detect();
+    tracing::info!(
+        layout = layout.kind.name(),
+        hierarchy = ?layout.cpu_hierarchy,
+        systemd = layout.systemd,
+        container = ?layout.container,
+        sched_ext = ?layout.sched_ext,
+        effects = %layout.effects(),
+        "host layout"
+    );
+    if layout.systemd && layout.kind == appease_cgroup::LayoutKind::CgroupV2Systemd {
+        if let Some(svc) = opts.config.services.first() {
+            bail!(
+                "service {:?}: latency service groups are not available on a cgroup v2 host                  under systemd yet (systemd owns the cgroup tree, and placement through its                  D-Bus API is not built); remove the [[service]] entries or run on cgroup v1",
+                svc.name
+            );
+        }
+    }
     let wants_groups = opts.config.batch.enabled || !opts.config.services.is_empty();
     if wants_groups {
         match appease_cgroup::Cgroups::detect() {
             Ok(cg) => {
                 tracing::info!(hierarchy = %cg.root().display(), version = ?cg.version(), "cgroups in use");
-                actuator = actuator
-                    .with_groups(appease_actuator::Groups::new(cg, &opts.config.batch.group));
+                let systemd_owned = cg.version() == appease_cgroup::Version::V2 && layout.systemd;
+                actuator = actuator.with_groups(
+                    appease_actuator::Groups::new(cg, &opts.config.batch.group)
+                        .owned_by_systemd(systemd_owned),
+                );
             }
             Err(e) if opts.config.services.is_empty() => {
                 tracing::warn!(error = %e, "batch demotion off: no usable CPU cgroup hierarchy")
@@ -125,6 +146,7 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     // After the actuator has read the kernel's default slice from this thread.
     let priority = host::prioritize_self();
     let mut daemon = Daemon::new(opts, probe, actuator);
+    daemon.layout = (&layout).into();
     tracing::info!(
         pid = std::process::id(),
         priority,
@@ -182,6 +204,7 @@ struct Daemon<'obj> {
     tick: Duration,
     events: Vec<Event>,
     batch: Option<batch::BatchManager>,
+    layout: status::LayoutView,
 }
 
 impl<'obj> Daemon<'obj> {
@@ -204,6 +227,7 @@ impl<'obj> Daemon<'obj> {
             deferred_latency_us: latency_histogram(),
             events: Vec::with_capacity(256),
             batch,
+            layout: Default::default(),
         }
     }
 
@@ -452,6 +476,7 @@ impl<'obj> Daemon<'obj> {
             threads,
             processes: self.actuator.moved(),
             batch: self.batch.as_ref().map(|b| b.view()),
+            layout: self.layout.clone(),
         };
         if let Err(e) = status.write(&self.opts.run_dir) {
             tracing::warn!(error = %e, "could not write the status file");

@@ -35,6 +35,35 @@ pub struct Status {
     /// The idle group: its CPU share and the starvation floor (None when batch demotion is off).
     #[serde(default)]
     pub batch: Option<crate::batch::BatchView>,
+    /// The host's layout, detected at start, and what of appease's work has effect on it.
+    #[serde(default)]
+    pub layout: LayoutView,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LayoutView {
+    /// cgroup-v1, cgroup-v2, cgroup-v2-systemd or none.
+    pub kind: String,
+    pub cpu_hierarchy: Option<String>,
+    pub systemd: bool,
+    /// The container appease itself runs in, if any.
+    pub container: Option<String>,
+    /// The sched_ext scheduler loaded, if any.
+    pub sched_ext: Option<String>,
+    pub effects: String,
+}
+
+impl From<&appease_cgroup::HostLayout> for LayoutView {
+    fn from(l: &appease_cgroup::HostLayout) -> Self {
+        LayoutView {
+            kind: l.kind.name().to_string(),
+            cpu_hierarchy: l.cpu_hierarchy.as_ref().map(|p| p.display().to_string()),
+            systemd: l.systemd,
+            container: l.container.clone(),
+            sched_ext: l.sched_ext.clone(),
+            effects: l.effects(),
+        }
+    }
 }
 
 pub type ProcessStatus = MovedView;

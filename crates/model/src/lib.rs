@@ -1,4 +1,4 @@
-//! Closed-form models: lock contention (machine repairman) and seeds/004's unhappiness.
+//! Closed-form models: lock contention (machine repairman) and the 2010 customer-appeasement paper's unhappiness.
 
 pub mod contention;
 pub mod unhappiness;

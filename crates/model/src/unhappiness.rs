@@ -1,4 +1,4 @@
-//! seeds/004's closed forms for the unhappiness one request causes (eqs. 6–27), evaluated
+//! The 2010 customer-appeasement paper's closed forms for the unhappiness one request causes (eqs. 6–27), evaluated
 //! as the paper prints them. Two scenarios on one CPU with N − 1 CPU-bound processes:
 //! *one request* needing τ of CPU, and *a service call*: the server computes τ1, calls a
 //! sleeping service that computes τ2, then computes τ3 and answers (α = 0).

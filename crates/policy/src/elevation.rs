@@ -1,4 +1,4 @@
-//! Request-based priority elevation (seeds/004 sections 5-6) with an elevation budget.
+//! Request-based priority elevation (the 2010 customer-appeasement paper's sections 5-6) with an elevation budget.
 //!
 //! A thread that receives a request is elevated by the ladder's step for the current
 //! load; the elevation fades by one nice level per the step's delay; each new request

@@ -1,4 +1,4 @@
-//! The starvation floor (seeds/001's pain point: batch must not starve forever). When the
+//! The starvation floor (the CFS group-scheduling slides' pain point: batch must not starve forever). When the
 //! idle group had runnable work but got less than a floor share of the CPUs for a
 //! stretch, its idle flag is lifted and it runs with a small weight for a while, so it
 //! catches up; then it is idle again.

@@ -2,7 +2,7 @@
 //!
 //! Idle (`cpu.idle = 1`) is what protects latency work from batch. But the kernel balances
 //! an idle group's tasks between CPUs in herds: their hierarchical load rounds to about
-//! zero, so one balancing pass moves nearly all of them at once (seeds/001's herd
+//! zero, so one balancing pass moves nearly all of them at once (the CFS group-scheduling slides' herd
 //! migration, measured here too), and batch jobs share the CPUs unfairly among
 //! themselves. While no request has arrived for a while there is nothing to protect: the
 //! group then runs as a normal weighted group, which the balancer treats fairly. The first

@@ -1,5 +1,5 @@
 //! The load ladder: how far a thread that receives a request is elevated, and how fast
-//! the elevation fades, as a function of load (seeds/004 Table 1, re-expressed in
+//! the elevation fades, as a function of load (the 2010 customer-appeasement paper's Table 1, re-expressed in
 //! runnable tasks per CPU instead of a one-CPU minute load average).
 
 use std::time::Duration;

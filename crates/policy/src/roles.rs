@@ -1,4 +1,4 @@
-//! Staggered roles for a multi-process application (seeds/000): one block priority for
+//! Staggered roles for a multi-process application (the AIX case study): one block priority for
 //! all of an application's processes lets a single-instance hog starve its peers; fixed,
 //! staggered priorities by contribution to the critical path do not.
 //!
@@ -95,7 +95,7 @@ mod tests {
 
     #[test]
     fn figure_3_gives_figure_4() {
-        // seeds/000 Figure 3: per-call work share and how often each process runs.
+        // the AIX case study's Figure 3: per-call work share and how often each process runs.
         let fig3 = [
             obs("A", 48.0, 2.0),
             obs("B", 26.0, 7.0),

@@ -174,7 +174,7 @@ pub struct Task {
 const _: () = assert!(std::mem::size_of::<Task>() == 48);
 
 /// One open customer request and the unhappiness of the processes serving it
-/// (seeds/004 §2). Its slot is reused once it is answered.
+/// (the 2010 customer-appeasement paper's §2). Its slot is reused once it is answered.
 #[derive(Clone, Debug, Default)]
 pub struct Request {
     /// Arrival order (the index of its record).

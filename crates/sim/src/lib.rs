@@ -1,5 +1,5 @@
 //! `appease sim`: a deterministic discrete-event simulator of N CPUs under a choice of
-//! scheduling policies, with seeds/004's customer-unhappiness accounting. Same workload,
+//! scheduling policies, with the 2010 customer-appeasement paper's customer-unhappiness accounting. Same workload,
 //! policy and seed: same numbers, on any machine.
 
 mod cpuset;

@@ -57,7 +57,7 @@ pub struct SimSection {
     pub seed: u64,
     #[serde(default = "default_policy")]
     pub policy: Spanned<String>,
-    /// Share of unhappiness a caller keeps when it calls another process (seeds/004 eq. 1).
+    /// Share of unhappiness a caller keeps when it calls another process (the 2010 customer-appeasement paper's eq. 1).
     #[serde(default, deserialize_with = "alpha")]
     pub alpha: f64,
 }
@@ -231,7 +231,7 @@ pub enum Socket {
 #[serde(deny_unknown_fields)]
 pub struct CustomerDef {
     pub name: String,
-    /// W(c) in seeds/004 eqs. 3-5.
+    /// W(c) in the 2010 customer-appeasement paper's eqs. 3-5.
     #[serde(default = "unit_weight", deserialize_with = "weight")]
     pub weight: f64,
     /// w^k: the weight of each of its requests.

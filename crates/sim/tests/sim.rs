@@ -1,4 +1,4 @@
-//! The simulator against seeds/004's scenarios and the kernel's documented behaviour.
+//! The simulator against the 2010 customer-appeasement paper's scenarios and the kernel's documented behaviour.
 
 use appease_sim::{run, Report, Workload};
 
@@ -15,7 +15,7 @@ fn share(r: &Report, name: &str) -> f64 {
         .cpu_share
 }
 
-/// seeds/004 §3: N − 1 CPU-bound processes on one CPU and one sleeping server; one
+/// The 2010 customer-appeasement paper's §3: N − 1 CPU-bound processes on one CPU and one sleeping server; one
 /// request needing `cpu_ms`, arriving `at_ms` (10 ms quanta start at 0).
 fn one_request(hogs: usize, cpu_ms: f64, at_ms: f64) -> String {
     format!(
@@ -51,7 +51,7 @@ fn round_robin_unhappiness_is_the_queue_wait_of_every_quantum() {
     // N − 1 quanta of waiting before each of the Z − 1 later quanta:
     // (q − 5) + (N − 2)q + (Z − 1)(N − 1)q = 5 + 30 + 80 = 115 ms.
     assert!((u - 115.0).abs() < 1e-6, "{u}");
-    // seeds/004 eq. 6, q(Z(N − 2) + 1) = 100 ms, counts one quantum less per round:
+    // the 2010 customer-appeasement paper's eq. 6, q(Z(N − 2) + 1) = 100 ms, counts one quantum less per round:
     // docs/sim.md explains the difference; the test pins the simulated value.
     let paper = 10.0 * (3.0 * 3.0 + 1.0);
     assert!(u > paper);
@@ -87,7 +87,7 @@ behavior = "cpu-bound"
     for policy in ["cfs", "eevdf"] {
         let r = sim(text, policy);
         let (a, b) = (share(&r, "a"), share(&r, "b"));
-        // 1024 : 1277 -> 44.5 % : 55.5 % ("about 45/55", seeds/004 §3.3).
+        // 1024 : 1277 -> 44.5 % : 55.5 % ("about 45/55", the 2010 customer-appeasement paper's §3.3).
         assert!(
             (a - 0.445).abs() < 0.01 && (b - 0.555).abs() < 0.01,
             "{policy}: {a} {b}"
@@ -270,7 +270,7 @@ behavior = "cpu-bound"
     }
 }
 
-/// seeds/004 §3's second scenario: N − 1 = 3 CPU-bound processes on one CPU; the server
+/// The 2010 customer-appeasement paper's §3's second scenario: N − 1 = 3 CPU-bound processes on one CPU; the server
 /// computes τ1 = 20 ms, calls a sleeping service that computes τ2 = 20 ms, then computes
 /// τ3 = 10 ms and answers (α = 0). The request arrives 5 ms into a 10 ms quantum.
 fn service_call() -> String {

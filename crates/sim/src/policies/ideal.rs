@@ -1,4 +1,4 @@
-//! The ideal customer-appeasement scheduler of seeds/004 §4: two queues. Q0 holds the
+//! The ideal customer-appeasement scheduler of the 2010 customer-appeasement paper's §4: two queues. Q0 holds the
 //! processes with unhappiness (working on, or holding, a pending request) and has strict
 //! priority; from it runs the one with the most unhappiness. Q1, everything else, is
 //! scheduled by CFS.

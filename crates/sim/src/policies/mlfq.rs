@@ -1,4 +1,4 @@
-//! Multilevel feedback queues (seeds/004 §3.2): queues Q0..Qm-1 with quantum 2^i·q and
+//! Multilevel feedback queues (the 2010 customer-appeasement paper's §3.2): queues Q0..Qm-1 with quantum 2^i·q and
 //! strict priority between them. A task that uses up its quantum in Qi moves to Qi+1;
 //! a waking task starts again at the tail of Q0 and preempts a task from a lower queue.
 

@@ -1,4 +1,4 @@
-//! Round robin (seeds/004 §3.1): one FIFO queue per CPU, a fixed quantum, wakers at the
+//! Round robin (the 2010 customer-appeasement paper's §3.1): one FIFO queue per CPU, a fixed quantum, wakers at the
 //! tail, no preemption on wakeup.
 
 use std::collections::VecDeque;

@@ -1,0 +1,422 @@
+//! Batch demotion in place: a tree whose cgroup must not be left (a limit binds the
+//! whole cgroup, a container, a cgroup tree systemd owns) keeps its cgroup and has each
+//! of its threads put in SCHED_IDLE instead. The kernel then runs them only when
+//! nothing else in their own cgroup wants the CPU; the cgroup as a whole keeps its
+//! weight and its limits. Each thread is journaled before it changes, like every other
+//! change. Children and threads born later inherit SCHED_IDLE: they have no record of
+//! their own and go back to the original state of their nearest recorded ancestor.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::journal::{JournalState, Record, TaskKey};
+use crate::sys::{self, Sched};
+use crate::{groups::MovedView, Actuator, KernelActuator, RestoreReport};
+
+/// A thread appease put in SCHED_IDLE where it is.
+pub(crate) struct Idled {
+    pub key: TaskKey,
+    pub orig: Sched,
+    pub root: u32,
+    pub group: String,
+    pub reason: String,
+    pub comm: String,
+    pub why: String,
+    pub since: u64,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn ppid_of(pid: u32) -> Option<u32> {
+    appease_cgroup::stat_ppid(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// What a thread of `pid` that is in SCHED_IDLE without a record of its own inherited
+/// from appease: the original state of the nearest process up its ancestry (itself
+/// first) that has a recorded thread, if any.
+fn inherited(pid: u32, orig_of: impl Fn(u32) -> Option<Sched>) -> Option<Sched> {
+    let mut cur = pid;
+    for _ in 0..64 {
+        if let Some(o) = orig_of(cur) {
+            return Some(o);
+        }
+        match ppid_of(cur) {
+            Some(p) if p > 1 && p != cur => cur = p,
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// The slice argument that gives back `orig`'s slice (0: the kernel's default).
+fn slice_arg(orig: &Sched, base_slice_ns: u64) -> u64 {
+    if orig.slice_ns == base_slice_ns {
+        0
+    } else {
+        orig.slice_ns
+    }
+}
+
+/// Puts a thread back from SCHED_IDLE to `orig`, if it is still in SCHED_IDLE (else
+/// someone changed it since: left alone).
+fn put_back(
+    pid: u32,
+    tid: u32,
+    orig: &Sched,
+    base_slice_ns: u64,
+    report: &mut RestoreReport,
+) -> bool {
+    match sys::task_stat(pid, tid) {
+        Err(_) => {
+            report.gone += 1;
+            return true;
+        }
+        Ok(s) if s.policy != sys::SCHED_IDLE => {
+            tracing::info!(
+                tid,
+                policy = s.policy,
+                "policy changed by someone else since; left alone"
+            );
+            report.left_alone += 1;
+            return true;
+        }
+        Ok(_) => {}
+    }
+    let slice = slice_arg(orig, base_slice_ns);
+    match sys::sched_set_policy(tid, orig.policy, orig.nice, slice, orig.reset_on_fork) {
+        Ok(()) => {
+            report.restored += 1;
+            true
+        }
+        Err(e) if sys::is_esrch(&e) => {
+            report.gone += 1;
+            true
+        }
+        Err(e) => {
+            tracing::warn!(tid, error = %e, "could not take the thread out of SCHED_IDLE");
+            report.failed += 1;
+            false
+        }
+    }
+}
+
+/// Threads in SCHED_IDLE that hold no record but inherited it from a recorded ancestor
+/// (`orig_of`), put back to that ancestor's original state. `only` limits the walk to
+/// these processes; None walks every process.
+fn put_back_inherited(
+    only: Option<&[u32]>,
+    orig_of: impl Fn(u32) -> Option<Sched>,
+    recorded: impl Fn(u32) -> bool,
+    base_slice_ns: u64,
+    report: &mut RestoreReport,
+) {
+    let all: Vec<u32>;
+    let pids = match only {
+        Some(p) => p,
+        None => {
+            all = std::fs::read_dir("/proc")
+                .map(|d| {
+                    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            &all
+        }
+    };
+    for &pid in pids {
+        let threads: Vec<u32> = sys::threads_of(pid)
+            .into_iter()
+            .filter(|&tid| !recorded(tid))
+            .filter(|&tid| sys::task_stat(pid, tid).is_ok_and(|s| s.policy == sys::SCHED_IDLE))
+            .collect();
+        if threads.is_empty() {
+            continue;
+        }
+        let Some(orig) = inherited(pid, &orig_of) else {
+            continue; // idle by someone else's choice
+        };
+        for tid in threads {
+            put_back(pid, tid, &orig, base_slice_ns, report);
+        }
+    }
+}
+
+impl KernelActuator {
+    /// The original state recorded for a thread of `pid` (its main thread's if recorded).
+    fn idled_orig(&self, pid: u32) -> Option<Sched> {
+        self.idled
+            .get(&pid)
+            .filter(|i| i.key.pid == pid)
+            .or_else(|| self.idled.values().find(|i| i.key.pid == pid))
+            .filter(|i| sys::task_stat(pid, i.key.tid).is_ok_and(|s| s.start == i.key.start))
+            .map(|i| i.orig)
+    }
+
+    /// Puts every thread of each `(pid, its cgroup, reason)` in SCHED_IDLE where it is.
+    /// Returns how many processes had a thread changed. Failures are counted and logged,
+    /// never fatal: the tree is then simply less demoted.
+    pub(crate) fn idle_in_place(
+        &mut self,
+        root: u32,
+        procs: &[(u32, String, String)],
+        why: &str,
+    ) -> usize {
+        let mut done = 0;
+        for (pid, group, reason) in procs {
+            let n = self.idle_process(root, *pid, group, reason, why);
+            if n > 0 {
+                done += 1;
+                tracing::info!(
+                    root,
+                    pid,
+                    threads = n,
+                    group,
+                    reason,
+                    why,
+                    dry_run = self.dry_run,
+                    "demoted in place (SCHED_IDLE)"
+                );
+            }
+        }
+        done
+    }
+
+    fn idle_process(&mut self, root: u32, pid: u32, group: &str, reason: &str, why: &str) -> usize {
+        if pid == self.self_pid {
+            return 0;
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if self.exceptions.iter().any(|c| c == comm.trim_end()) {
+            return 0;
+        }
+        let inherited_orig = self
+            .idled_orig(pid)
+            .or_else(|| ppid_of(pid).and_then(|pp| inherited(pp, |p| self.idled_orig(p))));
+        let mut n = 0;
+        for tid in sys::threads_of(pid) {
+            let Ok(stat) = sys::task_stat(pid, tid) else {
+                continue;
+            };
+            if stat.kernel_thread
+                || self
+                    .idled
+                    .get(&tid)
+                    .is_some_and(|i| i.key.start == stat.start)
+            {
+                continue;
+            }
+            // An elevation still on the thread is undone first: one record per change.
+            if self.managed.contains_key(&tid) {
+                let _reported_by_restore = Actuator::restore(self, tid, "demoted in place");
+            }
+            let Ok(now) = sys::sched_getattr(tid) else {
+                continue;
+            };
+            let orig = match now.policy {
+                sys::SCHED_NORMAL | sys::SCHED_BATCH => now,
+                // Born idle from a thread appease idled: put back as its parent would be.
+                sys::SCHED_IDLE => match inherited_orig {
+                    Some(o) => o,
+                    None => continue, // idle by someone else's choice
+                },
+                _ => continue, // real-time or deadline: hands off
+            };
+            let key = TaskKey {
+                pid,
+                tid,
+                start: stat.start,
+            };
+            if !self.dry_run && now.policy != sys::SCHED_IDLE {
+                if self.journal(Record::Idle { key, orig }).is_err() {
+                    self.counters.failures += 1;
+                    tracing::warn!(tid, "journal write failed: thread not demoted");
+                    continue;
+                }
+                if let Err(e) =
+                    sys::sched_set_policy(tid, sys::SCHED_IDLE, now.nice, 0, now.reset_on_fork)
+                {
+                    let _logged_by_journal = self.journal(Record::Unidle { key });
+                    if !sys::is_esrch(&e) {
+                        self.counters.failures += 1;
+                        tracing::warn!(tid, error = %e, "could not put the thread in SCHED_IDLE");
+                    }
+                    continue;
+                }
+            } else if !self.dry_run {
+                // Already idle by inheritance: recorded so that status and a crash restore see it.
+                if self.journal(Record::Idle { key, orig }).is_err() {
+                    continue;
+                }
+            }
+            self.idled.insert(
+                tid,
+                Idled {
+                    key,
+                    orig,
+                    root,
+                    group: group.to_string(),
+                    reason: reason.to_string(),
+                    comm: stat.comm.clone(),
+                    why: why.to_string(),
+                    since: now_secs(),
+                },
+            );
+            n += 1;
+        }
+        n
+    }
+
+    fn unidle(&mut self, tid: u32, report: &mut RestoreReport) {
+        let Some(i) = self.idled.remove(&tid) else {
+            return;
+        };
+        let same = sys::task_stat(i.key.pid, tid).is_ok_and(|s| s.start == i.key.start);
+        let done = if self.dry_run {
+            true
+        } else if same {
+            put_back(i.key.pid, tid, &i.orig, self.base_slice_ns, report)
+        } else {
+            report.gone += 1;
+            true
+        };
+        if done {
+            // The thread may be elevated again from now on.
+            self.left_alone.remove(&tid);
+            let _logged_by_journal = self.journal(Record::Unidle { key: i.key });
+        } else {
+            self.idled.insert(tid, i);
+        }
+    }
+
+    /// A demoted tree is promoted: every thread of it that was idled in place goes back,
+    /// and so do the threads of `members` that inherited SCHED_IDLE from it. Returns how
+    /// many threads went back.
+    pub(crate) fn unidle_tree(&mut self, root: u32, members: &[u32]) -> usize {
+        let mut report = RestoreReport::default();
+        let origs: HashMap<u32, Sched> = self
+            .idled
+            .values()
+            .filter(|i| i.root == root)
+            .map(|i| (i.key.pid, i.orig))
+            .collect();
+        if origs.is_empty() {
+            return 0;
+        }
+        let tids: Vec<u32> = self
+            .idled
+            .iter()
+            .filter(|(_, i)| i.root == root)
+            .map(|(&t, _)| t)
+            .collect();
+        for tid in tids {
+            self.unidle(tid, &mut report);
+        }
+        if !self.dry_run {
+            let idled = &self.idled;
+            put_back_inherited(
+                Some(members),
+                |p| origs.get(&p).copied(),
+                |t| idled.contains_key(&t),
+                self.base_slice_ns,
+                &mut report,
+            );
+        }
+        report.restored as usize
+    }
+
+    /// Daemon exit: every thread idled in place goes back, with those born since.
+    pub(crate) fn restore_in_place(&mut self, report: &mut RestoreReport) {
+        if self.idled.is_empty() {
+            return;
+        }
+        let origs: HashMap<u32, Sched> = self
+            .idled
+            .values()
+            .filter(|i| sys::task_stat(i.key.pid, i.key.tid).is_ok_and(|s| s.start == i.key.start))
+            .map(|i| (i.key.pid, i.orig))
+            .collect();
+        let tids: Vec<u32> = self.idled.keys().copied().collect();
+        for tid in tids {
+            self.unidle(tid, report);
+        }
+        if !self.dry_run {
+            let idled = &self.idled;
+            put_back_inherited(
+                None,
+                |p| origs.get(&p).copied(),
+                |t| idled.contains_key(&t),
+                self.base_slice_ns,
+                report,
+            );
+        }
+    }
+
+    /// Processes demoted in place, one line each, for `appease status`.
+    pub(crate) fn idled_views(&self) -> Vec<MovedView> {
+        let mut by_pid: HashMap<u32, &Idled> = HashMap::new();
+        for i in self.idled.values() {
+            let e = by_pid.entry(i.key.pid).or_insert(i);
+            if i.key.tid == i.key.pid {
+                *e = i;
+            }
+        }
+        by_pid
+            .into_iter()
+            .map(|(pid, i)| MovedView {
+                pid,
+                comm: i.comm.clone(),
+                class: "batch".into(),
+                group: i.group.clone(),
+                original_group: i.group.clone(),
+                tree: i.root,
+                why: i.why.clone(),
+                since: i.since,
+                placement: format!("in place: {}", i.reason),
+            })
+            .collect()
+    }
+}
+
+/// After a crash: every thread the journal says was idled in place, and those that
+/// inherited it since, back to their original state. Returns the records that close
+/// what was undone.
+pub(crate) fn restore_journal_in_place(
+    state: &JournalState,
+    base_slice_ns: u64,
+    report: &mut RestoreReport,
+) -> Vec<Record> {
+    let mut done = Vec::new();
+    if state.idled.is_empty() {
+        return done;
+    }
+    let alive = |k: &TaskKey| sys::task_stat(k.pid, k.tid).is_ok_and(|s| s.start == k.start);
+    let origs: HashMap<u32, Sched> = state
+        .idled
+        .iter()
+        .filter(|(k, _)| alive(k))
+        .map(|(k, o)| (k.pid, *o))
+        .collect();
+    for (key, orig) in &state.idled {
+        let ok = if alive(key) {
+            put_back(key.pid, key.tid, orig, base_slice_ns, report)
+        } else {
+            report.gone += 1;
+            true
+        };
+        if ok {
+            done.push(Record::Unidle { key: *key });
+        }
+    }
+    put_back_inherited(
+        None,
+        |p| origs.get(&p).copied(),
+        |t| state.idled.keys().any(|k| k.tid == t),
+        base_slice_ns,
+        report,
+    );
+    done
+}

@@ -1,0 +1,315 @@
+//! Where a process must not be moved out of its cgroup: under a limit that binds the
+//! whole cgroup (a copy on a new group would double it, and no copy at all would lift
+//! it), or inside a container or pod (moving it out takes it out of the container).
+
+use std::fs;
+
+use serde::Serialize;
+
+use crate::{Cgroups, Version};
+
+/// A container's cgroup, recognised by the names runtimes give them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Container {
+    /// `docker`, `podman`, `containerd`, `cri-o`, `kubernetes`, `lxc`, `machine`.
+    pub runtime: &'static str,
+    /// The container's (or pod's) own cgroup: the path up to the matching component.
+    pub group: String,
+}
+
+/// Why a process stays in its cgroup.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Boundary {
+    /// `file` in `group` holds `value` (a CPU quota, pids.max, memory.max, io.max).
+    Limit {
+        group: String,
+        file: &'static str,
+        value: String,
+    },
+    Container(Container),
+}
+
+impl std::fmt::Display for Boundary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Boundary::Limit { group, file, value } => {
+                write!(f, "{file} = {value:?} in {group} binds the whole group")
+            }
+            Boundary::Container(c) => write!(f, "inside {} container {}", c.runtime, c.group),
+        }
+    }
+}
+
+fn is_hex_id(s: &str) -> bool {
+    s.len() >= 12 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The container a cgroup path lies in, if its names say so. Covers Docker (cgroupfs
+/// `/docker/ID` and systemd `docker-ID.scope`), Podman (`libpod-ID.scope`,
+/// `/libpod_parent/libpod-ID`), containerd (`cri-containerd-ID.scope`, `/containerd/…`),
+/// CRI-O (`crio-ID.scope`), the kubelet's pods (`kubepods…`, both drivers; the pod is the
+/// unit), LXC (`lxc.payload.NAME`, `/lxc/NAME`) and systemd-machined's `machine.slice`.
+pub fn container_of(path: &str) -> Option<Container> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let upto = |i: usize| format!("/{}", parts[..=i].join("/"));
+    for (i, &p) in parts.iter().enumerate() {
+        let next = parts.get(i + 1).copied().unwrap_or("");
+        // Kubernetes first: a pod holds containerd/docker/crio scopes.
+        if p.starts_with("kubepods") {
+            // The pod: `kubepods-…-podUID.slice` (systemd) or `podUID` (cgroupfs).
+            let pod = parts[i..]
+                .iter()
+                .position(|q| q.starts_with("pod") || q.contains("-pod"))
+                .map_or(i, |k| i + k);
+            return Some(Container {
+                runtime: "kubernetes",
+                group: upto(pod),
+            });
+        }
+        let (runtime, here) = if let Some(id) = p
+            .strip_prefix("docker-")
+            .and_then(|s| s.strip_suffix(".scope"))
+        {
+            ("docker", is_hex_id(id))
+        } else if p == "docker" && is_hex_id(next) {
+            return Some(Container {
+                runtime: "docker",
+                group: upto(i + 1),
+            });
+        } else if p.starts_with("libpod-") {
+            ("podman", true)
+        } else if p.starts_with("cri-containerd-") {
+            ("containerd", true)
+        } else if p == "containerd" && !next.is_empty() {
+            return Some(Container {
+                runtime: "containerd",
+                group: upto(i + 1),
+            });
+        } else if p.starts_with("crio-") && p.ends_with(".scope") {
+            ("cri-o", true)
+        } else if p.starts_with("lxc.payload") {
+            ("lxc", true)
+        } else if p == "lxc" && !next.is_empty() {
+            return Some(Container {
+                runtime: "lxc",
+                group: upto(i + 1),
+            });
+        } else if p == "machine.slice" && !next.is_empty() && !next.starts_with("libpod-") {
+            return Some(Container {
+                runtime: "machine",
+                group: upto(i + 1),
+            });
+        } else {
+            ("", false)
+        };
+        if here {
+            return Some(Container {
+                runtime,
+                group: upto(i),
+            });
+        }
+    }
+    None
+}
+
+impl Cgroups {
+    /// The first limit found on `group` or an ancestor (below the root, which holds
+    /// none), nearest first. v1's `cpu` hierarchy holds only the CPU quota (its other
+    /// controllers are hierarchies a move here does not touch); v2's groups hold every
+    /// enabled controller's limit.
+    pub fn limit_of(&self, group: &str) -> Option<Boundary> {
+        let mut path = group.trim_end_matches('/').to_string();
+        while !path.is_empty() && path != "/" {
+            let dir = self.dir(&path);
+            let read = |f: &str| fs::read_to_string(dir.join(f)).ok();
+            let found = match self.version() {
+                Version::V1 => read("cpu.cfs_quota_us")
+                    .filter(|v| v.trim() != "-1")
+                    .map(|v| ("cpu.cfs_quota_us", v)),
+                Version::V2 => read("cpu.max")
+                    .filter(|v| !v.starts_with("max"))
+                    .map(|v| ("cpu.max", v))
+                    .or_else(|| {
+                        read("pids.max")
+                            .filter(|v| v.trim() != "max")
+                            .map(|v| ("pids.max", v))
+                    })
+                    .or_else(|| {
+                        read("memory.max")
+                            .filter(|v| v.trim() != "max")
+                            .map(|v| ("memory.max", v))
+                    })
+                    .or_else(|| {
+                        read("io.max")
+                            .filter(|v| !v.trim().is_empty())
+                            .map(|v| ("io.max", v))
+                    }),
+            };
+            if let Some((file, value)) = found {
+                return Some(Boundary::Limit {
+                    group: path,
+                    file,
+                    value: value.trim().to_string(),
+                });
+            }
+            path = match path.rfind('/') {
+                Some(0) | None => String::new(),
+                Some(i) => path[..i].to_string(),
+            };
+        }
+        None
+    }
+
+    /// Why a process in `group` must stay in it, if it must.
+    pub fn boundary_of(&self, group: &str) -> Option<Boundary> {
+        container_of(group)
+            .map(Boundary::Container)
+            .or_else(|| self.limit_of(group))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn container_cgroups_are_known_for_every_runtime_and_driver() {
+        let id = "0123456789abcdef0123456789abcdef";
+        let cases = [
+            (format!("/docker/{id}"), "docker", format!("/docker/{id}")),
+            (
+                format!("/system.slice/docker-{id}.scope"),
+                "docker",
+                format!("/system.slice/docker-{id}.scope"),
+            ),
+            (
+                format!("/machine.slice/libpod-{id}.scope/container"),
+                "podman",
+                format!("/machine.slice/libpod-{id}.scope"),
+            ),
+            (
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_34.slice/cri-containerd-ab.scope"
+                    .to_string(),
+                "kubernetes",
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_34.slice"
+                    .to_string(),
+            ),
+            (
+                "/kubepods/besteffort/pod1234/abcd".to_string(),
+                "kubernetes",
+                "/kubepods/besteffort/pod1234".to_string(),
+            ),
+            (
+                "/kubepods/pod1234/abcd".to_string(),
+                "kubernetes",
+                "/kubepods/pod1234".to_string(),
+            ),
+            (
+                "/lxc.payload.web/init.scope".to_string(),
+                "lxc",
+                "/lxc.payload.web".to_string(),
+            ),
+            (
+                "/machine.slice/systemd-nspawn@deb.service/payload".to_string(),
+                "machine",
+                "/machine.slice/systemd-nspawn@deb.service".to_string(),
+            ),
+        ];
+        for (path, runtime, group) in cases {
+            let c = container_of(&path).unwrap_or_else(|| panic!("{path}"));
+            assert_eq!((c.runtime, c.group.as_str()), (runtime, group.as_str()));
+        }
+        for plain in [
+            "/",
+            "/user.slice/user-1000.slice/session-2.scope",
+            "/system.slice/nginx.service",
+            "/docker",
+            "/machine.slice",
+            "/appease.batch",
+        ] {
+            assert_eq!(container_of(plain), None, "{plain}");
+        }
+    }
+
+    fn fake(version: Version, name: &str) -> (Cgroups, std::path::PathBuf) {
+        let root =
+            std::env::temp_dir().join(format!("appease-limits-{name}-{}", std::process::id()));
+        let _fresh = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        (
+            Cgroups {
+                version,
+                root: root.clone(),
+            },
+            root,
+        )
+    }
+
+    fn put(root: &Path, group: &str, file: &str, value: &str) {
+        let dir = root.join(group.trim_start_matches('/'));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(file), value).unwrap();
+    }
+
+    #[test]
+    fn a_cpu_quota_on_an_ancestor_binds_its_whole_subtree_on_v1() {
+        let (cg, root) = fake(Version::V1, "v1");
+        put(&root, "/", "cpu.cfs_quota_us", "-1\n");
+        put(&root, "/box", "cpu.cfs_quota_us", "50000\n");
+        put(&root, "/box/job", "cpu.cfs_quota_us", "-1\n");
+        put(&root, "/free", "cpu.cfs_quota_us", "-1\n");
+        let b = cg.limit_of("/box/job").unwrap();
+        assert_eq!(
+            b,
+            Boundary::Limit {
+                group: "/box".into(),
+                file: "cpu.cfs_quota_us",
+                value: "50000".into()
+            }
+        );
+        assert!(b.to_string().contains("binds the whole group"));
+        assert_eq!(cg.limit_of("/free"), None);
+        assert_eq!(cg.limit_of("/"), None);
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn every_v2_limit_counts_and_max_means_none() {
+        let (cg, root) = fake(Version::V2, "v2");
+        put(&root, "/a", "cpu.max", "max 100000\n");
+        put(&root, "/a", "pids.max", "max\n");
+        put(&root, "/a", "memory.max", "max\n");
+        put(&root, "/a", "io.max", "");
+        assert_eq!(cg.limit_of("/a"), None);
+        for (file, value) in [
+            ("cpu.max", "50000 100000"),
+            ("pids.max", "20"),
+            ("memory.max", "104857600"),
+            ("io.max", "8:0 rbps=1048576 wbps=max riops=max wiops=max"),
+        ] {
+            put(&root, "/b", file, value);
+            let got = cg.limit_of("/b/c/d").unwrap();
+            assert!(
+                matches!(got, Boundary::Limit { file: f, .. } if f == file),
+                "{file}"
+            );
+            fs::remove_dir_all(root.join("b")).unwrap();
+        }
+        put(
+            &root,
+            "/system.slice/docker-0123456789abcdef.scope",
+            "cpu.max",
+            "max 100000",
+        );
+        assert!(matches!(
+            cg.boundary_of("/system.slice/docker-0123456789abcdef.scope"),
+            Some(Boundary::Container(Container {
+                runtime: "docker",
+                ..
+            }))
+        ));
+        fs::remove_dir_all(root).unwrap();
+    }
+}
