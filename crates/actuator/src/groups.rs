@@ -28,6 +28,8 @@ pub struct Groups {
     systemd: bool,
     /// Service processes kept where they are (pid -> start time), logged once.
     stayed: HashMap<u32, u64>,
+    /// systemd's D-Bus API, on a host it runs (see `systemd`).
+    pub(crate) units: Option<Box<dyn crate::systemd::UnitControl>>,
 }
 
 struct Moved {
@@ -71,7 +73,15 @@ impl Groups {
             moved: HashMap::new(),
             systemd: false,
             stayed: HashMap::new(),
+            units: None,
         }
+    }
+
+    /// Talks to systemd through `units` (on a host where it owns the cgroup tree): a
+    /// batch tree that is all a unit holds makes the unit idle in place.
+    pub fn with_units(mut self, units: Box<dyn crate::systemd::UnitControl>) -> Self {
+        self.units = Some(units);
+        self
     }
 
     /// systemd owns the cgroup tree (cgroup v2 with systemd as PID 1): appease moves no
@@ -85,10 +95,7 @@ impl Groups {
     /// limit that binds its cgroup, a container, or systemd's ownership of the tree.
     pub fn boundary(&self, from: &str) -> Option<String> {
         if self.systemd {
-            return Some(
-                "systemd owns the cgroup tree (placement through its D-Bus API is not built yet)"
-                    .into(),
-            );
+            return Some("systemd owns the cgroup tree, and the unit holds other work too".into());
         }
         self.cg.boundary_of(from).map(|b| b.to_string())
     }
@@ -247,7 +254,8 @@ impl KernelActuator {
                 "demoted to the idle group"
             );
         }
-        let idled = self.idle_in_place(root, &in_place, why);
+        let (whole, in_place) = self.idle_whole_units(root, members, in_place, why);
+        let idled = whole + self.idle_in_place(root, &in_place, why);
         self.counters.demotions += (moved + idled) as u64;
         Ok(moved + idled)
     }
@@ -391,7 +399,7 @@ impl KernelActuator {
                 self.journal(Record::Return { key: m.key })?;
             }
         }
-        let unidled = self.unidle_tree(root, members);
+        let unidled = self.unidle_tree(root, members) + self.unidle_units_of(root);
         self.counters.promotions += (back + unidled) as u64;
         tracing::info!(root, back, unidled, "promoted out of the idle class");
         Ok(back + unidled)

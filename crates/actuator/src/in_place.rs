@@ -6,11 +6,12 @@
 //! change. Children and threads born later inherit SCHED_IDLE: they have no record of
 //! their own and go back to the original state of their nearest recorded ancestor.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::journal::{JournalState, Record, TaskKey};
 use crate::sys::{self, Sched};
+use crate::systemd::{self, UnitControl, WEIGHT_IDLE};
 use crate::{groups::MovedView, Actuator, KernelActuator, RestoreReport};
 
 /// A thread appease put in SCHED_IDLE where it is.
@@ -21,6 +22,18 @@ pub(crate) struct Idled {
     pub group: String,
     pub reason: String,
     pub comm: String,
+    pub why: String,
+    pub since: u64,
+}
+
+/// A systemd unit appease made idle (CPUWeight=idle), with what it puts back.
+pub(crate) struct IdleUnit {
+    pub orig: u64,
+    pub transient: bool,
+    pub dropin: Option<String>,
+    pub cgroup: String,
+    pub root: u32,
+    pub pids: Vec<u32>,
     pub why: String,
     pub since: u64,
 }
@@ -355,6 +368,173 @@ impl KernelActuator {
         }
     }
 
+    /// On a systemd host: each cgroup of `procs` that is a unit's own and holds nothing
+    /// but processes of this tree (`members`) makes that unit idle through systemd.
+    /// Returns how many processes were demoted so, and the processes left for `idle_in_place`.
+    pub(crate) fn idle_whole_units(
+        &mut self,
+        root: u32,
+        members: &[u32],
+        procs: Vec<(u32, String, String)>,
+        why: &str,
+    ) -> (usize, Vec<(u32, String, String)>) {
+        let Some(units) = self.groups.as_mut().and_then(|g| g.units.take()) else {
+            return (0, procs);
+        };
+        let tree: HashSet<u32> = members.iter().copied().collect();
+        let mut by_cgroup: BTreeMap<String, Vec<(u32, String, String)>> = BTreeMap::new();
+        for p in procs {
+            by_cgroup.entry(p.1.clone()).or_default().push(p);
+        }
+        let (mut done, mut rest) = (0, Vec::new());
+        for (cgroup, procs) in by_cgroup {
+            let pids: Vec<u32> = procs.iter().map(|p| p.0).collect();
+            match self.idle_unit(&*units, root, &cgroup, &pids, &tree, why) {
+                true => done += pids.len(),
+                false => rest.extend(procs),
+            }
+        }
+        if let Some(g) = self.groups.as_mut() {
+            g.units = Some(units);
+        }
+        (done, rest)
+    }
+
+    fn idle_unit(
+        &mut self,
+        units: &dyn UnitControl,
+        root: u32,
+        cgroup: &str,
+        pids: &[u32],
+        tree: &HashSet<u32>,
+        why: &str,
+    ) -> bool {
+        let Some(g) = self.groups.as_ref() else {
+            return false;
+        };
+        let Ok(all) = g.cgroups().processes_below(cgroup) else {
+            return false;
+        };
+        if !all.iter().all(|p| tree.contains(p)) {
+            return false; // the unit holds other work too: per thread
+        }
+        let (unit, transient) = match units.unit_of(pids[0]) {
+            Ok(u) if u.cgroup == cgroup => (u.id, u.transient),
+            Ok(_) => return false, // a sub-cgroup of a unit (delegated): per thread
+            Err(e) => {
+                tracing::debug!(pid = pids[0], error = %e, "no unit for the process");
+                return false;
+            }
+        };
+        if let Some(u) = self.idle_units.get_mut(&unit) {
+            u.pids.extend(pids);
+            return true; // already idle
+        }
+        let orig = match units.cpu_weight(&unit) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(unit, error = %e, "could not read the unit's CPUWeight");
+                return false;
+            }
+        };
+        let dropin = systemd::read_dropin(&unit, transient);
+        if !self.dry_run {
+            let rec = Record::UnitIdle {
+                unit: unit.clone(),
+                orig,
+                transient,
+                dropin: dropin.clone(),
+            };
+            if self.journal(rec).is_err() {
+                self.counters.failures += 1;
+                return false;
+            }
+            if let Err(e) = units.set_cpu_weight(&unit, WEIGHT_IDLE) {
+                self.counters.failures += 1;
+                tracing::warn!(unit, error = %e, "systemd refused CPUWeight=idle");
+                let _logged_by_journal = self.journal(Record::UnitRestored { unit });
+                return false;
+            }
+        }
+        tracing::info!(
+            root,
+            unit,
+            cgroup,
+            why,
+            dry_run = self.dry_run,
+            "demoted a whole unit in place (CPUWeight=idle through systemd)"
+        );
+        self.idle_units.insert(
+            unit,
+            IdleUnit {
+                orig,
+                transient,
+                dropin,
+                cgroup: cgroup.to_string(),
+                root,
+                pids: pids.to_vec(),
+                why: why.to_string(),
+                since: now_secs(),
+            },
+        );
+        true
+    }
+
+    /// Gives a unit back its CPUWeight and runtime drop-in.
+    fn unidle_unit(&mut self, unit: &str, report: &mut RestoreReport) {
+        let Some(u) = self.idle_units.remove(unit) else {
+            return;
+        };
+        if !self.dry_run {
+            let units = self.groups.as_ref().and_then(|g| g.units.as_deref());
+            match units.map(|c| c.set_cpu_weight(unit, u.orig)) {
+                Some(Ok(())) => report.restored += 1,
+                Some(Err(e)) if units.is_some_and(|c| c.unit_gone(unit)) => {
+                    tracing::debug!(unit, error = %e, "unit gone");
+                    report.gone += 1;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(unit, error = %e, "could not give the unit its CPUWeight back");
+                    report.failed += 1;
+                    self.idle_units.insert(unit.to_string(), u);
+                    return;
+                }
+                None => {
+                    report.failed += 1;
+                    self.idle_units.insert(unit.to_string(), u);
+                    return;
+                }
+            }
+            systemd::put_back_dropin(unit, u.transient, u.dropin.as_deref());
+        }
+        let _logged_by_journal = self.journal(Record::UnitRestored {
+            unit: unit.to_string(),
+        });
+    }
+
+    /// Units made idle for the tree `root` get their CPUWeight back. Returns how many.
+    pub(crate) fn unidle_units_of(&mut self, root: u32) -> usize {
+        let units: Vec<String> = self
+            .idle_units
+            .iter()
+            .filter(|(_, u)| u.root == root)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut report = RestoreReport::default();
+        for unit in &units {
+            self.unidle_unit(unit, &mut report);
+        }
+        (report.restored + report.gone) as usize
+    }
+
+    /// Daemon exit: every unit made idle gets its CPUWeight back.
+    pub(crate) fn restore_units(&mut self, report: &mut RestoreReport) {
+        let units: Vec<String> = self.idle_units.keys().cloned().collect();
+        for unit in units {
+            self.unidle_unit(&unit, report);
+        }
+    }
+
     /// Processes demoted in place, one line each, for `appease status`.
     pub(crate) fn idled_views(&self) -> Vec<MovedView> {
         let mut by_pid: HashMap<u32, &Idled> = HashMap::new();
@@ -377,6 +557,23 @@ impl KernelActuator {
                 since: i.since,
                 placement: format!("in place: {}", i.reason),
             })
+            .chain(self.idle_units.iter().flat_map(|(unit, u)| {
+                u.pids.iter().map(move |&pid| MovedView {
+                    pid,
+                    comm: std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                        .map(|c| c.trim_end().to_string())
+                        .unwrap_or_default(),
+                    class: "batch".into(),
+                    group: u.cgroup.clone(),
+                    original_group: u.cgroup.clone(),
+                    tree: u.root,
+                    why: u.why.clone(),
+                    since: u.since,
+                    placement: format!(
+                        "in place: unit {unit} idle (CPUWeight=idle through systemd)"
+                    ),
+                })
+            }))
             .collect()
     }
 }
@@ -418,5 +615,42 @@ pub(crate) fn restore_journal_in_place(
         base_slice_ns,
         report,
     );
+    done
+}
+
+/// After a crash: every unit the journal says was made idle gets its CPUWeight and
+/// runtime drop-in back, through systemd.
+pub(crate) fn restore_journal_units(
+    state: &JournalState,
+    report: &mut RestoreReport,
+) -> Vec<Record> {
+    let mut done = Vec::new();
+    if state.units.is_empty() {
+        return done;
+    }
+    let bus = match systemd::SystemBus::connect() {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "the journal lists systemd units made idle, but the system bus is not reachable");
+            report.failed += state.units.len() as u32;
+            return done;
+        }
+    };
+    for (unit, (orig, transient, dropin)) in &state.units {
+        match bus.set_cpu_weight(unit, *orig) {
+            Ok(()) => report.restored += 1,
+            Err(e) if bus.unit_gone(unit) => {
+                tracing::debug!(unit, error = %e, "unit gone");
+                report.gone += 1;
+            }
+            Err(e) => {
+                tracing::warn!(unit, error = %e, "could not give the unit its CPUWeight back");
+                report.failed += 1;
+                continue;
+            }
+        }
+        systemd::put_back_dropin(unit, *transient, dropin.as_deref());
+        done.push(Record::UnitRestored { unit: unit.clone() });
+    }
     done
 }

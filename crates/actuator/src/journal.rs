@@ -58,6 +58,17 @@ pub enum Record {
     Idle { key: TaskKey, orig: Sched },
     /// The thread is back to `orig`, gone, or changed by someone else: nothing to undo.
     Unidle { key: TaskKey },
+    /// appease is about to make a systemd unit idle (CPUWeight=idle, a runtime property);
+    /// `orig` is its CPUWeight before, `dropin` what systemd's runtime drop-in for the
+    /// property held before (None: no file).
+    UnitIdle {
+        unit: String,
+        orig: u64,
+        transient: bool,
+        dropin: Option<String>,
+    },
+    /// The unit has its CPUWeight and drop-in back, or is gone: nothing to undo.
+    UnitRestored { unit: String },
 }
 
 /// A process move that must be undone.
@@ -76,6 +87,9 @@ pub struct JournalState {
     pub groups: BTreeSet<String>,
     /// Threads put in SCHED_IDLE in place, with what they had before.
     pub idled: BTreeMap<TaskKey, Sched>,
+    /// systemd units made idle: their CPUWeight before, whether they are transient, and
+    /// their runtime drop-in before.
+    pub units: BTreeMap<String, (u64, bool, Option<String>)>,
 }
 
 impl JournalState {
@@ -84,11 +98,16 @@ impl JournalState {
             && self.moves.is_empty()
             && self.groups.is_empty()
             && self.idled.is_empty()
+            && self.units.is_empty()
     }
 
     /// How many changes are pending (threads, processes, groups, idled threads).
     pub fn len(&self) -> usize {
-        self.threads.len() + self.moves.len() + self.groups.len() + self.idled.len()
+        self.threads.len()
+            + self.moves.len()
+            + self.groups.len()
+            + self.idled.len()
+            + self.units.len()
     }
 }
 
@@ -176,6 +195,14 @@ impl Journal {
         for (&key, &orig) in &self.live.idled {
             line(&Record::Idle { key, orig })?;
         }
+        for (unit, (orig, transient, dropin)) in &self.live.units {
+            line(&Record::UnitIdle {
+                unit: unit.clone(),
+                orig: *orig,
+                transient: *transient,
+                dropin: dropin.clone(),
+            })?;
+        }
         for p in self.live.threads.values() {
             for rec in [
                 Record::Manage {
@@ -255,6 +282,17 @@ fn apply(live: &mut JournalState, rec: Record) {
         }
         Record::Unidle { key } => {
             live.idled.remove(&key);
+        }
+        Record::UnitIdle {
+            unit,
+            orig,
+            transient,
+            dropin,
+        } => {
+            live.units.entry(unit).or_insert((orig, transient, dropin));
+        }
+        Record::UnitRestored { unit } => {
+            live.units.remove(&unit);
         }
     }
 }

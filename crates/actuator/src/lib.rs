@@ -7,6 +7,7 @@ pub mod groups;
 mod in_place;
 pub mod journal;
 pub mod sys;
+pub mod systemd;
 
 use std::collections::HashMap;
 use std::io;
@@ -148,6 +149,8 @@ pub struct KernelActuator {
     groups: Option<Groups>,
     /// Threads put in SCHED_IDLE in place (tid -> record): see `in_place`.
     idled: HashMap<u32, in_place::Idled>,
+    /// systemd units made idle (unit -> record): see `systemd`.
+    idle_units: HashMap<String, in_place::IdleUnit>,
     pub counters: ActCounters,
 }
 
@@ -166,6 +169,7 @@ impl KernelActuator {
             self_pid: std::process::id(),
             groups: None,
             idled: HashMap::new(),
+            idle_units: HashMap::new(),
             counters: ActCounters::default(),
         })
     }
@@ -458,6 +462,7 @@ impl Actuator for KernelActuator {
         }
         self.restore_groups(&mut report);
         self.restore_in_place(&mut report);
+        self.restore_units(&mut report);
         if report.failed == 0 {
             if let Some(j) = self.journal.take() {
                 if let Err(e) = j.remove_if_empty() {
@@ -561,6 +566,9 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
         journal.append(&rec)?;
     }
     for rec in in_place::restore_journal_in_place(&state, base_slice_ns, &mut report) {
+        journal.append(&rec)?;
+    }
+    for rec in in_place::restore_journal_units(&state, &mut report) {
         journal.append(&rec)?;
     }
     journal.remove_if_empty()?;

@@ -653,21 +653,8 @@ fn a_demoted_soaker_that_starts_answering_requests_is_promoted() {
     let cfg = dir.file("batch.toml", &batch_config(&group));
     let home = cpu_cgroup(std::process::id()).unwrap();
     let (mut a, b) = UnixStream::pair().unwrap();
-    // A forked copy of this process that spins and, every 20 ms, takes whatever is
-    // waiting on its socket: a request once the test starts sending.
-    // SAFETY: the child only spins, calls recv and _exit: async-signal-safe.
-    let child = unsafe { libc::fork() };
-    if child == 0 {
-        use std::os::fd::AsRawFd;
-        let fd = b.as_raw_fd();
-        let mut buf = [0u8; 64];
-        loop {
-            spin_cpu(Duration::from_millis(20));
-            // SAFETY: valid buffer; non-blocking receive.
-            unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        }
-    }
-    let child = child as u32;
+    // It receives a request once the test starts sending.
+    let child = fork_spinning_receiver(&b);
     let _reap = KillOnDrop(child);
     let mut daemon = Daemon::start(&dir.0, &cfg);
     let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
@@ -727,6 +714,24 @@ fn kill_9_with_demoted_soakers_then_restore_moves_them_back() {
     assert_eq!(cpu_cgroup(pid).unwrap(), home);
     let cg = appease_cgroup::Cgroups::detect().unwrap();
     assert!(!cg.exists(&format!("/{group}")), "group removed by restore");
+}
+
+/// A forked copy of this process that spins and, every 20 ms, takes whatever waits on
+/// `socket` without blocking: a request whenever the other end sends one.
+fn fork_spinning_receiver(socket: &UnixStream) -> u32 {
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    // SAFETY: the child only spins and calls recv, forever: async-signal-safe.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        let mut buf = [0u8; 64];
+        loop {
+            spin_cpu(Duration::from_millis(20));
+            // SAFETY: valid buffer; non-blocking receive.
+            unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        }
+    }
+    child as u32
 }
 
 struct KillOnDrop(u32);
@@ -1744,18 +1749,7 @@ struct BusyServer {
 impl BusyServer {
     fn start() -> Self {
         let (mut a, b) = UnixStream::pair().unwrap();
-        // SAFETY: the child only spins, calls recv and loops: async-signal-safe.
-        let child = unsafe { libc::fork() };
-        if child == 0 {
-            use std::os::fd::AsRawFd;
-            let fd = b.as_raw_fd();
-            let mut buf = [0u8; 64];
-            loop {
-                spin_cpu(Duration::from_millis(20));
-                // SAFETY: valid buffer; non-blocking receive.
-                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            }
-        }
+        let child = fork_spinning_receiver(&b);
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
         let feeder = thread::spawn(move || {
@@ -1765,7 +1759,7 @@ impl BusyServer {
             }
         });
         BusyServer {
-            pid: child as u32,
+            pid: child,
             stop,
             feeder: Some(feeder),
         }
@@ -1914,4 +1908,44 @@ fn kill_9_with_a_soaker_demoted_in_place_then_restore_puts_its_class_back() {
         "nothing left to undo: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+// ---------------------------------------------------------------------------------
+// The layouts most hosts run, booted in a VM (scripts/vm): Debian 13 with cgroup v2 under
+// systemd, and the same kernel with a minimal PID 1 (cgroup v2, no service manager). The
+// checks run inside the VM (crates/appease/tests/vm/*.sh); each prints ok / not ok.
+
+fn in_vm(mode: &str, script: &str) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let vm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
+    let out = Command::new(repo.join("scripts/vm/run.sh"))
+        .arg(mode)
+        .arg(vm.join(script))
+        .arg(vm.join("lib.sh"))
+        .env("APPEASE_BIN", BIN)
+        .output()
+        .expect("scripts/vm/run.sh runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "the VM's checks failed:\n{text}");
+    assert!(
+        text.lines().any(|l| l.ends_with(" passed, 0 failed")),
+        "no closing count from the VM:\n{text}"
+    );
+}
+
+#[test]
+fn on_cgroup_v2_under_systemd_demoted_soakers_stay_in_their_units_held_to_their_limits() {
+    let Some(_g) = serial() else { return };
+    in_vm("systemd", "systemd.sh");
+}
+
+#[test]
+fn on_cgroup_v2_without_systemd_free_soakers_move_and_limited_ones_are_demoted_in_place() {
+    let Some(_g) = serial() else { return };
+    in_vm("init", "init.sh");
 }

@@ -86,8 +86,10 @@ impl HostLayout {
                 "no CPU cgroup controller: elevation only, no idle group or service groups".into()
             }
             LayoutKind::CgroupV2Systemd => {
-                "systemd owns the cgroup tree: appease writes none of its cgroups; batch \
-                 trees are demoted in place (SCHED_IDLE per thread), service groups are off"
+                "systemd owns the cgroup tree: appease writes none of its cgroups; a batch \
+                 tree that is all its unit holds makes the unit idle through systemd \
+                 (CPUWeight=idle), others are demoted per thread (SCHED_IDLE); service \
+                 groups are off"
                     .into()
             }
             LayoutKind::CgroupV1 | LayoutKind::CgroupV2 => {

@@ -205,6 +205,24 @@ impl Cgroups {
         Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
     }
 
+    /// Processes in `group` and every group below it.
+    pub fn processes_below(&self, group: &str) -> Result<Vec<u32>, CgroupError> {
+        let mut all = self.processes(group)?;
+        let dir = self.dir(group);
+        let children = fs::read_dir(&dir).map_err(io_err("reading", &dir))?;
+        for e in children.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let child = format!(
+                    "{}/{}",
+                    group.trim_end_matches('/'),
+                    e.file_name().to_string_lossy()
+                );
+                all.extend(self.processes_below(&child)?);
+            }
+        }
+        Ok(all)
+    }
+
     pub fn exists(&self, group: &str) -> bool {
         self.dir(group).is_dir()
     }

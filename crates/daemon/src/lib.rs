@@ -107,7 +107,9 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     if layout.systemd && layout.kind == appease_cgroup::LayoutKind::CgroupV2Systemd {
         if let Some(svc) = opts.config.services.first() {
             bail!(
-                "service {:?}: latency service groups are not available on a cgroup v2 host                  under systemd yet (systemd owns the cgroup tree, and placement through its                  D-Bus API is not built); remove the [[service]] entries or run on cgroup v1",
+                "service {:?}: latency service groups are not available on a cgroup v2 host \
+                 under systemd yet (systemd owns the cgroup tree; service groups through its \
+                 D-Bus API are not built); remove the [[service]] entries or run on cgroup v1",
                 svc.name
             );
         }
@@ -118,10 +120,18 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
             Ok(cg) => {
                 tracing::info!(hierarchy = %cg.root().display(), version = ?cg.version(), "cgroups in use");
                 let systemd_owned = cg.version() == appease_cgroup::Version::V2 && layout.systemd;
-                actuator = actuator.with_groups(
-                    appease_actuator::Groups::new(cg, &opts.config.batch.group)
-                        .owned_by_systemd(systemd_owned),
-                );
+                let mut groups = appease_actuator::Groups::new(cg, &opts.config.batch.group)
+                    .owned_by_systemd(systemd_owned);
+                if systemd_owned {
+                    match appease_actuator::systemd::SystemBus::connect() {
+                        Ok(bus) => groups = groups.with_units(Box::new(bus)),
+                        Err(e) => tracing::warn!(
+                            error = %e,
+                            "systemd's bus is not reachable: batch is demoted per thread only"
+                        ),
+                    }
+                }
+                actuator = actuator.with_groups(groups);
             }
             Err(e) if opts.config.services.is_empty() => {
                 tracing::warn!(error = %e, "batch demotion off: no usable CPU cgroup hierarchy")

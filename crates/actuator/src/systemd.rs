@@ -1,0 +1,161 @@
+//! On a systemd host, what appease changes in the cgroup tree goes through systemd's
+//! D-Bus API: systemd owns the tree, and its delegation rules ask that nobody else write
+//! to it. A batch tree that is all a unit holds makes the unit itself idle, in place, with
+//! a runtime property (`CPUWeight=idle`, which systemd ≥ 252 writes as `cpu.idle = 1`):
+//! the unit keeps its processes, its limits and its bookkeeping, and `systemctl stop`
+//! still reaches everything. systemd persists a runtime property as a drop-in under
+//! /run/systemd/system.control; appease puts back what that file held before (or
+//! removes it), so that nothing an administrator set is lost.
+//!
+//! The calls sit behind `UnitControl`, so the actuator's logic can be tested without a bus.
+
+use std::fs;
+use std::path::PathBuf;
+
+use zbus::blocking::{Connection, Proxy};
+use zbus::zvariant::{OwnedObjectPath, Value};
+
+/// systemd's CPUWeight for the idle class.
+pub const WEIGHT_IDLE: u64 = 0;
+/// CPUWeight not set (systemd's CGROUP_WEIGHT_INVALID): the default applies.
+pub const WEIGHT_UNSET: u64 = u64::MAX;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UnitError {
+    #[error("systemd over D-Bus: {0}")]
+    Bus(#[from] zbus::Error),
+    #[error("unit {unit}: {what}")]
+    Unit { unit: String, what: String },
+}
+
+/// A unit and the cgroup it owns (relative to the hierarchy's root, e.g.
+/// `/system.slice/backup.service`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unit {
+    pub id: String,
+    pub cgroup: String,
+    /// Made at run time (systemd-run, a session scope): its drop-ins live elsewhere.
+    pub transient: bool,
+}
+
+/// What appease asks of systemd.
+pub trait UnitControl {
+    /// The unit `pid` belongs to.
+    fn unit_of(&self, pid: u32) -> Result<Unit, UnitError>;
+    /// The unit's CPUWeight property (WEIGHT_UNSET when not set).
+    fn cpu_weight(&self, unit: &str) -> Result<u64, UnitError>;
+    /// Sets CPUWeight as a runtime property (lost at reboot).
+    fn set_cpu_weight(&self, unit: &str, weight: u64) -> Result<(), UnitError>;
+    /// Whether the unit is gone (not loaded, or stopped with nothing left of it).
+    fn unit_gone(&self, unit: &str) -> bool;
+}
+
+/// The runtime drop-in systemd writes for a CPUWeight set with SetUnitProperties: under
+/// /run/systemd/transient for a transient unit, /run/systemd/system.control otherwise.
+pub fn cpu_weight_dropin(unit: &str, transient: bool) -> PathBuf {
+    let dir = if transient {
+        "/run/systemd/transient"
+    } else {
+        "/run/systemd/system.control"
+    };
+    PathBuf::from(format!("{dir}/{unit}.d/50-CPUWeight.conf"))
+}
+
+/// The drop-in's text now, if any.
+pub fn read_dropin(unit: &str, transient: bool) -> Option<String> {
+    fs::read_to_string(cpu_weight_dropin(unit, transient)).ok()
+}
+
+/// Puts back the drop-in as it was before appease set the property: its old text, or no
+/// file. The live value is already back (set through the bus); this keeps a later
+/// `daemon-reload` from bringing appease's value back.
+pub fn put_back_dropin(unit: &str, transient: bool, before: Option<&str>) {
+    let path = cpu_weight_dropin(unit, transient);
+    let result = match before {
+        Some(text) => fs::write(&path, text),
+        None => match fs::remove_file(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        },
+    };
+    if let Err(e) = result {
+        tracing::warn!(unit, path = %path.display(), error = %e, "could not put back the runtime drop-in");
+    }
+}
+
+/// systemd's manager on the system bus.
+pub struct SystemBus {
+    conn: Connection,
+}
+
+const DEST: &str = "org.freedesktop.systemd1";
+
+impl SystemBus {
+    pub fn connect() -> Result<Self, UnitError> {
+        Ok(SystemBus {
+            conn: Connection::system()?,
+        })
+    }
+
+    fn manager(&self) -> Result<Proxy<'_>, UnitError> {
+        Ok(Proxy::new(
+            &self.conn,
+            DEST,
+            "/org/freedesktop/systemd1",
+            "org.freedesktop.systemd1.Manager",
+        )?)
+    }
+
+    /// The interface that carries a unit's cgroup properties, by its type.
+    fn typed<'a>(&'a self, unit: &str) -> Result<Proxy<'a>, UnitError> {
+        let iface = match unit.rsplit('.').next() {
+            Some("service") => "org.freedesktop.systemd1.Service",
+            Some("scope") => "org.freedesktop.systemd1.Scope",
+            Some("slice") => "org.freedesktop.systemd1.Slice",
+            Some("socket") => "org.freedesktop.systemd1.Socket",
+            Some("mount") => "org.freedesktop.systemd1.Mount",
+            Some("swap") => "org.freedesktop.systemd1.Swap",
+            _ => {
+                return Err(UnitError::Unit {
+                    unit: unit.into(),
+                    what: "has no cgroup of its own".into(),
+                })
+            }
+        };
+        let path: OwnedObjectPath = self.manager()?.call("GetUnit", &(unit,))?;
+        Ok(Proxy::new(&self.conn, DEST, path, iface)?)
+    }
+}
+
+impl UnitControl for SystemBus {
+    fn unit_of(&self, pid: u32) -> Result<Unit, UnitError> {
+        let path: OwnedObjectPath = self.manager()?.call("GetUnitByPID", &(pid,))?;
+        let unit = Proxy::new(&self.conn, DEST, path, "org.freedesktop.systemd1.Unit")?;
+        let id: String = unit.get_property("Id")?;
+        let transient: bool = unit.get_property("Transient")?;
+        let cgroup: String = self.typed(&id)?.get_property("ControlGroup")?;
+        Ok(Unit {
+            id,
+            cgroup,
+            transient,
+        })
+    }
+
+    fn cpu_weight(&self, unit: &str) -> Result<u64, UnitError> {
+        Ok(self.typed(unit)?.get_property("CPUWeight")?)
+    }
+
+    fn unit_gone(&self, unit: &str) -> bool {
+        let loaded: Result<OwnedObjectPath, _> = self
+            .manager()
+            .and_then(|m| Ok(m.call("GetUnit", &(unit,))?));
+        loaded.is_err()
+    }
+
+    fn set_cpu_weight(&self, unit: &str, weight: u64) -> Result<(), UnitError> {
+        let props: Vec<(&str, Value<'_>)> = vec![("CPUWeight", Value::U64(weight))];
+        self.manager()?
+            .call::<_, _, ()>("SetUnitProperties", &(unit, true, props))?;
+        Ok(())
+    }
+}

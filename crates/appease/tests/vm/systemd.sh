@@ -1,0 +1,95 @@
+# cgroup v2 under systemd (Debian 13, systemd as PID 1): appease writes no cgroup of
+# systemd's. A soaker that is all its unit holds makes the unit idle through systemd
+# (CPUWeight=idle, a runtime property); one that shares its unit with other work is
+# demoted per thread (SCHED_IDLE). Either way it stays in its unit, held to its limits.
+. /opt/appease/lib.sh
+
+unit_idle() { [ "$(cat "/sys/fs/cgroup$1/cpu.idle")" = 1 ]; }
+# Without CPU settings left in its subtree, systemd takes the cpu controller off a unit
+# (no cpu.idle file): not idle either.
+unit_not_idle() { f="/sys/fs/cgroup$1/cpu.idle"; [ ! -e "$f" ] || [ "$(cat "$f")" = 0 ]; }
+SVC=/system.slice/soak-svc.service
+USR=/user.slice/soak-user.scope
+MIX=/system.slice/mixed.service
+# Every unit here is transient (systemd-run): runtime drop-ins live under /run/systemd/transient.
+dropin() { echo "/run/systemd/transient/$1.d/50-CPUWeight.conf"; }
+
+systemd-run --quiet --scope --unit=soak-user --slice=user.slice sh -c "$SOAK" &
+USER_SOAK=$!
+systemd-run --quiet --unit=soak-svc -p CPUQuota=50% -p TasksMax=6 sh -c "$SOAK"
+# A supervisor with an idle child and a soaking one: only the soaker is batch.
+systemd-run --quiet --unit=mixed sh -c "sleep 1000 & sh -c '$SOAK' & wait"
+wait_until 10 systemctl is-active --quiet soak-svc
+wait_until 10 systemctl is-active --quiet mixed
+SVC_SOAK=$(systemctl show -P MainPID soak-svc)
+MIX_MAIN=$(systemctl show -P MainPID mixed)
+wait_until 5 pgrep -P "$MIX_MAIN" -x sh > /dev/null
+MIX_SOAK=$(pgrep -P "$MIX_MAIN" -x sh)
+echo "soakers: $USR $USER_SOAK, $SVC $SVC_SOAK, $MIX $MIX_SOAK (main $MIX_MAIN)"
+
+start_daemon $CONFIG
+check "status names the layout cgroup-v2-systemd" sh -c "$A status | grep -q '^host: cgroup-v2-systemd'"
+check "the service holding only a soaker is made idle" wait_until 60 unit_idle $SVC
+echo "systemctl show -P CPUWeight soak-svc: $(systemctl show -P CPUWeight soak-svc)"
+check "through systemd: the unit's CPUWeight is idle" [ "$(systemctl show -P CPUWeight soak-svc)" = idle ]
+check "the scope in user.slice holding only a soaker is made idle" wait_until 60 unit_idle $USR
+check "systemd keeps the setting in a runtime drop-in" grep -q "CPUWeight=idle" "$(dropin soak-user.scope)"
+check "the soaker beside other work in its unit is demoted per thread" wait_until 60 is_idle "$MIX_SOAK"
+check "the unit with other work stays non-idle" unit_not_idle $MIX
+check "the other work in that unit is untouched" is_normal "$MIX_MAIN"
+check "the service soaker is still in its unit" in_cgroup "$SVC_SOAK" $SVC
+check "the user soaker is still in its scope" in_cgroup "$USER_SOAK" $USR
+check "the mixed soaker is still in its unit" in_cgroup "$MIX_SOAK" $MIX
+check "systemctl status still lists the service's soaker" sh -c "systemctl status soak-svc --no-pager | grep -q \"$SVC_SOAK\""
+check "status says how: the unit idle" sh -c "$A status --json | grep -q 'unit soak-svc.service idle'"
+check "status says how: per thread" sh -c "$A status --json | grep -q 'in place: systemd owns'"
+# With the other soakers stopped, the idle service takes what it may: its quota.
+kill -STOP "$USER_SOAK" "$MIX_SOAK"
+used=$(cpus_used $SVC 3)
+kill -CONT "$USER_SOAK" "$MIX_SOAK"
+echo "soak-svc used $used CPUs after demotion, alone (CPUQuota=50%)"
+check "CPUQuota=50% still binds the demoted service" at_most "$used" 0.6
+check "the demoted service still runs" at_most 0.3 "$used"
+fork_bomb $SVC
+check "the service's fork attempts hit pids.max" wait_until 60 sh -c "! grep -q '^max 0' /sys/fs/cgroup$SVC/pids.events"
+check "TasksMax=6 still binds the demoted service" at_most "$(cat /sys/fs/cgroup$SVC/pids.current)" 6
+check "appease made no cgroup" sh -c "! ls /sys/fs/cgroup | grep -q appease"
+check "appease made no unit" sh -c "! systemctl list-units --all --no-legend 'appease*' | grep -v appease-vm-run | grep -q ."
+systemctl stop soak-svc
+check "systemctl stop of the service stops its demoted soaker" wait_until 10 sh -c "! kill -0 $SVC_SOAK 2>/dev/null"
+
+systemctl daemon-reexec
+check "after systemd re-executes itself the scope is still idle" wait_until 30 unit_idle $USR
+stop_daemon
+check "on exit (after the re-exec) the scope is no longer idle" unit_not_idle $USR
+check "on exit the scope's CPUWeight is unset again" [ "$(systemctl show -P CPUWeight soak-user.scope)" = "[not set]" ]
+check "on exit appease's runtime drop-in is gone" [ ! -e "$(dropin soak-user.scope)" ]
+check "on exit the mixed soaker is back in SCHED_OTHER" is_normal "$MIX_SOAK"
+check "on exit no journal is left" [ ! -e $APPEASE_RUN_DIR/journal.jsonl ]
+
+# An administrator's own runtime setting survives appease.
+systemctl set-property --runtime soak-user.scope CPUWeight=50
+ADMIN=$(cat "$(dropin soak-user.scope)")
+start_daemon $CONFIG
+check "made idle again by a new daemon" wait_until 60 unit_idle $USR
+kill -KILL "$DAEMON"; wait "$DAEMON" 2>/dev/null
+check "still idle after kill -9" unit_idle $USR
+check "appease restore succeeds" $A restore
+check "after restore the scope is no longer idle" unit_not_idle $USR
+check "after restore the administrator's CPUWeight is back" [ "$(systemctl show -P CPUWeight soak-user.scope)" = 50 ]
+check "after restore the administrator's drop-in is as it was" [ "$(cat "$(dropin soak-user.scope)")" = "$ADMIN" ]
+check "after restore the mixed soaker is back in SCHED_OTHER" is_normal "$MIX_SOAK"
+check "after restore the soakers are still in their units" sh -c "[ \"\$(sed -n 's/^0:://p' /proc/$USER_SOAK/cgroup)\" = $USR ]"
+
+cat > /tmp/svc.toml <<'TOML'
+[[service]]
+name = "web"
+comm = "nginx"
+TOML
+$A daemon --config /tmp/svc.toml > /tmp/svc.log 2>&1
+rc=$?
+cat /tmp/svc.log
+check "service groups are refused at start with one clear error" sh -c "[ $rc -ne 0 ] && grep -q 'not available on a cgroup v2 host under systemd' /tmp/svc.log"
+kill "$USER_SOAK"
+systemctl stop mixed
+finish
