@@ -487,4 +487,70 @@ mod tests {
         j.remove_if_empty().unwrap();
         fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn threads_idled_in_place_and_idle_units_replay_and_compact() {
+        let dir = tmpdir("in-place");
+        let mut j = Journal::open(&dir).unwrap();
+        let idle = |nice| Sched {
+            policy: crate::sys::SCHED_IDLE,
+            ..sched(nice)
+        };
+        j.append(&Record::Idle {
+            key: key(7),
+            orig: sched(3),
+        })
+        .unwrap();
+        // Recorded again (a daemon that died between the record and the change, then a
+        // new one): the first original is what counts.
+        j.append(&Record::Idle {
+            key: key(7),
+            orig: idle(3),
+        })
+        .unwrap();
+        j.append(&Record::Idle {
+            key: key(8),
+            orig: sched(0),
+        })
+        .unwrap();
+        j.append(&Record::Unidle { key: key(8) }).unwrap();
+        j.append(&Record::UnitIdle {
+            unit: "backup.service".into(),
+            orig: crate::systemd::WEIGHT_UNSET,
+            transient: false,
+            dropin: None,
+        })
+        .unwrap();
+        j.append(&Record::UnitIdle {
+            unit: "run-r1.scope".into(),
+            orig: 50,
+            transient: true,
+            dropin: Some("[Scope]\nCPUWeight=50\n".into()),
+        })
+        .unwrap();
+        j.append(&Record::UnitRestored {
+            unit: "backup.service".into(),
+        })
+        .unwrap();
+        drop(j);
+        let st = read_pending(&dir).unwrap();
+        assert_eq!(st.idled.len(), 1);
+        assert_eq!(st.idled[&key(7)], sched(3));
+        assert_eq!(
+            st.units.get("run-r1.scope"),
+            Some(&(50, true, Some("[Scope]\nCPUWeight=50\n".to_string())))
+        );
+        assert_eq!(st.len(), 2);
+        let mut j = Journal::open(&dir).unwrap();
+        j.compact().unwrap();
+        assert_eq!(read_pending(&dir).unwrap(), st, "compaction keeps both");
+        j.append(&Record::Unidle { key: key(7) }).unwrap();
+        j.append(&Record::UnitRestored {
+            unit: "run-r1.scope".into(),
+        })
+        .unwrap();
+        assert!(j.state().is_empty());
+        j.remove_if_empty().unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
