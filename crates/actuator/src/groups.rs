@@ -91,6 +91,10 @@ impl Groups {
         self
     }
 
+    pub(crate) fn systemd_owned(&self) -> bool {
+        self.systemd
+    }
+
     /// Why a process in cgroup `from` must not be moved out of it, if it must not: a
     /// limit that binds its cgroup, a container, or systemd's ownership of the tree.
     pub fn boundary(&self, from: &str) -> Option<String> {
@@ -255,6 +259,8 @@ impl KernelActuator {
             );
         }
         let (whole, in_place) = self.idle_whole_units(root, members, in_place, why);
+        let (groups, in_place) = self.idle_whole_groups(root, members, in_place, why);
+        let whole = whole + groups;
         let idled = whole + self.idle_in_place(root, &in_place, why);
         self.counters.demotions += (moved + idled) as u64;
         Ok(moved + idled)
@@ -399,7 +405,9 @@ impl KernelActuator {
                 self.journal(Record::Return { key: m.key })?;
             }
         }
-        let unidled = self.unidle_tree(root, members) + self.unidle_units_of(root);
+        let unidled = self.unidle_tree(root, members)
+            + self.unidle_units_of(root)
+            + self.unidle_groups_of(root);
         self.counters.promotions += (back + unidled) as u64;
         tracing::info!(root, back, unidled, "promoted out of the idle class");
         Ok(back + unidled)
@@ -535,6 +543,7 @@ impl KernelActuator {
                 placement: "moved".into(),
             })
             .chain(self.idled_views())
+            .chain(self.idle_group_views())
             .collect();
         v.sort_by_key(|m| m.pid);
         v

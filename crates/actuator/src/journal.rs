@@ -69,6 +69,16 @@ pub enum Record {
     },
     /// The unit has its CPUWeight and drop-in back, or is gone: nothing to undo.
     UnitRestored { unit: String },
+    /// appease is about to make a cgroup it did not create idle where it is (a container,
+    /// a pod, a limited group that holds only batch); `idle` and `weight` (the raw weight
+    /// file) are what it puts back.
+    GroupIdle {
+        path: String,
+        idle: bool,
+        weight: String,
+    },
+    /// The group has its idle flag and weight back, or is gone.
+    GroupUnidle { path: String },
 }
 
 /// A process move that must be undone.
@@ -90,6 +100,8 @@ pub struct JournalState {
     /// systemd units made idle: their CPUWeight before, whether they are transient, and
     /// their runtime drop-in before.
     pub units: BTreeMap<String, (u64, bool, Option<String>)>,
+    /// Other programs' cgroups made idle in place: their idle flag and weight before.
+    pub idle_groups: BTreeMap<String, (bool, String)>,
 }
 
 impl JournalState {
@@ -99,6 +111,7 @@ impl JournalState {
             && self.groups.is_empty()
             && self.idled.is_empty()
             && self.units.is_empty()
+            && self.idle_groups.is_empty()
     }
 
     /// How many changes are pending (threads, processes, groups, idled threads).
@@ -108,6 +121,7 @@ impl JournalState {
             + self.groups.len()
             + self.idled.len()
             + self.units.len()
+            + self.idle_groups.len()
     }
 }
 
@@ -203,6 +217,13 @@ impl Journal {
                 dropin: dropin.clone(),
             })?;
         }
+        for (path, (idle, weight)) in &self.live.idle_groups {
+            line(&Record::GroupIdle {
+                path: path.clone(),
+                idle: *idle,
+                weight: weight.clone(),
+            })?;
+        }
         for p in self.live.threads.values() {
             for rec in [
                 Record::Manage {
@@ -293,6 +314,12 @@ fn apply(live: &mut JournalState, rec: Record) {
         }
         Record::UnitRestored { unit } => {
             live.units.remove(&unit);
+        }
+        Record::GroupIdle { path, idle, weight } => {
+            live.idle_groups.entry(path).or_insert((idle, weight));
+        }
+        Record::GroupUnidle { path } => {
+            live.idle_groups.remove(&path);
         }
     }
 }

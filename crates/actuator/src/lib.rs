@@ -3,6 +3,7 @@
 //! idle-class tasks, kernel threads, appease itself, configured exceptions, threads whose
 //! priority someone else changed after appease did), and a recycled tid is never touched.
 
+mod group_idle;
 pub mod groups;
 mod in_place;
 pub mod journal;
@@ -151,6 +152,8 @@ pub struct KernelActuator {
     idled: HashMap<u32, in_place::Idled>,
     /// systemd units made idle (unit -> record): see `systemd`.
     idle_units: HashMap<String, in_place::IdleUnit>,
+    /// Other programs' cgroups made idle in place (path -> record): see `group_idle`.
+    idle_groups: HashMap<String, group_idle::IdleGroup>,
     pub counters: ActCounters,
 }
 
@@ -170,6 +173,7 @@ impl KernelActuator {
             groups: None,
             idled: HashMap::new(),
             idle_units: HashMap::new(),
+            idle_groups: HashMap::new(),
             counters: ActCounters::default(),
         })
     }
@@ -463,6 +467,7 @@ impl Actuator for KernelActuator {
         self.restore_groups(&mut report);
         self.restore_in_place(&mut report);
         self.restore_units(&mut report);
+        self.restore_idle_groups(&mut report);
         if report.failed == 0 {
             if let Some(j) = self.journal.take() {
                 if let Err(e) = j.remove_if_empty() {
@@ -569,6 +574,9 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
         journal.append(&rec)?;
     }
     for rec in in_place::restore_journal_units(&state, &mut report) {
+        journal.append(&rec)?;
+    }
+    for rec in group_idle::restore_journal_idle_groups(&state, &mut report) {
         journal.append(&rec)?;
     }
     journal.remove_if_empty()?;

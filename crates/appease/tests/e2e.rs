@@ -1949,3 +1949,177 @@ fn on_cgroup_v2_without_systemd_free_soakers_move_and_limited_ones_are_demoted_i
     let Some(_g) = serial() else { return };
     in_vm("init", "init.sh");
 }
+
+// ---------------------------------------------------------------------------------
+// Containers and pods are a boundary: their class applies to them as a whole, in place.
+// These build, in the CPU hierarchy of this host, the exact cgroup paths Docker's
+// cgroupfs driver and the kubelet's two drivers create.
+
+/// Cgroups the test made (deepest last), emptied and removed on drop.
+struct MadeGroups {
+    cg: appease_cgroup::Cgroups,
+    paths: Vec<String>,
+}
+
+impl MadeGroups {
+    fn new(paths: &[&str]) -> Self {
+        let cg = appease_cgroup::Cgroups::detect().expect("a CPU cgroup hierarchy");
+        for p in paths {
+            std::fs::create_dir_all(cg.root().join(&p[1..])).unwrap();
+        }
+        MadeGroups {
+            cg,
+            paths: paths.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+}
+
+impl Drop for MadeGroups {
+    fn drop(&mut self) {
+        for p in &self.paths {
+            for pid in self.cg.processes_below(p).unwrap_or_default() {
+                // SAFETY: ending processes this test started in its own groups.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+        let mut all: Vec<String> = Vec::new();
+        for p in &self.paths {
+            let mut cur = p.clone();
+            while cur.len() > 1 {
+                if !all.contains(&cur) {
+                    all.push(cur.clone());
+                }
+                cur = cur[..cur.rfind('/').unwrap()].to_string();
+            }
+        }
+        all.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
+        for p in all {
+            wait_for(Duration::from_secs(3), || self.cg.remove(&p).is_ok());
+        }
+    }
+}
+
+/// A soaker started straight into `group`.
+fn soaker_in(cg: &appease_cgroup::Cgroups, group: &str) -> std::process::Child {
+    let child = forking_soaker();
+    cg.move_process(child.id(), group).unwrap();
+    child
+}
+
+#[test]
+fn besteffort_pods_are_the_idle_class_in_place_under_both_kubelet_drivers_and_a_rewrite_is_undone()
+{
+    let Some(_g) = serial() else { return };
+    let uid = std::process::id();
+    let fs_pod = format!("/kubepods/besteffort/pod{uid}-e2e");
+    let sd_pod =
+        format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}_e2e.slice");
+    let burst = format!("/kubepods/burstable/pod{uid}-e2e");
+    let made = MadeGroups::new(&[
+        &format!("{fs_pod}/0123456789ab"),
+        &format!("{sd_pod}/cri-containerd-0123456789ab.scope"),
+        &format!("{burst}/0123456789ab"),
+    ]);
+    let cg = made.cg.clone();
+    // What the kubelet writes for a BestEffort pod: the smallest weight.
+    for pod in [&fs_pod, &sd_pod] {
+        std::fs::write(cg.root().join(&pod[1..]).join("cpu.shares"), "2").unwrap();
+    }
+    let soakers = Soakers(vec![
+        soaker_in(&cg, &format!("{fs_pod}/0123456789ab")),
+        soaker_in(&cg, &format!("{sd_pod}/cri-containerd-0123456789ab.scope")),
+    ]);
+    let idle_sleeper = {
+        let c = Command::new("sleep").arg("60").spawn().unwrap();
+        cg.move_process(c.id(), &format!("{burst}/0123456789ab"))
+            .unwrap();
+        c
+    };
+    let _end_sleeper = KillOnDrop(idle_sleeper.id());
+    let dir = TempDir::new("pods");
+    let cfg = dir.file(
+        "batch.toml",
+        &batch_config(&format!("appease-e2e-pods{uid}")),
+    );
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    let both_idle = || {
+        [&fs_pod, &sd_pod]
+            .iter()
+            .all(|p| cg.idle(p).unwrap_or(false))
+    };
+    assert!(
+        wait_for(Duration::from_secs(5), both_idle).is_some(),
+        "BestEffort pods made idle: {}",
+        daemon.log_text()
+    );
+    assert!(!cg.idle(&burst).unwrap(), "a Burstable pod is not");
+    for (s, pod) in soakers.0.iter().zip([&fs_pod, &sd_pod]) {
+        let now = cpu_cgroup(s.id()).unwrap();
+        assert!(
+            now.starts_with(pod.as_str()),
+            "{now}: no process left its pod"
+        );
+    }
+    // The kubelet rewrites the pod's settings: idle flag off, its weight again.
+    cg.set_idle(&fs_pod, false).unwrap();
+    std::fs::write(cg.root().join(&fs_pod[1..]).join("cpu.shares"), "2").unwrap();
+    assert!(
+        wait_for(Duration::from_secs(3), || cg.idle(&fs_pod).unwrap_or(false)).is_some(),
+        "the rewrite is undone: {}",
+        daemon.log_text()
+    );
+    assert!(daemon.log_text().contains("applied again"), "and logged");
+    assert!(daemon.signal(libc::SIGTERM).success());
+    for pod in [&fs_pod, &sd_pod] {
+        assert!(!cg.idle(pod).unwrap(), "{pod} not idle after exit");
+        assert_eq!(cg.weight_raw(pod).unwrap(), "2", "{pod}'s weight back");
+    }
+}
+
+#[test]
+fn a_soaker_alone_in_a_docker_container_makes_the_container_idle_in_place_and_kill_9_restores() {
+    let Some(_g) = serial() else { return };
+    let id = format!("{:0>64x}", std::process::id());
+    let ctr = format!("/docker/{id}");
+    let made = MadeGroups::new(&[&ctr]);
+    let cg = made.cg.clone();
+    let weight = cg.weight_raw(&ctr).unwrap();
+    let soakers = Soakers(vec![soaker_in(&cg, &ctr)]);
+    let pid = soakers.0[0].id();
+    let dir = TempDir::new("docker");
+    let cfg = dir.file(
+        "batch.toml",
+        &batch_config(&format!("appease-e2e-dk{}", std::process::id())),
+    );
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    assert!(
+        wait_for(Duration::from_secs(8), || cg.idle(&ctr).unwrap_or(false)).is_some(),
+        "the container made idle: {}",
+        daemon.log_text()
+    );
+    assert_eq!(cpu_cgroup(pid).as_deref(), Some(ctr.as_str()), "not moved");
+    assert_eq!(
+        policy_of(pid, pid),
+        0,
+        "the class is the container's, not per thread"
+    );
+    let mut st = daemon.status_json();
+    let listed =
+        wait_for(Duration::from_secs(3), || {
+            st = daemon.status_json();
+            st["processes"].as_array().unwrap().iter().any(|p| {
+                p["group"] == ctr.as_str() && p["placement"] == "in place: the group is idle"
+            })
+        });
+    assert!(listed.is_some(), "status says how: {st}");
+    daemon.signal(libc::SIGKILL);
+    assert!(cg.idle(&ctr).unwrap(), "still idle after the crash");
+    let out = appease(&dir.0, &["restore"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!cg.idle(&ctr).unwrap(), "idle flag back");
+    assert_eq!(cg.weight_raw(&ctr).unwrap(), weight, "weight back");
+    assert!(
+        !dir.0.join("journal.jsonl").exists(),
+        "nothing left to undo"
+    );
+}

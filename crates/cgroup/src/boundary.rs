@@ -113,7 +113,45 @@ pub fn container_of(path: &str) -> Option<Container> {
     None
 }
 
+/// The pod cgroup of a Kubernetes BestEffort pod that `path` lies in, with either of the
+/// kubelet's cgroup drivers: `/kubepods/besteffort/podUID` (cgroupfs) or
+/// `/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podUID.slice` (systemd).
+pub fn besteffort_pod_of(path: &str) -> Option<String> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    match parts[..] {
+        ["kubepods", "besteffort", pod, ..] if pod.starts_with("pod") => {
+            Some(format!("/kubepods/besteffort/{pod}"))
+        }
+        ["kubepods.slice", "kubepods-besteffort.slice", pod, ..]
+            if pod.starts_with("kubepods-besteffort-pod") && pod.ends_with(".slice") =>
+        {
+            Some(format!("/kubepods.slice/kubepods-besteffort.slice/{pod}"))
+        }
+        _ => None,
+    }
+}
+
 impl Cgroups {
+    /// Every BestEffort pod's cgroup on this host (both kubelet drivers).
+    pub fn besteffort_pods(&self) -> Vec<String> {
+        [
+            "/kubepods/besteffort",
+            "/kubepods.slice/kubepods-besteffort.slice",
+        ]
+        .iter()
+        .flat_map(|tier| {
+            fs::read_dir(self.dir(tier))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(move |e| {
+                    besteffort_pod_of(&format!("{tier}/{}", e.file_name().to_string_lossy()))
+                })
+        })
+        .collect()
+    }
+
     /// The first limit found on `group` or an ancestor (below the root, which holds
     /// none), nearest first. v1's `cpu` hierarchy holds only the CPU quota (its other
     /// controllers are hierarchies a move here does not touch); v2's groups hold every
@@ -231,6 +269,48 @@ mod tests {
         ] {
             assert_eq!(container_of(plain), None, "{plain}");
         }
+    }
+
+    #[test]
+    fn besteffort_pods_are_found_under_either_kubelet_driver() {
+        assert_eq!(
+            besteffort_pod_of("/kubepods/besteffort/pod12-34/0123abcd").as_deref(),
+            Some("/kubepods/besteffort/pod12-34")
+        );
+        assert_eq!(
+            besteffort_pod_of(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_34.slice/cri-containerd-ab.scope"
+            )
+            .as_deref(),
+            Some("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_34.slice")
+        );
+        for other in [
+            "/kubepods/burstable/pod12/ab",
+            "/kubepods/pod12/ab",
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice",
+            "/kubepods/besteffort",
+            "/",
+        ] {
+            assert_eq!(besteffort_pod_of(other), None, "{other}");
+        }
+        let (cg, root) = fake(Version::V1, "pods");
+        for d in [
+            "kubepods/besteffort/podA/ctr",
+            "kubepods/burstable/podB",
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podC.slice",
+        ] {
+            fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let mut pods = cg.besteffort_pods();
+        pods.sort();
+        assert_eq!(
+            pods,
+            vec![
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podC.slice",
+                "/kubepods/besteffort/podA"
+            ]
+        );
+        fs::remove_dir_all(root).unwrap();
     }
 
     fn fake(version: Version, name: &str) -> (Cgroups, std::path::PathBuf) {

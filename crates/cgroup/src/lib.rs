@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 pub mod boundary;
 pub mod layout;
 
-pub use boundary::{container_of, Boundary, Container};
+pub use boundary::{besteffort_pod_of, container_of, Boundary, Container};
 pub use layout::{HostLayout, LayoutKind};
 
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +184,28 @@ impl Cgroups {
         };
         let f = self.dir(group).join(file);
         fs::write(&f, value.to_string()).map_err(io_err("writing", &f))
+    }
+
+    /// The group's weight file as the kernel shows it (`cpu.shares` on v1, `cpu.weight`
+    /// on v2), to be written back as it was.
+    pub fn weight_raw(&self, group: &str) -> Result<String, CgroupError> {
+        let f = self.dir(group).join(self.weight_file());
+        Ok(fs::read_to_string(&f)
+            .map_err(io_err("reading", &f))?
+            .trim()
+            .to_string())
+    }
+
+    pub fn set_weight_raw(&self, group: &str, value: &str) -> Result<(), CgroupError> {
+        let f = self.dir(group).join(self.weight_file());
+        fs::write(&f, value).map_err(io_err("writing", &f))
+    }
+
+    fn weight_file(&self) -> &'static str {
+        match self.version {
+            Version::V1 => "cpu.shares",
+            Version::V2 => "cpu.weight",
+        }
     }
 
     pub fn idle(&self, group: &str) -> Result<bool, CgroupError> {

@@ -155,6 +155,9 @@ impl BatchManager {
         }
         self.apply_floor(now, cfg, &procs, &in_group);
         self.sync_mode(now, cfg, actuator);
+        if cfg.batch.enabled {
+            actuator.keep_besteffort_pods_idle();
+        }
         self.seen = procs
             .iter()
             .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))

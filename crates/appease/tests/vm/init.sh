@@ -1,5 +1,6 @@
 # cgroup v2 without a service manager (a minimal PID 1): a soaker at the root moves to
-# appease's idle group; one under cpu.max and pids.max is demoted in place and held to both.
+# appease's idle group; one alone in a group with cpu.max and pids.max makes that group
+# idle where it is, held to both limits.
 . /opt/appease/lib.sh
 
 sh -c "$SOAK" &
@@ -15,9 +16,11 @@ start_daemon $CONFIG
 check "status names the layout cgroup-v2" sh -c "$A status | grep -q '^host: cgroup-v2 '"
 check "the free soaker moves to the idle group" wait_until 60 in_cgroup "$FREE" /appease.batch
 check "the idle group is idle" [ "$(cat /sys/fs/cgroup/appease.batch/cpu.idle)" = 1 ]
-check "the limited soaker is demoted in place" wait_until 60 is_idle "$LIMITED"
+group_idle() { [ "$(cat /sys/fs/cgroup/limited/cpu.idle)" = "$1" ]; }
+check "the limited group, holding only the soaker, is made idle in place" wait_until 60 group_idle 1
+check "the class is the group's, not per thread" is_normal "$LIMITED"
 check "the limited soaker stays in its cgroup" in_cgroup "$LIMITED" /limited
-check "status names the limit" sh -c "$A status --json | grep -q 'in place: cpu.max'"
+check "status says how" sh -c "$A status --json | grep -q 'in place: the group is idle'"
 used=$(cpus_used /limited 3)
 echo "/limited used $used CPUs after demotion (cpu.max 50000 100000)"
 check "cpu.max still binds" at_most "$used" 0.6
@@ -29,15 +32,16 @@ kill_all_but /limited "$LIMITED"
 stop_daemon
 check "on exit the free soaker is back at the root" in_cgroup "$FREE" /
 check "on exit the idle group is removed" [ ! -d /sys/fs/cgroup/appease.batch ]
-check "on exit the limited soaker is back in SCHED_OTHER" is_normal "$LIMITED"
+check "on exit the limited group is no longer idle" group_idle 0
 
 start_daemon $CONFIG
 check "demoted again by a new daemon" wait_until 60 in_cgroup "$FREE" /appease.batch
-wait_until 30 is_idle "$LIMITED"
+wait_until 30 group_idle 1
 kill -KILL "$DAEMON"; wait "$DAEMON" 2>/dev/null
 check "appease restore succeeds" $A restore
 check "after restore the free soaker is back at the root" in_cgroup "$FREE" /
 check "after restore no cgroup of appease's is left" [ ! -d /sys/fs/cgroup/appease.batch ]
-check "after restore the limited soaker is back in SCHED_OTHER" is_normal "$LIMITED"
+check "after restore the limited group is no longer idle" group_idle 0
+check "after restore the limited soaker is still in its group" in_cgroup "$LIMITED" /limited
 kill "$FREE" "$LIMITED"
 finish

@@ -1,0 +1,284 @@
+//! Other programs' cgroups made idle where they are (cgroup v1, or v2 without systemd):
+//! a container's or a pod's cgroup, or a limited group, that holds nothing but batch. Its
+//! processes stay, its limits bind as before, and the class applies to it as a whole.
+//! The idle flag and the weight file are journaled first; going back sets the flag off,
+//! then the weight (the kernel resets a group's weight when its idle flag goes off, and
+//! refuses a weight while it is on).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use appease_cgroup::Cgroups;
+
+use crate::groups::MovedView;
+use crate::journal::{JournalState, Record};
+use crate::{ActError, KernelActuator, RestoreReport};
+
+pub(crate) struct IdleGroup {
+    pub idle: bool,
+    pub weight: String,
+    /// The demoted tree it was made idle for; None for a class by rule (a pod's tier).
+    pub root: Option<u32>,
+    pub why: String,
+    pub since: u64,
+}
+
+fn put_back(
+    cg: &Cgroups,
+    path: &str,
+    idle: bool,
+    weight: &str,
+) -> Result<(), appease_cgroup::CgroupError> {
+    cg.set_idle(path, idle)?;
+    if !idle {
+        cg.set_weight_raw(path, weight)?;
+    }
+    Ok(())
+}
+
+impl KernelActuator {
+    /// Makes `group` idle in place. Returns true when it changed something: a first
+    /// change, or a change someone undid since (a kubelet rewriting a pod's settings),
+    /// applied again.
+    pub fn idle_group_in_place(
+        &mut self,
+        group: &str,
+        root: Option<u32>,
+        why: &str,
+    ) -> Result<bool, ActError> {
+        let cg = self
+            .groups
+            .as_ref()
+            .ok_or(ActError::NoCgroups)?
+            .cgroups()
+            .clone();
+        if let Some(g) = self.idle_groups.get(group) {
+            if self.dry_run || cg.idle(group).unwrap_or(true) {
+                return Ok(false);
+            }
+            tracing::warn!(group, why = %g.why, "someone made the group non-idle again: applied again");
+            cg.set_idle(group, true)?;
+            return Ok(true);
+        }
+        let (idle, weight) = (cg.idle(group)?, cg.weight_raw(group)?);
+        if idle {
+            return Ok(false); // idle already, by someone else's choice: not ours to undo
+        }
+        if !self.dry_run {
+            self.journal(Record::GroupIdle {
+                path: group.to_string(),
+                idle,
+                weight: weight.clone(),
+            })?;
+            if let Err(e) = cg.set_idle(group, true) {
+                let _logged_by_journal = self.journal(Record::GroupUnidle {
+                    path: group.to_string(),
+                });
+                self.counters.failures += 1;
+                return Err(e.into());
+            }
+        }
+        tracing::info!(
+            group,
+            ?root,
+            why,
+            dry_run = self.dry_run,
+            "made a group idle in place"
+        );
+        self.idle_groups.insert(
+            group.to_string(),
+            IdleGroup {
+                idle,
+                weight,
+                root,
+                why: why.to_string(),
+                since: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+            },
+        );
+        Ok(true)
+    }
+
+    /// On a host without systemd: the in-place processes whose container (or, outside
+    /// containers, own cgroup) holds nothing but this tree's processes make that group
+    /// idle as a whole. Returns how many processes were demoted so, and the rest (for
+    /// `idle_in_place`, per thread).
+    pub(crate) fn idle_whole_groups(
+        &mut self,
+        root: u32,
+        members: &[u32],
+        procs: Vec<(u32, String, String)>,
+        why: &str,
+    ) -> (usize, Vec<(u32, String, String)>) {
+        let Some(g) = self.groups.as_ref() else {
+            return (0, procs);
+        };
+        if g.systemd_owned() || procs.is_empty() {
+            return (0, procs);
+        }
+        let cg = g.cgroups().clone();
+        let tree: std::collections::HashSet<u32> = members.iter().copied().collect();
+        let mut by_group: std::collections::BTreeMap<String, Vec<(u32, String, String)>> =
+            Default::default();
+        for p in procs {
+            let group = appease_cgroup::container_of(&p.1).map_or_else(|| p.1.clone(), |c| c.group);
+            by_group.entry(group).or_default().push(p);
+        }
+        let (mut done, mut rest) = (0, Vec::new());
+        for (group, procs) in by_group {
+            let whole = group != "/"
+                && cg
+                    .processes_below(&group)
+                    .is_ok_and(|all| all.iter().all(|p| tree.contains(p)));
+            let made = whole
+                && match self.idle_group_in_place(&group, Some(root), why) {
+                    Ok(_) => self.idle_groups.contains_key(&group),
+                    Err(e) => {
+                        tracing::warn!(group, error = %e, "could not make the group idle: per thread");
+                        false
+                    }
+                };
+            if made {
+                done += procs.len();
+            } else {
+                rest.extend(procs);
+            }
+        }
+        (done, rest)
+    }
+
+    /// Kubernetes BestEffort pods are the idle class as a whole, at pod level (not the
+    /// tier: the kubelet writes tier weights, which the kernel refuses on an idle group).
+    /// Called on every scan: new pods are made idle, pods the kubelet rewrote are made
+    /// idle again, deleted ones are forgotten. Not on a systemd host (its tree is
+    /// systemd's). Returns how many pods changed.
+    pub fn keep_besteffort_pods_idle(&mut self) -> usize {
+        let Some(g) = self.groups.as_ref() else {
+            return 0;
+        };
+        if g.systemd_owned() {
+            return 0;
+        }
+        let pods = g.cgroups().besteffort_pods();
+        self.forget_vanished_idle_groups();
+        let mut changed = 0;
+        for pod in pods {
+            match self.idle_group_in_place(&pod, None, "Kubernetes BestEffort pod") {
+                Ok(true) => changed += 1,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(pod, error = %e, "could not make the pod idle"),
+            }
+        }
+        changed
+    }
+
+    /// Groups made idle in place that are gone (a pod deleted): forgotten.
+    pub fn forget_vanished_idle_groups(&mut self) {
+        let Some(cg) = self.groups.as_ref().map(|g| g.cgroups().clone()) else {
+            return;
+        };
+        let gone: Vec<String> = self
+            .idle_groups
+            .keys()
+            .filter(|p| !cg.exists(p))
+            .cloned()
+            .collect();
+        for path in gone {
+            self.idle_groups.remove(&path);
+            let _logged_by_journal = self.journal(Record::GroupUnidle { path });
+        }
+    }
+
+    fn unidle_group(&mut self, path: &str, report: &mut RestoreReport) {
+        let Some(g) = self.idle_groups.remove(path) else {
+            return;
+        };
+        let Some(cg) = self.groups.as_ref().map(|g| g.cgroups().clone()) else {
+            return;
+        };
+        if !self.dry_run {
+            match put_back(&cg, path, g.idle, &g.weight) {
+                Ok(()) => report.restored += 1,
+                Err(_) if !cg.exists(path) => report.gone += 1,
+                Err(e) => {
+                    tracing::warn!(path, error = %e, "could not put the group's idle flag and weight back");
+                    report.failed += 1;
+                    self.idle_groups.insert(path.to_string(), g);
+                    return;
+                }
+            }
+        }
+        let _logged_by_journal = self.journal(Record::GroupUnidle {
+            path: path.to_string(),
+        });
+    }
+
+    /// Groups made idle for the demoted tree `root` go back. Returns how many.
+    pub(crate) fn unidle_groups_of(&mut self, root: u32) -> usize {
+        let paths: Vec<String> = self
+            .idle_groups
+            .iter()
+            .filter(|(_, g)| g.root == Some(root))
+            .map(|(p, _)| p.clone())
+            .collect();
+        let mut report = RestoreReport::default();
+        for p in &paths {
+            self.unidle_group(p, &mut report);
+        }
+        (report.restored + report.gone) as usize
+    }
+
+    pub(crate) fn restore_idle_groups(&mut self, report: &mut RestoreReport) {
+        let paths: Vec<String> = self.idle_groups.keys().cloned().collect();
+        for p in paths {
+            self.unidle_group(&p, report);
+        }
+    }
+
+    /// Groups made idle in place, one line each, for `appease status`.
+    pub(crate) fn idle_group_views(&self) -> Vec<MovedView> {
+        self.idle_groups
+            .iter()
+            .map(|(path, g)| MovedView {
+                pid: 0,
+                comm: "(cgroup)".into(),
+                class: "batch".into(),
+                group: path.clone(),
+                original_group: path.clone(),
+                tree: g.root.unwrap_or(0),
+                why: g.why.clone(),
+                since: g.since,
+                placement: "in place: the group is idle".into(),
+            })
+            .collect()
+    }
+}
+
+/// After a crash: every group the journal says was made idle in place gets its idle flag
+/// and weight back.
+pub(crate) fn restore_journal_idle_groups(
+    state: &JournalState,
+    report: &mut RestoreReport,
+) -> Vec<Record> {
+    let mut done = Vec::new();
+    if state.idle_groups.is_empty() {
+        return done;
+    }
+    let Ok(cg) = Cgroups::detect() else {
+        report.failed += state.idle_groups.len() as u32;
+        return done;
+    };
+    for (path, (idle, weight)) in &state.idle_groups {
+        match put_back(&cg, path, *idle, weight) {
+            Ok(()) => report.restored += 1,
+            Err(_) if !cg.exists(path) => report.gone += 1,
+            Err(e) => {
+                tracing::warn!(path, error = %e, "could not put the group's idle flag and weight back");
+                report.failed += 1;
+                continue;
+            }
+        }
+        done.push(Record::GroupUnidle { path: path.clone() });
+    }
+    done
+}
