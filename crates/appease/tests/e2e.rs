@@ -1853,16 +1853,7 @@ fn a_soaker_under_a_cpu_limit_is_demoted_in_place_and_the_limit_still_binds_the_
     assert!(used >= 0.3, "the group ran: {used:.3} CPUs");
 
     // A child born after the demotion is born idle, in the group.
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(soaker as i32, libc::SIGUSR1) };
-    let mut kids = vec![];
-    // An idle-class shell beside a spinning server runs rarely: give it time.
-    assert!(wait_for(Duration::from_secs(15), || {
-        kids = children_of(soaker);
-        !kids.is_empty()
-    })
-    .is_some());
-    let kid = kids[0];
+    let kid = fork_a_sleep(soaker);
     let _end_kid = KillOnDrop(kid);
     assert_eq!(policy_of(kid, kid), 5, "born idle");
     assert_eq!(cpu_cgroup(kid).as_deref(), Some(group.as_str()));
@@ -1883,23 +1874,15 @@ fn kill_9_with_a_soaker_demoted_in_place_then_restore_puts_its_class_back() {
     let Some(_g) = serial() else { return };
     let (_limited, dir, soakers, _server, mut daemon, _) = demoted_under_a_limit("limk", None);
     let soaker = soakers.0[0].id();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(soaker as i32, libc::SIGUSR1) };
-    let mut kids = vec![];
-    // An idle-class shell beside a spinning server runs rarely: give it time.
-    assert!(wait_for(Duration::from_secs(15), || {
-        kids = children_of(soaker);
-        !kids.is_empty()
-    })
-    .is_some());
-    let _end_kid = KillOnDrop(kids[0]);
+    let kid = fork_a_sleep(soaker);
+    let _end_kid = KillOnDrop(kid);
     daemon.signal(libc::SIGKILL);
     assert_eq!(policy_of(soaker, soaker), 5, "still idle after the crash");
     let out = appease(&dir.0, &["restore"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(policy_of(soaker, soaker), 0);
     assert_eq!(
-        policy_of(kids[0], kids[0]),
+        policy_of(kid, kid),
         0,
         "a child with no record of its own goes back as its parent"
     );
@@ -1997,6 +1980,20 @@ impl Drop for MadeGroups {
             wait_for(Duration::from_secs(3), || self.cg.remove(&p).is_ok());
         }
     }
+}
+
+/// Has a `forking_soaker` fork a `sleep` and returns its pid. An idle-class shell beside
+/// a spinning server runs rarely: it is given time.
+fn fork_a_sleep(soaker: u32) -> u32 {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(soaker as i32, libc::SIGUSR1) };
+    let mut kids = vec![];
+    assert!(wait_for(Duration::from_secs(15), || {
+        kids = children_of(soaker);
+        !kids.is_empty()
+    })
+    .is_some());
+    kids[0]
 }
 
 /// A soaker started straight into `group`.
