@@ -2120,3 +2120,103 @@ fn a_soaker_alone_in_a_docker_container_makes_the_container_idle_in_place_and_ki
         "nothing left to undo"
     );
 }
+
+#[test]
+fn in_a_pid_namespace_of_its_own_the_daemon_and_restore_refuse_with_one_clear_error() {
+    let Some(_g) = serial() else { return };
+    let dir = TempDir::new("pidns");
+    for args in [&["daemon"][..], &["restore"][..]] {
+        // A container without --pid=host: its own PID namespace and its own /proc.
+        let out = Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", BIN])
+            .args(args)
+            .env("APPEASE_RUN_DIR", &dir.0)
+            .output()
+            .expect("unshare (util-linux) runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} refused: {err}");
+        assert!(
+            err.contains("PID namespace of its own") && err.contains("hostPID: true"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(!dir.0.join("journal.jsonl").exists(), "nothing journaled");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// deploy/: the DaemonSet operators apply, read as the typed Kubernetes object.
+
+#[test]
+fn the_daemonset_in_deploy_runs_appease_on_the_host_with_only_what_it_needs() {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/appease-daemonset.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let ds: DaemonSet = serde_yaml_ng::from_str(&text).expect("a valid apps/v1 DaemonSet");
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.host_pid, Some(true), "the probe names processes by host PIDs");
+    assert_eq!(
+        pod.automount_service_account_token,
+        Some(false),
+        "no API-server access"
+    );
+    assert!(pod.host_network.is_none_or(|h| !h), "no host network");
+    let [c] = &pod.containers[..] else {
+        panic!("one container")
+    };
+    assert_eq!(
+        c.command.as_deref(),
+        Some(&["/usr/local/bin/appease".to_string(), "daemon".to_string()][..])
+    );
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    let mut add = caps.add.clone().unwrap();
+    add.sort();
+    assert_eq!(add, ["BPF", "PERFMON", "SYS_NICE"], "the capabilities appease uses");
+    // Every host path is mounted where appease looks for it, and nothing else of the host.
+    let volumes = pod.volumes.unwrap();
+    let host_path = |name: &str| {
+        volumes
+            .iter()
+            .find(|v| v.name == name)
+            .and_then(|v| v.host_path.as_ref())
+            .map(|h| h.path.clone())
+    };
+    let mut mounts: Vec<(String, String, bool)> = c
+        .volume_mounts
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|m| {
+            let hp = host_path(&m.name).expect("every mount is a host path");
+            (hp, m.mount_path, m.read_only.unwrap_or(false))
+        })
+        .collect();
+    mounts.sort();
+    assert_eq!(
+        mounts,
+        [
+            ("/run/appease".into(), "/run/appease".into(), false),
+            ("/sys/fs/cgroup".into(), "/sys/fs/cgroup".into(), false),
+            ("/sys/kernel/tracing".into(), "/sys/kernel/tracing".into(), true),
+        ]
+    );
+    assert_eq!(volumes.len(), 3, "no other volume");
+    let run_dir = c
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|e| e.name == "APPEASE_RUN_DIR")
+        .and_then(|e| e.value.clone());
+    assert_eq!(
+        run_dir.as_deref(),
+        Some("/run/appease"),
+        "the journal lives on the host path a restarted pod finds"
+    );
+}

@@ -59,6 +59,15 @@ pub fn preflight() -> Result<()> {
              (run it as root, e.g. with sudo)"
         );
     }
+    if host::in_nested_pid_namespace() {
+        bail!(
+            "appease runs in a PID namespace of its own (a container without the host's \
+             process IDs): the request probe and the journal name processes by the host's \
+             IDs, which mean other processes here. Run it in the host's PID namespace: \
+             `--pid=host` (Docker, Podman), `hostPID: true` (Kubernetes, see deploy/), or on \
+             the host"
+        );
+    }
     Ok(())
 }
 
