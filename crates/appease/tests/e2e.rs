@@ -2155,7 +2155,11 @@ fn the_daemonset_in_deploy_runs_appease_on_the_host_with_only_what_it_needs() {
     let text = std::fs::read_to_string(&path).unwrap();
     let ds: DaemonSet = serde_yaml_ng::from_str(&text).expect("a valid apps/v1 DaemonSet");
     let pod = ds.spec.unwrap().template.spec.unwrap();
-    assert_eq!(pod.host_pid, Some(true), "the probe names processes by host PIDs");
+    assert_eq!(
+        pod.host_pid,
+        Some(true),
+        "the probe names processes by host PIDs"
+    );
     assert_eq!(
         pod.automount_service_account_token,
         Some(false),
@@ -2177,7 +2181,11 @@ fn the_daemonset_in_deploy_runs_appease_on_the_host_with_only_what_it_needs() {
     assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
     let mut add = caps.add.clone().unwrap();
     add.sort();
-    assert_eq!(add, ["BPF", "PERFMON", "SYS_NICE"], "the capabilities appease uses");
+    assert_eq!(
+        add,
+        ["BPF", "PERFMON", "SYS_NICE"],
+        "the capabilities appease uses"
+    );
     // Every host path is mounted where appease looks for it, and nothing else of the host.
     let volumes = pod.volumes.unwrap();
     let host_path = |name: &str| {
@@ -2203,7 +2211,11 @@ fn the_daemonset_in_deploy_runs_appease_on_the_host_with_only_what_it_needs() {
         [
             ("/run/appease".into(), "/run/appease".into(), false),
             ("/sys/fs/cgroup".into(), "/sys/fs/cgroup".into(), false),
-            ("/sys/kernel/tracing".into(), "/sys/kernel/tracing".into(), true),
+            (
+                "/sys/kernel/tracing".into(),
+                "/sys/kernel/tracing".into(),
+                true
+            ),
         ]
     );
     assert_eq!(volumes.len(), 3, "no other volume");
