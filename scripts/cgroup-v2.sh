@@ -60,6 +60,13 @@ to_v2() {
   if [ ${#busy[@]} -gt 0 ]; then
     die "refusing: these cgroup v1 groups hold the controllers to move; remove them first (appease restore removes appease's): ${busy[*]}"
   fi
+  # Each controller must be mounted alone: unmounting a co-mounted hierarchy (cpu,cpuacct)
+  # would take its companions along, and they would come back mounted differently.
+  for c in "${CONTROLLERS[@]}"; do
+    opts=$(awk -v c="$c" '$3 == "cgroup" { n = split($4, o, ","); for (i = 1; i <= n; i++) if (o[i] == c) { print $4; exit } }' /proc/self/mounts)
+    others=$(echo "$opts" | tr ',' '\n' | grep -vxE "rw|ro|relatime|noatime|nosuid|nodev|noexec|$c" || true)
+    [ -z "$others" ] || die "refusing: $c is mounted together with $(echo $others) ($opts); this script moves only a controller mounted alone"
+  done
   local done_=()
   for c in "${CONTROLLERS[@]}"; do
     m=$(v1_mount "$c")
@@ -119,9 +126,10 @@ case "${1:-}" in
   run)
     shift
     [ $# -gt 0 ] || die "run needs a command"
-    to_v2
+    # The trap first: a to-v2 that fails halfway is put back too.
     trap 'to_v1' EXIT
     trap 'exit 130' INT TERM
+    to_v2
     set +e
     "$@"
     rc=$?

@@ -26,7 +26,9 @@ fi
 
 mkdir -p "$DIR"
 root="$DIR/root"
-rm -rf "$root" "$DIR/base.img" "$DIR/version"
+# A killed debootstrap may have left /proc or /sys mounted inside: never follow them.
+umount -R "$root/proc" "$root/sys" "$root/dev" 2>/dev/null || true
+rm -rf --one-file-system "$root" "$DIR/base.img" "$DIR/version"
 echo "vm-image: debootstrap $SUITE into $root (about a minute)" >&2
 debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$root" "$MIRROR" > "$DIR/debootstrap.log" 2>&1 \
   || die "debootstrap failed; see $DIR/debootstrap.log"

@@ -16,8 +16,10 @@ use crate::{ActError, KernelActuator, RestoreReport};
 pub(crate) struct IdleGroup {
     pub idle: bool,
     pub weight: String,
-    /// The demoted tree it was made idle for; None for a class by rule (a pod's tier).
+    /// The demoted tree it was made idle for, with its processes then; None for a class
+    /// by rule (a pod's tier).
     pub root: Option<u32>,
+    pub pids: Vec<u32>,
     pub why: String,
     pub since: u64,
 }
@@ -43,6 +45,7 @@ impl KernelActuator {
         &mut self,
         group: &str,
         root: Option<u32>,
+        pids: &[u32],
         why: &str,
     ) -> Result<bool, ActError> {
         let cg = self
@@ -51,7 +54,13 @@ impl KernelActuator {
             .ok_or(ActError::NoCgroups)?
             .cgroups()
             .clone();
-        if let Some(g) = self.idle_groups.get(group) {
+        if let Some(g) = self.idle_groups.get_mut(group) {
+            // A tree that ended or re-rooted handed it over: this tree's promotion gives
+            // it back. A pod's class by rule stays the rule's.
+            if g.root.is_some() && root.is_some() {
+                g.root = root;
+                g.pids = pids.to_vec();
+            }
             if self.dry_run || cg.idle(group).unwrap_or(true) {
                 return Ok(false);
             }
@@ -90,6 +99,7 @@ impl KernelActuator {
                 idle,
                 weight,
                 root,
+                pids: pids.to_vec(),
                 why: why.to_string(),
                 since: SystemTime::now()
                     .duration_since(UNIX_EPOCH)
@@ -130,8 +140,9 @@ impl KernelActuator {
                 && cg
                     .processes_below(&group)
                     .is_ok_and(|all| all.iter().all(|p| tree.contains(p)));
+            let pids: Vec<u32> = procs.iter().map(|p| p.0).collect();
             let made = whole
-                && match self.idle_group_in_place(&group, Some(root), why) {
+                && match self.idle_group_in_place(&group, Some(root), &pids, why) {
                     Ok(_) => self.idle_groups.contains_key(&group),
                     Err(e) => {
                         tracing::warn!(group, error = %e, "could not make the group idle: per thread");
@@ -163,13 +174,30 @@ impl KernelActuator {
         self.forget_vanished_idle_groups();
         let mut changed = 0;
         for pod in pods {
-            match self.idle_group_in_place(&pod, None, "Kubernetes BestEffort pod") {
+            match self.idle_group_in_place(&pod, None, &[], "Kubernetes BestEffort pod") {
                 Ok(true) => changed += 1,
                 Ok(false) => {}
                 Err(e) => tracing::warn!(pod, error = %e, "could not make the pod idle"),
             }
         }
         changed
+    }
+
+    /// Groups made idle for a tree none of whose recorded processes is alive go back.
+    pub(crate) fn release_ended_groups(&mut self) {
+        let ended: Vec<String> = self
+            .idle_groups
+            .iter()
+            .filter(|(_, g)| {
+                g.root.is_some() && !g.pids.iter().any(|&p| crate::in_place::process_alive(p))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut report = RestoreReport::default();
+        for group in ended {
+            tracing::info!(group, "the demoted tree ended: the group is no longer idle");
+            self.unidle_group(&group, &mut report);
+        }
     }
 
     /// Groups made idle in place that are gone (a pod deleted): forgotten.

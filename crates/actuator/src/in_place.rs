@@ -44,6 +44,10 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+pub(crate) fn process_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 fn ppid_of(pid: u32) -> Option<u32> {
     appease_cgroup::stat_ppid(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
@@ -119,9 +123,11 @@ fn put_back(
 
 /// Threads in SCHED_IDLE that hold no record but inherited it from a recorded ancestor
 /// (`orig_of`), put back to that ancestor's original state. `only` limits the walk to
-/// these processes; None walks every process.
+/// these processes (a tree's current members: one whose recorded ancestor has exited and
+/// left it to PID 1 gets `fallback`, the tree's original); None walks every process.
 fn put_back_inherited(
     only: Option<&[u32]>,
+    fallback: Option<Sched>,
     orig_of: impl Fn(u32) -> Option<Sched>,
     recorded: impl Fn(u32) -> bool,
     base_slice_ns: u64,
@@ -149,7 +155,7 @@ fn put_back_inherited(
         if threads.is_empty() {
             continue;
         }
-        let Some(orig) = inherited(pid, &orig_of) else {
+        let Some(orig) = inherited(pid, &orig_of).or(fallback) else {
             continue; // idle by someone else's choice
         };
         for tid in threads {
@@ -330,8 +336,10 @@ impl KernelActuator {
         }
         if !self.dry_run {
             let idled = &self.idled;
+            let fallback = origs.get(&root).or_else(|| origs.values().next()).copied();
             put_back_inherited(
                 Some(members),
+                fallback,
                 |p| origs.get(&p).copied(),
                 |t| idled.contains_key(&t),
                 self.base_slice_ns,
@@ -359,6 +367,7 @@ impl KernelActuator {
         if !self.dry_run {
             let idled = &self.idled;
             put_back_inherited(
+                None,
                 None,
                 |p| origs.get(&p).copied(),
                 |t| idled.contains_key(&t),
@@ -427,10 +436,16 @@ impl KernelActuator {
             }
         };
         if let Some(u) = self.idle_units.get_mut(&unit) {
-            u.pids.extend(pids);
-            return true; // already idle
+            // Already idle, for a tree that has ended or re-rooted: it is this tree's now,
+            // so that this tree's promotion gives the unit back.
+            u.root = root;
+            u.pids = pids.to_vec();
+            return true;
         }
         let orig = match units.cpu_weight(&unit) {
+            // Idle already, by someone else's choice (or left so by an earlier daemon whose
+            // restore failed): not ours to record as the original.
+            Ok(WEIGHT_IDLE) => return false,
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(unit, error = %e, "could not read the unit's CPUWeight");
@@ -527,6 +542,42 @@ impl KernelActuator {
         (report.restored + report.gone) as usize
     }
 
+    /// What was demoted in place for trees that have ended goes back: a unit none of whose
+    /// recorded processes is alive gets its CPUWeight back (a restarted service or the
+    /// next run of a timer job must not start idle), and records of exited threads are
+    /// closed. Called on every scan; the classifier sends no promotion for a tree that
+    /// ended.
+    pub fn release_ended_in_place(&mut self) {
+        let ended: Vec<String> = self
+            .idle_units
+            .iter()
+            .filter(|(_, u)| !u.pids.iter().any(|&p| process_alive(p)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut report = RestoreReport::default();
+        for unit in ended {
+            tracing::info!(
+                unit,
+                "the demoted tree ended: the unit gets its CPUWeight back"
+            );
+            self.unidle_unit(&unit, &mut report);
+        }
+        let gone: Vec<u32> = self
+            .idled
+            .iter()
+            .filter(|(&tid, i)| {
+                sys::task_stat(i.key.pid, tid).map_or(true, |s| s.start != i.key.start)
+            })
+            .map(|(&t, _)| t)
+            .collect();
+        for tid in gone {
+            if let Some(i) = self.idled.remove(&tid) {
+                let _logged_by_journal = self.journal(Record::Unidle { key: i.key });
+            }
+        }
+        self.release_ended_groups();
+    }
+
     /// Daemon exit: every unit made idle gets its CPUWeight back.
     pub(crate) fn restore_units(&mut self, report: &mut RestoreReport) {
         let units: Vec<String> = self.idle_units.keys().cloned().collect();
@@ -609,6 +660,7 @@ pub(crate) fn restore_journal_in_place(
         }
     }
     put_back_inherited(
+        None,
         None,
         |p| origs.get(&p).copied(),
         |t| state.idled.keys().any(|k| k.tid == t),

@@ -55,8 +55,11 @@ impl HostLayout {
     /// Reads the layout of the tree under `root` (a fake `/` in tests).
     pub fn detect_in(root: &Path) -> Self {
         let cpu = cpu_hierarchy_in(root);
-        // sd_booted(3): systemd creates /run/systemd/system when it is PID 1.
-        let systemd = root.join("run/systemd/system").is_dir();
+        // sd_booted(3): systemd creates /run/systemd/system when it is PID 1. In a
+        // container with the host's PIDs (a DaemonSet), /run is the container's own, but
+        // PID 1 is the host's init.
+        let systemd = root.join("run/systemd/system").is_dir()
+            || fs::read_to_string(root.join("proc/1/comm")).is_ok_and(|c| c.trim() == "systemd");
         let kind = match (&cpu, systemd) {
             (None, _) => LayoutKind::None,
             (Some((Version::V1, _)), _) => LayoutKind::CgroupV1,
@@ -257,6 +260,17 @@ mod tests {
         assert!(l.systemd);
         assert_eq!(l.container.as_deref(), Some("systemd-nspawn"));
         assert!(l.effects().contains("systemd owns"), "{}", l.effects());
+    }
+
+    #[test]
+    fn systemd_as_the_hosts_pid_1_is_seen_from_a_container_with_the_hosts_pids() {
+        let r = FakeRoot::new("hostpid");
+        r.file(".dockerenv", "").file("proc/1/comm", "systemd\n");
+        let l = HostLayout::detect_in(&r.0);
+        assert!(l.systemd);
+        assert_eq!(l.container.as_deref(), Some("docker"));
+        r.file("proc/1/comm", "bash\n");
+        assert!(!HostLayout::detect_in(&r.0).systemd);
     }
 
     #[test]

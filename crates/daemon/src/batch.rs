@@ -155,6 +155,7 @@ impl BatchManager {
         }
         self.apply_floor(now, cfg, &procs, &in_group);
         self.sync_mode(now, cfg, actuator);
+        actuator.release_ended_in_place();
         if cfg.batch.enabled {
             actuator.keep_besteffort_pods_idle();
         }

@@ -57,6 +57,14 @@ pub fn is_initial_pid_namespace(link: &str) -> bool {
     link == format!("pid:[{PROC_PID_INIT_INO}]")
 }
 
+/// Whether this process has a cgroup namespace of its own: its cgroup paths are then
+/// relative to a root the rest of the host does not share, and the kernel refuses moves
+/// outside it. The initial namespace has a fixed inode number (CGROUP_NS_INIT_INO).
+pub fn in_nested_cgroup_namespace() -> bool {
+    fs::read_link("/proc/self/ns/cgroup")
+        .is_ok_and(|l| l.to_string_lossy() != format!("cgroup:[{}]", 0xEFFF_FFFBu64))
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }

@@ -68,6 +68,13 @@ pub fn preflight() -> Result<()> {
              the host"
         );
     }
+    if host::in_nested_cgroup_namespace() {
+        bail!(
+            "appease runs in a cgroup namespace of its own (a container with a private cgroup \
+             view): it must see and change the host's cgroups. Run it in the host's cgroup \
+             namespace: `--cgroupns=host` (Docker, Podman), or on the host"
+        );
+    }
     Ok(())
 }
 
