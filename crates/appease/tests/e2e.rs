@@ -2232,3 +2232,39 @@ fn the_daemonset_in_deploy_runs_appease_on_the_host_with_only_what_it_needs() {
         "the journal lives on the host path a restarted pod finds"
     );
 }
+
+#[test]
+fn a_container_made_idle_for_a_soaker_that_ends_is_given_back_while_the_daemon_runs() {
+    let Some(_g) = serial() else { return };
+    let id = format!("{:0>63x}e", std::process::id());
+    let ctr = format!("/docker/{id}");
+    let made = MadeGroups::new(&[&ctr]);
+    let cg = made.cg.clone();
+    let mut soakers = Soakers(vec![soaker_in(&cg, &ctr)]);
+    let dir = TempDir::new("docker-end");
+    let cfg = dir.file(
+        "batch.toml",
+        &batch_config(&format!("appease-e2e-de{}", std::process::id())),
+    );
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    assert!(
+        wait_for(Duration::from_secs(8), || cg.idle(&ctr).unwrap_or(false)).is_some(),
+        "the container made idle: {}",
+        daemon.log_text()
+    );
+    // The job ends; the container stays (the next job in it must not start idle).
+    for c in soakers.0.iter_mut() {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    assert!(
+        wait_for(Duration::from_secs(3), || !cg.idle(&ctr).unwrap_or(true)).is_some(),
+        "given back at the next scan: {}",
+        daemon.log_text()
+    );
+    assert!(daemon.signal(libc::SIGTERM).success());
+    assert!(
+        !dir.0.join("journal.jsonl").exists(),
+        "nothing left to undo"
+    );
+}
