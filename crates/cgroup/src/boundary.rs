@@ -131,6 +131,19 @@ pub fn besteffort_pod_of(path: &str) -> Option<String> {
     }
 }
 
+/// The v2 files that bind a whole cgroup, each with what it reads when it binds nothing.
+/// A file whose controller is not enabled there is absent, and binds nothing either.
+const V2_LIMITS: &[(&str, fn(&str) -> bool)] = &[
+    ("cpu.max", |v| v.starts_with("max")),
+    ("pids.max", |v| v == "max"),
+    ("memory.max", |v| v == "max"),
+    ("memory.high", |v| v == "max"),
+    ("memory.swap.max", |v| v == "max"),
+    ("io.max", str::is_empty),
+    // Empty: the parent's CPUs; a list: a confinement a move would escape.
+    ("cpuset.cpus", str::is_empty),
+];
+
 impl Cgroups {
     /// Every BestEffort pod's cgroup on this host (both kubelet drivers).
     pub fn besteffort_pods(&self) -> Vec<String> {
@@ -165,24 +178,11 @@ impl Cgroups {
                 Version::V1 => read("cpu.cfs_quota_us")
                     .filter(|v| v.trim() != "-1")
                     .map(|v| ("cpu.cfs_quota_us", v)),
-                Version::V2 => read("cpu.max")
-                    .filter(|v| !v.starts_with("max"))
-                    .map(|v| ("cpu.max", v))
-                    .or_else(|| {
-                        read("pids.max")
-                            .filter(|v| v.trim() != "max")
-                            .map(|v| ("pids.max", v))
-                    })
-                    .or_else(|| {
-                        read("memory.max")
-                            .filter(|v| v.trim() != "max")
-                            .map(|v| ("memory.max", v))
-                    })
-                    .or_else(|| {
-                        read("io.max")
-                            .filter(|v| !v.trim().is_empty())
-                            .map(|v| ("io.max", v))
-                    }),
+                Version::V2 => V2_LIMITS.iter().find_map(|&(file, unlimited)| {
+                    read(file)
+                        .filter(|v| !unlimited(v.trim()))
+                        .map(|v| (file, v))
+                }),
             };
             if let Some((file, value)) = found {
                 return Some(Boundary::Limit {
@@ -362,12 +362,18 @@ mod tests {
         put(&root, "/a", "pids.max", "max\n");
         put(&root, "/a", "memory.max", "max\n");
         put(&root, "/a", "io.max", "");
+        put(&root, "/a", "memory.high", "max\n");
+        put(&root, "/a", "memory.swap.max", "max\n");
+        put(&root, "/a", "cpuset.cpus", "\n");
         assert_eq!(cg.limit_of("/a"), None);
         for (file, value) in [
             ("cpu.max", "50000 100000"),
             ("pids.max", "20"),
             ("memory.max", "104857600"),
             ("io.max", "8:0 rbps=1048576 wbps=max riops=max wiops=max"),
+            ("memory.high", "52428800"),
+            ("memory.swap.max", "0"),
+            ("cpuset.cpus", "0"),
         ] {
             put(&root, "/b", file, value);
             let got = cg.limit_of("/b/c/d").unwrap();
