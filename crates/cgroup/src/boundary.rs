@@ -133,7 +133,8 @@ pub fn besteffort_pod_of(path: &str) -> Option<String> {
 
 /// The v2 files that bind a whole cgroup, each with what it reads when it binds nothing.
 /// A file whose controller is not enabled there is absent, and binds nothing either.
-const V2_LIMITS: &[(&str, fn(&str) -> bool)] = &[
+type Unlimited = fn(&str) -> bool;
+const V2_LIMITS: &[(&str, Unlimited)] = &[
     ("cpu.max", |v| v.starts_with("max")),
     ("pids.max", |v| v == "max"),
     ("memory.max", |v| v == "max"),
