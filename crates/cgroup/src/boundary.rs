@@ -56,7 +56,8 @@ pub fn container_of(path: &str) -> Option<Container> {
     for (i, &p) in parts.iter().enumerate() {
         let next = parts.get(i + 1).copied().unwrap_or("");
         // Kubernetes first: a pod holds containerd/docker/crio scopes.
-        if p.starts_with("kubepods") {
+        // `kubepods…`, or under a kubelet `--cgroup-root` (kind: `kubelet-kubepods.slice`).
+        if p.starts_with("kubepods") || p.contains("-kubepods") {
             // The pod: `kubepods-…-podUID.slice` (systemd) or `podUID` (cgroupfs).
             let pod = parts[i..]
                 .iter()
@@ -118,17 +119,21 @@ pub fn container_of(path: &str) -> Option<Container> {
 /// `/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podUID.slice` (systemd).
 pub fn besteffort_pod_of(path: &str) -> Option<String> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    match parts[..] {
-        ["kubepods", "besteffort", pod, ..] if pod.starts_with("pod") => {
-            Some(format!("/kubepods/besteffort/{pod}"))
-        }
-        ["kubepods.slice", "kubepods-besteffort.slice", pod, ..]
-            if pod.starts_with("kubepods-besteffort-pod") && pod.ends_with(".slice") =>
-        {
-            Some(format!("/kubepods.slice/kubepods-besteffort.slice/{pod}"))
-        }
-        _ => None,
-    }
+    // The kubelet's root may sit under a `--cgroup-root` (`/kubelet/kubepods`, or with the
+    // systemd driver `kubelet.slice/kubelet-kubepods.slice`, each name prefixed).
+    let k = parts
+        .iter()
+        .position(|p| *p == "kubepods" || p.ends_with("kubepods.slice"))?;
+    let upto = |i: usize| format!("/{}", parts[..=i].join("/"));
+    let (tier, pod) = (*parts.get(k + 1)?, *parts.get(k + 2)?);
+    let found = if parts[k] == "kubepods" {
+        tier == "besteffort" && pod.starts_with("pod")
+    } else {
+        tier.ends_with("kubepods-besteffort.slice")
+            && pod.contains("kubepods-besteffort-pod")
+            && pod.ends_with(".slice")
+    };
+    found.then(|| upto(k + 2))
 }
 
 /// The v2 files that bind a whole cgroup, each with what it reads when it binds nothing.
@@ -148,22 +153,26 @@ const V2_LIMITS: &[(&str, Unlimited)] = &[
 impl Cgroups {
     /// Every BestEffort pod's cgroup on this host (both kubelet drivers).
     pub fn besteffort_pods(&self) -> Vec<String> {
-        [
+        let tiers = [
             "/kubepods/besteffort",
             "/kubepods.slice/kubepods-besteffort.slice",
-        ]
-        .iter()
-        .flat_map(|tier| {
-            fs::read_dir(self.dir(tier))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .filter_map(move |e| {
-                    besteffort_pod_of(&format!("{tier}/{}", e.file_name().to_string_lossy()))
-                })
-        })
-        .collect()
+            // kind and other `--cgroup-root=/kubelet` nodes.
+            "/kubelet/kubepods/besteffort",
+            "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice",
+        ];
+        tiers
+            .iter()
+            .flat_map(|tier| {
+                fs::read_dir(self.dir(tier))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .filter_map(move |e| {
+                        besteffort_pod_of(&format!("{tier}/{}", e.file_name().to_string_lossy()))
+                    })
+            })
+            .collect()
     }
 
     /// The first limit found on `group` or an ancestor (below the root, which holds
@@ -284,6 +293,19 @@ mod tests {
             )
             .as_deref(),
             Some("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_34.slice")
+        );
+        assert_eq!(
+            besteffort_pod_of("/kubelet/kubepods/besteffort/pod9/ctr").as_deref(),
+            Some("/kubelet/kubepods/besteffort/pod9")
+        );
+        let kind = "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod9.slice";
+        assert_eq!(
+            besteffort_pod_of(&format!("{kind}/cri-containerd-ab.scope")).as_deref(),
+            Some(kind)
+        );
+        assert_eq!(
+            container_of(&format!("{kind}/cri-containerd-ab.scope")).map(|c| c.group),
+            Some(kind.to_string())
         );
         for other in [
             "/kubepods/burstable/pod12/ab",
