@@ -243,12 +243,7 @@ impl KernelActuator {
 
     /// Groups made idle for the demoted tree `root` go back. Returns how many.
     pub(crate) fn unidle_groups_of(&mut self, root: u32) -> usize {
-        let paths: Vec<String> = self
-            .idle_groups
-            .iter()
-            .filter(|(_, g)| g.root == Some(root))
-            .map(|(p, _)| p.clone())
-            .collect();
+        let paths: Vec<String> = crate::keys_where(&self.idle_groups, |g| g.root == Some(root));
         let mut report = RestoreReport::default();
         for p in &paths {
             self.unidle_group(p, &mut report);
@@ -257,7 +252,7 @@ impl KernelActuator {
     }
 
     pub(crate) fn restore_idle_groups(&mut self, report: &mut RestoreReport) {
-        let paths: Vec<String> = self.idle_groups.keys().cloned().collect();
+        let paths: Vec<String> = crate::keys_where(&self.idle_groups, |_| true);
         for p in paths {
             self.unidle_group(&p, report);
         }

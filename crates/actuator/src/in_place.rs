@@ -529,12 +529,7 @@ impl KernelActuator {
 
     /// Units made idle for the tree `root` get their CPUWeight back. Returns how many.
     pub(crate) fn unidle_units_of(&mut self, root: u32) -> usize {
-        let units: Vec<String> = self
-            .idle_units
-            .iter()
-            .filter(|(_, u)| u.root == root)
-            .map(|(k, _)| k.clone())
-            .collect();
+        let units: Vec<String> = crate::keys_where(&self.idle_units, |u| u.root == root);
         let mut report = RestoreReport::default();
         for unit in &units {
             self.unidle_unit(unit, &mut report);
@@ -548,12 +543,9 @@ impl KernelActuator {
     /// closed. Called on every scan; the classifier sends no promotion for a tree that
     /// ended.
     pub fn release_ended_in_place(&mut self) {
-        let ended: Vec<String> = self
-            .idle_units
-            .iter()
-            .filter(|(_, u)| !u.pids.iter().any(|&p| process_alive(p)))
-            .map(|(k, _)| k.clone())
-            .collect();
+        let ended: Vec<String> = crate::keys_where(&self.idle_units, |u| {
+            !u.pids.iter().any(|&p| process_alive(p))
+        });
         let mut report = RestoreReport::default();
         for unit in ended {
             tracing::info!(
@@ -580,7 +572,7 @@ impl KernelActuator {
 
     /// Daemon exit: every unit made idle gets its CPUWeight back.
     pub(crate) fn restore_units(&mut self, report: &mut RestoreReport) {
-        let units: Vec<String> = self.idle_units.keys().cloned().collect();
+        let units: Vec<String> = crate::keys_where(&self.idle_units, |_| true);
         for unit in units {
             self.unidle_unit(&unit, report);
         }

@@ -523,6 +523,14 @@ impl Actuator for KernelActuator {
     }
 }
 
+/// The keys of `map` whose record passes `keep` (to act on while the map changes).
+fn keys_where<V>(map: &HashMap<String, V>, keep: impl Fn(&V) -> bool) -> Vec<String> {
+    map.iter()
+        .filter(|(_, v)| keep(v))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
 /// Undoes what a journal in `dir` records (after a crash): each thread that is still the
 /// same thread and still has a nice appease gave it goes back to its original state.
 pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {

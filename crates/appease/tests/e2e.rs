@@ -1996,6 +1996,31 @@ fn fork_a_sleep(soaker: u32) -> u32 {
     kids[0]
 }
 
+/// A soaker alone in the container cgroup `ctr` (made by the test, its weight as first
+/// read returned) and a daemon that has made the container idle. Bound left to right,
+/// dropped right to left.
+fn container_made_idle(ctr: &str, tag: &str) -> (MadeGroups, String, Soakers, TempDir, Daemon) {
+    let made = MadeGroups::new(&[ctr]);
+    let weight = made.cg.weight_raw(ctr).unwrap();
+    let soakers = Soakers(vec![soaker_in(&made.cg, ctr)]);
+    let dir = TempDir::new(tag);
+    let cfg = dir.file(
+        "batch.toml",
+        &batch_config(&format!("appease-e2e-{tag}{}", std::process::id())),
+    );
+    let daemon = Daemon::start(&dir.0, &cfg);
+    assert!(
+        wait_for(Duration::from_secs(8), || made
+            .cg
+            .idle(ctr)
+            .unwrap_or(false))
+        .is_some(),
+        "the container made idle: {}",
+        daemon.log_text()
+    );
+    (made, weight, soakers, dir, daemon)
+}
+
 /// A soaker started straight into `group`.
 fn soaker_in(cg: &appease_cgroup::Cgroups, group: &str) -> std::process::Child {
     let child = forking_soaker();
@@ -2078,22 +2103,9 @@ fn a_soaker_alone_in_a_docker_container_makes_the_container_idle_in_place_and_ki
     let Some(_g) = serial() else { return };
     let id = format!("{:0>64x}", std::process::id());
     let ctr = format!("/docker/{id}");
-    let made = MadeGroups::new(&[&ctr]);
+    let (made, weight, soakers, dir, mut daemon) = container_made_idle(&ctr, "docker");
     let cg = made.cg.clone();
-    let weight = cg.weight_raw(&ctr).unwrap();
-    let soakers = Soakers(vec![soaker_in(&cg, &ctr)]);
     let pid = soakers.0[0].id();
-    let dir = TempDir::new("docker");
-    let cfg = dir.file(
-        "batch.toml",
-        &batch_config(&format!("appease-e2e-dk{}", std::process::id())),
-    );
-    let mut daemon = Daemon::start(&dir.0, &cfg);
-    assert!(
-        wait_for(Duration::from_secs(8), || cg.idle(&ctr).unwrap_or(false)).is_some(),
-        "the container made idle: {}",
-        daemon.log_text()
-    );
     assert_eq!(cpu_cgroup(pid).as_deref(), Some(ctr.as_str()), "not moved");
     assert_eq!(
         policy_of(pid, pid),
@@ -2238,20 +2250,8 @@ fn a_container_made_idle_for_a_soaker_that_ends_is_given_back_while_the_daemon_r
     let Some(_g) = serial() else { return };
     let id = format!("{:0>63x}e", std::process::id());
     let ctr = format!("/docker/{id}");
-    let made = MadeGroups::new(&[&ctr]);
+    let (made, _, mut soakers, dir, mut daemon) = container_made_idle(&ctr, "docker-end");
     let cg = made.cg.clone();
-    let mut soakers = Soakers(vec![soaker_in(&cg, &ctr)]);
-    let dir = TempDir::new("docker-end");
-    let cfg = dir.file(
-        "batch.toml",
-        &batch_config(&format!("appease-e2e-de{}", std::process::id())),
-    );
-    let mut daemon = Daemon::start(&dir.0, &cfg);
-    assert!(
-        wait_for(Duration::from_secs(8), || cg.idle(&ctr).unwrap_or(false)).is_some(),
-        "the container made idle: {}",
-        daemon.log_text()
-    );
     // The job ends; the container stays (the next job in it must not start idle).
     for c in soakers.0.iter_mut() {
         c.kill().unwrap();
