@@ -6,8 +6,9 @@ CARGO ?= cargo
 APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
 # What the tests and the bench run: PostgreSQL (db scenario), gcc (the compile batch
 # load), nginx and wget (web scenario); all tested end to end. QEMU, debootstrap and
-# e2fsprogs boot the Debian VM in which the cgroup v2 layouts are tested (scripts/vm).
-TEST_PACKAGES := postgresql gcc nginx wget qemu-system-x86 debootstrap e2fsprogs
+# e2fsprogs boot the Debian VM in which the cgroup v2 layouts are tested (scripts/vm);
+# docker.io runs real containers (the docker batch load and its end-to-end tests).
+TEST_PACKAGES := postgresql gcc nginx wget qemu-system-x86 debootstrap e2fsprogs docker.io
 BENCH_PACKAGES := $(TEST_PACKAGES)
 # Counts the simulator's instructions per event (a figure the host's noise cannot move).
 PROFILE_PACKAGES := valgrind

@@ -24,6 +24,33 @@ pub(crate) struct IdleGroup {
     pub since: u64,
 }
 
+/// Why a container engine's parent group is idle.
+const ALL_CONTAINERS_BATCH: &str = "every container in it is batch";
+
+/// The group that holds a container engine's containers (`/docker`, `/machine.slice`,
+/// `/lxc.payload`...), when a container made idle in place has one below the root. An
+/// idle container under a non-idle parent still competes, through that parent, as one
+/// normal-weight entity with the host's servers at the root (measured: the server's p99
+/// as with no appease at all); an idle parent is a sibling of the latency work. Never a
+/// Kubernetes tier or the pods' root: the kubelet writes their weights, which the kernel
+/// refuses on an idle group.
+fn engine_parent(container_group: &str) -> Option<String> {
+    let c = appease_cgroup::container_of(container_group)?;
+    if c.group != container_group || c.runtime == "kubernetes" {
+        return None;
+    }
+    let parent = &c.group[..c.group.rfind('/')?];
+    (!parent.is_empty()).then(|| parent.to_string())
+}
+
+/// Whether `group` is `ancestor` or below it.
+fn is_below(group: &str, ancestor: &str) -> bool {
+    group == ancestor
+        || group
+            .strip_prefix(ancestor)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
 fn put_back(
     cg: &Cgroups,
     path: &str,
@@ -183,6 +210,97 @@ impl KernelActuator {
         changed
     }
 
+    /// A container engine's parent group is idle while everything in it is in containers
+    /// made idle for demoted trees (`engine_parent`); it goes back once something else
+    /// runs there. Called on every scan, and on every exec (`on_exec`), so that a new
+    /// container is not born idle for longer than the exec takes to arrive. Returns how
+    /// many parents changed.
+    pub fn keep_engine_parents_idle(&mut self) -> usize {
+        let Some(g) = self.groups.as_ref() else {
+            return 0;
+        };
+        if g.systemd_owned() {
+            return 0;
+        }
+        let cg = g.cgroups().clone();
+        self.forget_vanished_idle_groups();
+        let parents: std::collections::BTreeSet<String> = self
+            .idle_groups
+            .iter()
+            .filter_map(|(path, g)| {
+                if g.why == ALL_CONTAINERS_BATCH {
+                    Some(path.clone())
+                } else {
+                    g.root.and_then(|_| engine_parent(path))
+                }
+            })
+            .collect();
+        let mut changed = 0;
+        for parent in parents {
+            let ours = self
+                .idle_groups
+                .get(&parent)
+                .is_some_and(|g| g.why == ALL_CONTAINERS_BATCH);
+            let all_batch = self.only_idle_containers_below(&cg, &parent);
+            if all_batch {
+                match self.idle_group_in_place(&parent, None, &[], ALL_CONTAINERS_BATCH) {
+                    Ok(true) => changed += 1,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(parent, error = %e, "could not make the containers' parent idle")
+                    }
+                }
+            } else if ours {
+                tracing::info!(
+                    parent,
+                    "something else runs in the containers' parent: no longer idle"
+                );
+                self.unidle_group(&parent, &mut RestoreReport::default());
+                changed += 1;
+            }
+        }
+        changed
+    }
+
+    /// A process exec'd: if it runs under a containers' parent made idle and outside
+    /// every container made idle (a container just started), the parent goes back now.
+    pub fn on_exec(&mut self, pid: u32) {
+        let parents = crate::keys_where(&self.idle_groups, |g| g.why == ALL_CONTAINERS_BATCH);
+        if parents.is_empty() {
+            return;
+        }
+        let Some(group) = self
+            .groups
+            .as_ref()
+            .and_then(|g| g.cgroups().group_of(pid).ok())
+        else {
+            return;
+        };
+        if parents.iter().any(|p| is_below(&group, p)) && !self.in_a_container_made_idle(&group) {
+            self.keep_engine_parents_idle();
+        }
+    }
+
+    fn in_a_container_made_idle(&self, group: &str) -> bool {
+        self.idle_groups
+            .iter()
+            .any(|(path, g)| g.root.is_some() && is_below(group, path))
+    }
+
+    /// Whether every process below `parent` is in a container made idle for a demoted
+    /// tree (and there is at least one).
+    fn only_idle_containers_below(&self, cg: &Cgroups, parent: &str) -> bool {
+        let Ok(pids) = cg.processes_below(parent) else {
+            return false;
+        };
+        !pids.is_empty()
+            && pids.iter().all(|&p| {
+                cg.group_of(p)
+                    // Gone since: it no longer runs there.
+                    .map_or(true, |g| g != parent && self.in_a_container_made_idle(&g))
+            })
+    }
+
     /// Groups made idle for a tree none of whose recorded processes is alive go back.
     pub(crate) fn release_ended_groups(&mut self) {
         let ended: Vec<String> = self
@@ -304,4 +422,38 @@ pub(crate) fn restore_journal_idle_groups(
         done.push(Record::GroupUnidle { path: path.clone() });
     }
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_parent_is_the_group_above_a_container_never_a_pod_tier_or_the_root() {
+        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            engine_parent(&format!("/docker/{id}")).as_deref(),
+            Some("/docker")
+        );
+        assert_eq!(
+            engine_parent(&format!("/system.slice/docker-{id}.scope")).as_deref(),
+            Some("/system.slice")
+        );
+        // Only for the container's own group, not a group inside it.
+        assert_eq!(engine_parent(&format!("/docker/{id}/inner")), None);
+        assert_eq!(
+            engine_parent("/kubepods/besteffort/pod1234-abcd"),
+            None,
+            "the kubelet owns the tiers"
+        );
+        assert_eq!(engine_parent("/user.slice"), None, "not a container");
+    }
+
+    #[test]
+    fn below_means_the_group_itself_or_a_path_under_it_not_a_name_that_starts_alike() {
+        assert!(is_below("/docker", "/docker"));
+        assert!(is_below("/docker/abc", "/docker"));
+        assert!(!is_below("/docker2/abc", "/docker"));
+        assert!(!is_below("/", "/docker"));
+    }
 }

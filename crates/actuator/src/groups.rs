@@ -260,6 +260,10 @@ impl KernelActuator {
         }
         let (whole, in_place) = self.idle_whole_units(root, members, in_place, why);
         let (groups, in_place) = self.idle_whole_groups(root, members, in_place, why);
+        if groups > 0 {
+            // The last container of an engine made idle: its parent too, now.
+            self.keep_engine_parents_idle();
+        }
         let whole = whole + groups;
         let idled = whole + self.idle_in_place(root, &in_place, why);
         self.counters.demotions += (moved + idled) as u64;

@@ -103,8 +103,10 @@ struct BenchArgs {
     /// How the client spaces requests: fixed (every 1/rate s) or poisson.
     #[arg(long, default_value = "fixed")]
     arrivals: String,
-    /// The batch load: soak (CPU spinners counting work) or compile (make -jN with gcc
-    /// over a generated tree, in a loop; throughput in files compiled per second).
+    /// The batch load: soak (CPU spinners counting work), compile (make -jN with gcc
+    /// over a generated tree, in a loop; throughput in files compiled per second) or
+    /// docker (the spinners, each in a Docker container of a private engine the bench
+    /// starts: needs docker.io).
     #[arg(long, default_value = "soak")]
     batch: String,
     /// Run every mode this many times, interleaved, and report each metric's median.

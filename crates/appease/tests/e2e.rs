@@ -14,6 +14,7 @@ use std::time::Duration;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
+mod containers;
 mod support;
 use support::*;
 
@@ -2195,7 +2196,7 @@ fn the_daemonset_in_deploy_runs_appease_on_the_host_with_only_what_it_needs() {
     add.sort();
     assert_eq!(
         add,
-        ["BPF", "PERFMON", "SYS_NICE"],
+        ["BPF", "DAC_OVERRIDE", "PERFMON", "SYS_NICE"],
         "the capabilities appease uses"
     );
     // Every host path is mounted where appease looks for it, and nothing else of the host.

@@ -3,6 +3,7 @@
 
 pub mod client;
 mod db;
+pub mod docker;
 mod pipeline;
 pub mod plot;
 pub mod report;
@@ -82,6 +83,9 @@ pub enum Batch {
     Soak,
     /// `make -jN` with gcc over a generated tree of C files, in a loop.
     Compile,
+    /// The soakers, each in a Docker container of its own (no quota), from an engine the
+    /// bench starts.
+    Docker,
 }
 
 impl Batch {
@@ -89,7 +93,8 @@ impl Batch {
         match s {
             "soak" => Ok(Batch::Soak),
             "compile" => Ok(Batch::Compile),
-            _ => bail!("unknown batch load {s:?}; one of soak, compile"),
+            "docker" => Ok(Batch::Docker),
+            _ => bail!("unknown batch load {s:?}; one of soak, compile, docker"),
         }
     }
 
@@ -101,13 +106,14 @@ impl Batch {
                 "make -j{n} over {} C files ({load} jobs per CPU)",
                 worker::FILES
             ),
+            Batch::Docker => format!("{n} soakers in Docker containers ({load} per CPU)"),
         }
     }
 
     /// What its throughput counts.
     pub fn unit(self) -> &'static str {
         match self {
-            Batch::Soak => "work units",
+            Batch::Soak | Batch::Docker => "work units",
             Batch::Compile => "files compiled",
         }
     }
@@ -207,7 +213,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 /// Whether `program` is on the PATH.
-fn on_path(program: &str) -> bool {
+pub(crate) fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
 }
@@ -248,6 +254,18 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
         warmup_s: 1.0,
         rounds: opts.repeat.max(1),
     };
+    let engine = match opts.batch {
+        Batch::Docker => {
+            let dir =
+                std::env::temp_dir().join(format!("appease-bench-docker-{}", std::process::id()));
+            eprintln!(
+                "starting a Docker engine of the bench's own in {}",
+                dir.display()
+            );
+            Some(docker::Engine::start(&dir)?)
+        }
+        _ => None,
+    };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut out = Vec::new();
     for &load in &opts.loads {
@@ -270,7 +288,7 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                     params.batch.describe(n, if n == 0 { 0.0 } else { load }),
                     params.measure_s
                 );
-                let r = run_mode(opts, &params, mode, soakers)?;
+                let r = run_mode(opts, &params, mode, soakers, engine.as_ref())?;
                 eprintln!(
                     "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms; batch {:.1} {}/s on {:.2} CPUs",
                     r.latency_ms.mean,
@@ -425,7 +443,13 @@ pub(crate) fn cpu_jiffies() -> (u64, u64) {
     (total - idle, total)
 }
 
-fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result<ModeResult> {
+fn run_mode(
+    opts: &Options,
+    p: &Synthetic,
+    mode: Mode,
+    soakers: usize,
+    engine: Option<&docker::Engine>,
+) -> Result<ModeResult> {
     let mut run = Run::default();
     let tmp = std::env::temp_dir().join(format!("appease-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
@@ -451,6 +475,7 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     // The batch load.
     let n = if mode == Mode::Unloaded { 0 } else { soakers };
     let mut soak_pids = Vec::new();
+    let mut containers = Vec::new();
     match p.batch {
         Batch::Soak => {
             for _ in 0..n {
@@ -477,9 +502,19 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
             std::io::Write::write_all(&mut &go, b"go\n").context("starting the compile")?;
         }
         Batch::Compile => {}
+        Batch::Docker => {
+            let engine = engine.context("the docker load needs the bench's engine")?;
+            let bin = opts.appease.canonicalize()?;
+            let mount = format!("{}:/appease:ro", bin.display());
+            for _ in 0..n {
+                let c = engine.run(&["-v", &mount], &["/appease", "bench-worker", "soak"])?;
+                soak_pids.push(c.pid);
+                containers.push(c);
+            }
+        }
     }
     let soak_start = Instant::now();
-    if p.batch == Batch::Soak || n == 0 {
+    if p.batch != Batch::Compile || n == 0 {
         apply_mode(&mut run, opts, mode, &soak_pids, &tmp)?;
     }
 
@@ -494,11 +529,8 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
     std::thread::sleep(Duration::from_secs_f64(p.warmup_s));
     if mode == Mode::Appease && !soak_pids.is_empty() {
         let group = opts.batch_group();
-        let demoted = |pid: u32| {
-            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|t| t.contains(&group))
-        };
         let waited = wait_until(Duration::from_secs(30), || {
-            opts.stop.load(Ordering::Relaxed) || soak_pids.iter().all(|&p| demoted(p))
+            opts.stop.load(Ordering::Relaxed) || soak_pids.iter().all(|&p| demoted(&group, p))
         });
         warm_stop.store(true, Ordering::Relaxed);
         let _warmup_latencies_unused = warm.join();
@@ -542,9 +574,9 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
         _ => None,
     };
 
-    // Soakers report their work on SIGTERM.
+    // Soakers report their work on SIGTERM: "UNITS CPU_NS".
     let soak_time = soak_start.elapsed().as_secs_f64();
-    let (mut units, mut cpu_ns) = (0u64, 0u64);
+    let mut reports = Vec::new();
     for c in run
         .children
         .iter_mut()
@@ -556,11 +588,24 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
         if let Some(out) = c.stdout.as_mut() {
             let _partial_ok = out.read_to_string(&mut s);
         }
-        // "UNITS CPU_NS"
+        reports.push(s);
+        let _reaped = c.wait();
+    }
+    if let Some(engine) = engine {
+        for c in &containers {
+            // SAFETY: the first process of a container this run started.
+            unsafe { libc::kill(c.pid as i32, libc::SIGTERM) };
+        }
+        for c in &containers {
+            reports.push(engine.output(c)?);
+            engine.remove(c)?;
+        }
+    }
+    let (mut units, mut cpu_ns) = (0u64, 0u64);
+    for s in reports {
         let mut fields = s.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
         units += fields.next().unwrap_or(0);
         cpu_ns += fields.next().unwrap_or(0);
-        let _reaped = c.wait();
     }
     let mut m = ModeResult::new(mode, &result, units as f64 / soak_time, util);
     m.batch_cpus = cpu_ns as f64 / 1e9 / soak_time;
@@ -569,6 +614,24 @@ fn run_mode(opts: &Options, p: &Synthetic, mode: Mode, soakers: usize) -> Result
         m.frames = Some(report::Frames::new(&result, p.rate_per_s));
     }
     Ok(m)
+}
+
+/// Whether the daemon has put `pid` in the idle class: moved into its group (`group`, as
+/// /proc/PID/cgroup names it), its own group made idle in place (a container), or the
+/// process itself SCHED_IDLE.
+fn demoted(group: &str, pid: u32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return false;
+    };
+    if text.contains(group) {
+        return true;
+    }
+    let in_idle_group = appease_cgroup::Cgroups::detect().is_ok_and(|cg| {
+        appease_cgroup::parse_proc_cgroup(&text, cg.version())
+            .is_some_and(|g| cg.idle(&g).unwrap_or(false))
+    });
+    // SAFETY: sched_getscheduler only reads.
+    in_idle_group || unsafe { libc::sched_getscheduler(pid as i32) } == libc::SCHED_IDLE
 }
 
 /// Whole-tree downloads per mode (the 2010 customer-appeasement paper averaged three).

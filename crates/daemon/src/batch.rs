@@ -158,6 +158,7 @@ impl BatchManager {
         actuator.release_ended_in_place();
         if cfg.batch.enabled {
             actuator.keep_besteffort_pods_idle();
+            actuator.keep_engine_parents_idle();
         }
         self.seen = procs
             .iter()

@@ -397,7 +397,8 @@ impl<'obj> Daemon<'obj> {
                     }
                 }
             }
-            Event::Fork { .. } | Event::Exec { .. } => {}
+            Event::Exec { pid, .. } => self.actuator.on_exec(pid),
+            Event::Fork { .. } => {}
         }
     }
 
