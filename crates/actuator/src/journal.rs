@@ -32,12 +32,16 @@ pub enum Record {
         comm: String,
         orig: Sched,
     },
-    /// appease is about to move the thread from nice `prev` to nice `next`.
+    /// appease is about to move the thread from nice `prev` to nice `next`. `orig`
+    /// repeats the thread's `Manage` record, so that losing that one line (a corrupt
+    /// journal) does not lose the thread.
     Apply {
         key: TaskKey,
         prev: i32,
         next: i32,
         slice_ns: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        orig: Option<Sched>,
     },
     /// The thread is back to `orig`, gone, or handed off: nothing to undo.
     Release { key: TaskKey },
@@ -102,6 +106,9 @@ pub struct JournalState {
     pub units: BTreeMap<String, (u64, bool, Option<String>)>,
     /// Other programs' cgroups made idle in place: their idle flag and weight before.
     pub idle_groups: BTreeMap<String, (bool, String)>,
+    /// Lines (1-based) that could not be read, other than a torn last one: what they
+    /// recorded is lost, so the journal is kept for a look (`read_pending`).
+    pub corrupt: Vec<usize>,
 }
 
 impl JournalState {
@@ -152,12 +159,18 @@ impl Journal {
             .create(dir)?;
         let live = read_pending(dir)?;
         let path = dir.join(FILE);
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
             .open(&path)?;
-        let bytes = file.metadata()?.len();
+        let mut bytes = file.metadata()?.len();
+        // A torn last line (a crash mid-write) is ended, so that the next record starts
+        // a line of its own instead of merging into it.
+        if bytes > 0 && !fs::read(&path)?.ends_with(b"\n") {
+            file.write_all(b"\n")?;
+            bytes += 1;
+        }
         Ok(Journal {
             dir: dir.to_path_buf(),
             file,
@@ -236,6 +249,7 @@ impl Journal {
                     prev: p.ours.first().copied().unwrap_or(p.orig.nice),
                     next: p.ours.last().copied().unwrap_or(p.orig.nice),
                     slice_ns: 0,
+                    orig: Some(p.orig),
                 },
             ] {
                 line(&rec)?;
@@ -260,6 +274,16 @@ impl Journal {
     }
 }
 
+/// Copies the journal to `journal.jsonl.corrupt-SECONDS` beside it; returns the copy.
+pub fn keep_a_copy(dir: &Path) -> io::Result<PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let to = dir.join(format!("{FILE}.corrupt-{secs}"));
+    fs::copy(dir.join(FILE), &to)?;
+    Ok(to)
+}
+
 fn apply(live: &mut JournalState, rec: Record) {
     match rec {
         Record::Manage { key, comm, orig } => {
@@ -274,12 +298,27 @@ fn apply(live: &mut JournalState, rec: Record) {
             );
         }
         Record::Apply {
-            key, prev, next, ..
-        } => {
-            if let Some(p) = live.threads.get_mut(&key) {
-                p.ours = vec![prev, next];
+            key,
+            prev,
+            next,
+            orig,
+            ..
+        } => match (live.threads.get_mut(&key), orig) {
+            (Some(p), _) => p.ours = vec![prev, next],
+            // Its Manage line was lost: this record says enough to put it back.
+            (None, Some(orig)) => {
+                live.threads.insert(
+                    key,
+                    Pending {
+                        key,
+                        comm: String::new(),
+                        orig,
+                        ours: vec![prev, next],
+                    },
+                );
             }
-        }
+            (None, None) => {}
+        },
         Record::Release { key } => {
             live.threads.remove(&key);
         }
@@ -324,22 +363,38 @@ fn apply(live: &mut JournalState, rec: Record) {
     }
 }
 
-/// Reads what a journal in `dir` says must be undone. A torn last line (crash while
-/// writing) is ignored; it described a change that was not yet made.
+/// Reads what a journal in `dir` says must be undone. A torn last line (a crash while
+/// writing it: no newline after it) is ignored; it described a change not yet made. Any
+/// other line that is not a record (not UTF-8, not JSON: a damaged disk, an edit) is
+/// skipped, and its number kept in `corrupt`: the rest is still undone.
 pub fn read_pending(dir: &Path) -> io::Result<JournalState> {
-    let text = match fs::read_to_string(dir.join(FILE)) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+    let bytes = match fs::read(dir.join(FILE)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e),
     };
     let mut live = JournalState::default();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
+    let torn_tail = !bytes.is_empty() && !bytes.ends_with(b"\n");
+    let lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+    for (n, line) in lines.iter().enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match serde_json::from_str::<Record>(line) {
+        let rec = std::str::from_utf8(line)
+            .map_err(|e| e.to_string())
+            .and_then(|l| serde_json::from_str::<Record>(l).map_err(|e| e.to_string()));
+        match rec {
             Ok(rec) => apply(&mut live, rec),
-            Err(e) => tracing::warn!(line = n + 1, error = %e, "skipping unreadable journal line"),
+            Err(_) if torn_tail && n + 1 == lines.len() => {
+                tracing::debug!(
+                    line = n + 1,
+                    "a torn last journal line: its change was not made"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(line = n + 1, error = %e, "skipping an unreadable journal line");
+                live.corrupt.push(n + 1);
+            }
         }
     }
     Ok(live)
@@ -387,6 +442,7 @@ mod tests {
             prev: 0,
             next: -5,
             slice_ns: 500_000,
+            orig: None,
         })
         .unwrap();
         j.append(&Record::Manage {
@@ -400,6 +456,7 @@ mod tests {
             prev: 3,
             next: -2,
             slice_ns: 0,
+            orig: None,
         })
         .unwrap();
         j.append(&Record::Apply {
@@ -407,6 +464,7 @@ mod tests {
             prev: -2,
             next: 0,
             slice_ns: 0,
+            orig: None,
         })
         .unwrap();
         j.append(&Record::Release { key: key(1) }).unwrap();
@@ -444,6 +502,7 @@ mod tests {
                 prev: 0,
                 next: -3,
                 slice_ns: 0,
+                orig: None,
             })
             .unwrap();
             if tid != 7 {
@@ -578,6 +637,118 @@ mod tests {
         .unwrap();
         assert!(j.state().is_empty());
         j.remove_if_empty().unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn manage(tid: u32, nice: i32) -> Record {
+        Record::Manage {
+            key: key(tid),
+            comm: "t".into(),
+            orig: sched(nice),
+        }
+    }
+
+    fn apply_rec(tid: u32, orig: i32, next: i32) -> Record {
+        Record::Apply {
+            key: key(tid),
+            prev: orig,
+            next,
+            slice_ns: 0,
+            orig: Some(sched(orig)),
+        }
+    }
+
+    fn lines_of(recs: &[Record]) -> Vec<Vec<u8>> {
+        recs.iter()
+            .map(|r| serde_json::to_vec(r).unwrap())
+            .collect()
+    }
+
+    fn write_lines(dir: &Path, lines: &[Vec<u8>]) {
+        fs::create_dir_all(dir).unwrap();
+        let mut text = Vec::new();
+        for l in lines {
+            text.extend_from_slice(l);
+            text.push(b'\n');
+        }
+        fs::write(dir.join(FILE), text).unwrap();
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_costs_that_line_only() {
+        let dir = tmpdir("utf8");
+        let mut lines = lines_of(&[manage(1, 0), apply_rec(1, 0, -5), manage(2, 3)]);
+        lines.insert(1, b"{\"op\":\"release\",\xff}".to_vec());
+        write_lines(&dir, &lines);
+        let st = read_pending(&dir).expect("read, not aborted");
+        assert_eq!(st.threads.len(), 2, "every other line replayed");
+        assert_eq!(st.corrupt, vec![2]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_lost_manage_line_is_made_good_by_the_apply_record() {
+        let dir = tmpdir("lost-manage");
+        let mut lines = lines_of(&[manage(1, 4), apply_rec(1, 4, -5)]);
+        lines[0] = b"garbage".to_vec();
+        write_lines(&dir, &lines);
+        let st = read_pending(&dir).unwrap();
+        let p = &st.threads[&key(1)];
+        assert_eq!((p.orig, p.ours.clone()), (sched(4), vec![4, -5]));
+        assert_eq!(st.corrupt, vec![1]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_torn_last_line_is_ended_before_the_next_record() {
+        let dir = tmpdir("torn");
+        let mut lines = lines_of(&[manage(1, 0)]);
+        lines.push(br#"{"op":"manage","key":{"pi"#.to_vec());
+        write_lines(&dir, &lines);
+        // Remove the newline after the torn line: a crash mid-write leaves none.
+        let mut text = fs::read(dir.join(FILE)).unwrap();
+        text.pop();
+        fs::write(dir.join(FILE), text).unwrap();
+        let mut j = Journal::open(&dir).unwrap();
+        assert!(
+            j.state().corrupt.is_empty(),
+            "a torn tail is not corruption"
+        );
+        j.append(&manage(2, 0)).unwrap();
+        drop(j);
+        let st = read_pending(&dir).unwrap();
+        assert_eq!(
+            st.threads.len(),
+            2,
+            "the record after the torn line is read"
+        );
+        assert_eq!(
+            st.corrupt,
+            vec![2],
+            "the torn line, now ended, is one bad line"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn restore_keeps_a_journal_with_unreadable_lines_and_counts_them_failed() {
+        let dir = tmpdir("restore-corrupt");
+        // A group that does not exist (gone) and one unreadable line.
+        let mut lines = lines_of(&[Record::GroupIdle {
+            path: "/appease-no-such-group".into(),
+            idle: false,
+            weight: "1024".into(),
+        }]);
+        lines.push(b"\x00\x01 not a record".to_vec());
+        write_lines(&dir, &lines);
+        let report = crate::restore_journal(&dir).unwrap();
+        assert_eq!(report.failed, 1, "{report:?}");
+        let kept: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+            .collect();
+        assert_eq!(kept.len(), 1, "a copy kept for a look");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

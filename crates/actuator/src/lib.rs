@@ -330,13 +330,15 @@ impl KernelActuator {
 
     fn set(&mut self, tid: u32, nice: i32, slice_ns: u64) -> Result<(), ActError> {
         let m = self.managed.get(&tid).expect("caller checked");
-        let (key, prev, rof) = (m.key, m.applied_nice, m.orig.reset_on_fork);
+        let (key, prev, orig) = (m.key, m.applied_nice, m.orig);
+        let rof = orig.reset_on_fork;
         if !self.dry_run {
             self.journal(Record::Apply {
                 key,
                 prev,
                 next: nice,
                 slice_ns,
+                orig: Some(orig),
             })?;
             if let Err(e) = sys::sched_set_fair(tid, nice, slice_ns, rof) {
                 if sys::is_esrch(&e) {
@@ -534,6 +536,13 @@ fn keys_where<V>(map: &HashMap<String, V>, keep: impl Fn(&V) -> bool) -> Vec<Str
 /// Undoes what a journal in `dir` records (after a crash): each thread that is still the
 /// same thread and still has a nice appease gave it goes back to its original state.
 pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
+    let corrupt = journal::read_pending(dir)?.corrupt;
+    if !corrupt.is_empty() {
+        // What those lines recorded is lost: the journal is kept as it was for a look,
+        // and each counts as a failure. Everything else is still undone.
+        let kept = journal::keep_a_copy(dir)?;
+        tracing::error!(lines = ?corrupt, kept = %kept.display(), "journal lines could not be read: what they recorded cannot be undone; the journal is kept");
+    }
     let mut journal = Journal::open(dir)?;
     let base_slice_ns = sys::sched_getattr(0)?.slice_ns;
     let mut report = RestoreReport::default();
@@ -588,5 +597,6 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
         journal.append(&rec)?;
     }
     journal.remove_if_empty()?;
+    report.failed += corrupt.len() as u32;
     Ok(report)
 }
