@@ -5,12 +5,14 @@ use std::process::Command;
 use appease_cgroup::Cgroups;
 
 #[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn top_group_idle_weight_move_and_remove() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: creating cgroups needs root (CI runs as root)");
-        return;
-    }
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "creating cgroups needs root; run it as root (make test does)"
+    );
     let cg = Cgroups::detect().expect("this host has a CPU cgroup hierarchy");
     let name = format!("appease-test-{}", std::process::id());
     let group = cg.ensure_top_group(&name, true, 10).unwrap();
@@ -26,6 +28,15 @@ fn top_group_idle_weight_move_and_remove() {
 
     cg.set_idle(&group, false).unwrap();
     assert!(!cg.idle(&group).unwrap());
+    // The weight lands in the version's own file and scale, and reads back.
+    cg.set_weight(&group, 250).unwrap();
+    let want = match cg.version() {
+        appease_cgroup::Version::V1 => "2560", // shares = weight × 1024 / 100
+        appease_cgroup::Version::V2 => "250",
+    };
+    assert_eq!(cg.weight_raw(&group).unwrap(), want);
+    cg.set_weight_raw(&group, want).unwrap();
+    assert_eq!(cg.weight_raw(&group).unwrap(), want, "written back as read");
     cg.move_process(pid, &home).unwrap();
     assert_eq!(cg.group_of(pid).unwrap(), home);
     child.kill().unwrap();

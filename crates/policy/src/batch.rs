@@ -73,6 +73,8 @@ const PROTECTED: &[&str] = &[
     "systemd",
     "init",
     "sshd",
+    // OpenSSH 9.8 and later: each connection's own process (the session's parent).
+    "sshd-session",
     "login",
     "su",
     "sudo",
@@ -618,6 +620,10 @@ mod tests {
         assert!(protected(&p(1, 0, "anything", 0.0)));
         assert!(protected(&p(300, 2, "kworker/0:1", 0.0)));
         assert!(protected(&p(300, 1, "sshd", 0.0)));
+        assert!(
+            protected(&p(300, 1, "sshd-session", 0.0)),
+            "OpenSSH 9.8 and later"
+        );
         assert!(protected(&interactive_shell(300, 1)));
         assert!(
             !protected(&p(300, 1, "sh", 0.0)),
