@@ -229,8 +229,30 @@ impl KernelActuator {
     /// Returns how many moved; vanished processes are skipped.
     /// Processes whose cgroup must not be left (a limit, a container, systemd's tree)
     /// stay where they are, each of their threads in SCHED_IDLE instead (`in_place`).
-    /// Returns how many processes were demoted either way.
-    pub fn demote(&mut self, root: u32, members: &[u32], why: &str) -> Result<usize, ActError> {
+    /// Returns how many processes were demoted either way. `members` are (PID, start
+    /// time) as the scan saw them: a process that ended since, its PID reused by another,
+    /// is not touched.
+    pub fn demote(
+        &mut self,
+        root: u32,
+        members: &[(u32, u64)],
+        why: &str,
+    ) -> Result<usize, ActError> {
+        let members: Vec<u32> = members
+            .iter()
+            .filter(|&&(pid, start)| {
+                let same = sys::task_stat(pid, pid).is_ok_and(|s| s.start == start);
+                if !same {
+                    tracing::debug!(
+                        pid,
+                        "not the process the scan saw (ended, or its PID reused): skipped"
+                    );
+                }
+                same
+            })
+            .map(|&(pid, _)| pid)
+            .collect();
+        let members = &members[..];
         let (mut to_move, mut in_place) = (Vec::new(), Vec::new());
         for &pid in members {
             let g = self.groups_mut()?;
@@ -337,6 +359,14 @@ impl KernelActuator {
                         self.counters.failures += 1;
                         tracing::warn!(pid, group, error = %e, "could not move process");
                     }
+                    continue;
+                }
+                // The process ended and its PID was reused between the check above and
+                // the write: the newcomer is not ours to move. It goes back at once.
+                if sys::task_stat(pid, pid).map_or(true, |s| s.start != key.start) {
+                    let _gone_too = self.groups_mut()?.cg.move_process(pid, &from);
+                    self.journal(Record::Return { key })?;
+                    tracing::warn!(pid, group, "the PID was reused while it moved: put back");
                     continue;
                 }
             }
@@ -619,4 +649,62 @@ pub(crate) fn restore_journal_groups(
         }
     }
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use appease_cgroup::{Cgroups, Version};
+
+    use super::*;
+    use crate::journal::Journal;
+    use crate::{Actuator, KernelActuator};
+
+    /// A fake v2 tree whose root is this host's v2 path of the test's children ("/"):
+    /// moves are writes to its files, the processes stay where they are.
+    #[test]
+    fn a_pid_whose_start_time_is_not_the_one_the_scan_saw_is_not_moved() {
+        let dir = std::env::temp_dir().join(format!("appease-groups-{}", std::process::id()));
+        let _fresh = std::fs::remove_dir_all(&dir);
+        let root = dir.join("cgroup");
+        std::fs::create_dir_all(&root).unwrap();
+        // The idle group as the kernel would make it (a fake tree has no kernel).
+        std::fs::create_dir_all(root.join("appease")).unwrap();
+        std::fs::write(root.join("appease/cpu.idle"), "0").unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let cg = Cgroups::at(Version::V2, &root).unwrap();
+        if cg.group_of(pid).unwrap() != "/" {
+            let _ = child.kill();
+            panic!("this test needs its children at the root of the v2 hierarchy");
+        }
+        let mut act = KernelActuator::new(Some(Journal::open(&dir.join("run")).unwrap()), vec![])
+            .unwrap()
+            .with_groups(Groups::new(cg, "appease"));
+        let start = sys::task_stat(pid, pid).unwrap().start;
+        // As if the scan had seen another process under this PID (ended, PID reused).
+        assert_eq!(
+            act.demote(pid, &[(pid, start + 1)], "cpu-soaker").unwrap(),
+            0
+        );
+        assert!(!act.is_moved(pid));
+        assert!(Journal::open(&dir.join("run"))
+            .unwrap()
+            .state()
+            .moves
+            .is_empty());
+        // The process the scan saw is moved.
+        assert_eq!(act.demote(pid, &[(pid, start)], "cpu-soaker").unwrap(), 1);
+        let procs = std::fs::read_to_string(root.join("appease/cgroup.procs")).unwrap();
+        assert_eq!(procs.trim(), pid.to_string());
+        // Moved back where it was (a fake group cannot be removed: not checked).
+        act.restore_all();
+        let back = std::fs::read_to_string(root.join("cgroup.procs")).unwrap();
+        assert_eq!(back.trim(), pid.to_string());
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -801,6 +801,10 @@ mod tests {
         d
     }
 
+    fn start_of(pid: u32) -> u64 {
+        sys::task_stat(pid, pid).unwrap().start
+    }
+
     fn policy(pid: u32) -> i32 {
         // SAFETY: sched_getscheduler only reads.
         unsafe { libc::sched_getscheduler(pid as i32) }
@@ -817,7 +821,9 @@ mod tests {
         }));
         let (mut child, mut act) = set_up(&dir, &fake);
         let pid = child.id();
-        let n = act.demote(pid, &[pid], "cpu-soaker").unwrap();
+        let n = act
+            .demote(pid, &[(pid, start_of(pid))], "cpu-soaker")
+            .unwrap();
         assert_eq!(n, 1, "demoted all the same");
         assert_eq!(fake.lock().unwrap().weight, 100, "the unit as it was");
         assert_eq!(policy(pid), libc::SCHED_IDLE, "per thread instead");
@@ -845,14 +851,22 @@ mod tests {
         let (mut child, mut act) = set_up(&dir, &fake);
         let pid = child.id();
         // Gone before: no unit to make idle, the process is demoted per thread.
-        assert_eq!(act.demote(pid, &[pid], "cpu-soaker").unwrap(), 1);
+        assert_eq!(
+            act.demote(pid, &[(pid, start_of(pid))], "cpu-soaker")
+                .unwrap(),
+            1
+        );
         assert!(act.idle_units.is_empty());
         assert_eq!(policy(pid), libc::SCHED_IDLE);
         assert_eq!(act.promote(pid, &[pid]).unwrap(), 1);
         assert_eq!(policy(pid), libc::SCHED_OTHER);
         // Made idle, then gone (stopped) before appease gives it back.
         fake.lock().unwrap().gone = false;
-        assert_eq!(act.demote(pid, &[pid], "cpu-soaker").unwrap(), 1);
+        assert_eq!(
+            act.demote(pid, &[(pid, start_of(pid))], "cpu-soaker")
+                .unwrap(),
+            1
+        );
         assert_eq!(
             fake.lock().unwrap().weight,
             WEIGHT_IDLE,

@@ -109,7 +109,8 @@ pub trait Actuator {
     fn audit(&mut self) -> Vec<u32>;
     fn managed(&self) -> Vec<ManagedView>;
     /// Moves a process tree into the idle group; returns how many processes moved.
-    fn demote(&mut self, root: u32, members: &[u32], why: &str) -> Result<usize, ActError>;
+    /// `members` are (PID, start time) as the caller saw them.
+    fn demote(&mut self, root: u32, members: &[(u32, u64)], why: &str) -> Result<usize, ActError>;
     /// Moves a demoted tree back; returns how many processes moved.
     fn promote(&mut self, root: u32, members: &[u32]) -> Result<usize, ActError>;
 }
@@ -496,7 +497,7 @@ impl Actuator for KernelActuator {
         dropped
     }
 
-    fn demote(&mut self, root: u32, members: &[u32], why: &str) -> Result<usize, ActError> {
+    fn demote(&mut self, root: u32, members: &[(u32, u64)], why: &str) -> Result<usize, ActError> {
         KernelActuator::demote(self, root, members, why)
     }
 

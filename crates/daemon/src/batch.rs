@@ -189,6 +189,11 @@ impl BatchManager {
         } else {
             Vec::new()
         };
+        let started: std::collections::HashMap<u32, u64> = if decisions.is_empty() {
+            Default::default()
+        } else {
+            procs.iter().map(|p| (p.pid, p.start)).collect()
+        };
         for d in decisions {
             match d {
                 BatchDecision::Demote {
@@ -198,6 +203,11 @@ impl BatchManager {
                     why,
                 } => {
                     let why = format!("{why}: {cpus:.2} CPUs, no requests");
+                    // With the start time the scan saw: a PID reused since is not ours.
+                    let members: Vec<(u32, u64)> = members
+                        .iter()
+                        .filter_map(|pid| Some((*pid, started.get(pid).copied()?)))
+                        .collect();
                     match actuator.demote(root, &members, &why) {
                         Ok(0) => self.classifier.forget(root), // all gone already
                         Ok(_) => {}
