@@ -737,6 +737,50 @@ fn kill_9_with_demoted_soakers_then_restore_moves_them_back() {
 
 /// A forked copy of this process that spins and, every 20 ms, takes whatever waits on
 /// `socket` without blocking: a request whenever the other end sends one.
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_second_daemon_for_the_same_idle_group_refuses_whatever_its_run_directory() {
+    let _g = serial();
+    let group = format!("appease-e2e-two{}", std::process::id());
+    let (first, second) = (TempDir::new("two-a"), TempDir::new("two-b"));
+    let cfg = first.file("batch.toml", &batch_config(&group));
+    let mut daemon = Daemon::start(&first.0, &cfg);
+    let out = Command::new(BIN)
+        .args(["daemon", "--config"])
+        .arg(&cfg)
+        .env("APPEASE_RUN_DIR", &second.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("uses the idle group /{group}"))
+            && err.contains(&format!("pid {}", daemon.pid())),
+        "names the group and the daemon that has it: {err}"
+    );
+    assert!(!second.0.join("journal.jsonl").exists(), "nothing done");
+    // A dry run changes nothing, so it may watch beside it.
+    let mut dry = Command::new(BIN)
+        .args(["daemon", "--dry-run", "--config"])
+        .arg(&cfg)
+        .env("APPEASE_RUN_DIR", &second.0)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || second
+            .0
+            .join("status.json")
+            .exists())
+        .is_some(),
+        "the dry run starts"
+    );
+    // SAFETY: ending our own child.
+    unsafe { libc::kill(dry.id() as i32, libc::SIGTERM) };
+    assert!(dry.wait().unwrap().success());
+    assert!(daemon.signal(libc::SIGTERM).success());
+}
+
 fn fork_spinning_receiver(socket: &UnixStream) -> u32 {
     use std::os::fd::AsRawFd;
     let fd = socket.as_raw_fd();

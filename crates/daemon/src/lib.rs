@@ -86,6 +86,11 @@ pub fn restore_leftovers(dir: &Path) -> Result<RestoreReport> {
 pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     preflight()?;
     let _lock = RunLock::acquire(&opts.run_dir)?;
+    // A dry run changes nothing: it may watch beside a daemon that acts.
+    let _group_lock = match opts.dry_run {
+        false => Some(RunLock::acquire_group(&opts.config.batch.group)?),
+        true => None,
+    };
     Status::remove(&opts.run_dir); // a crashed daemon's, if any
     let leftovers = restore_leftovers(&opts.run_dir)?;
     if leftovers != RestoreReport::default() {
