@@ -14,7 +14,7 @@ BENCH_PACKAGES := $(TEST_PACKAGES)
 PROFILE_PACKAGES := valgrind
 CONFIG ?=
 
-.PHONY: all deps test-deps bench-deps profile-deps build run test bench sim-instructions fmt clippy clean
+.PHONY: all deps test-deps bench-deps profile-deps build run test chaos bench sim-instructions fmt clippy clean
 
 all: build
 
@@ -47,6 +47,14 @@ test: test-deps
 	# Root-only tests are #[ignore]d with their reason, so a plain `cargo test` lists
 	# them as ignored; here (root) they run.
 	$(CARGO) test --workspace --locked --release -- --include-ignored
+
+# The chaos harness at length (root; about 8 minutes): the daemon killed 300 times at
+# random moments and at its crash points, each time restored and checked. `make test`
+# runs 12 rounds. CHAOS_ROUNDS and CHAOS_SEED override.
+CHAOS_ROUNDS ?= 300
+chaos: test-deps
+	CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(CARGO) test --locked --release -p appease --test e2e -- \
+		--include-ignored --nocapture chaos::
 
 # The figures in docs/RESULTS.md (root; about 100 minutes; plots land in bench-out/).
 bench: bench-deps build

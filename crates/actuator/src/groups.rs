@@ -361,6 +361,8 @@ impl KernelActuator {
                     }
                     continue;
                 }
+                // Between one process of the tree and the next.
+                crate::crash_point("cgroup-moved");
                 // The process ended and its PID was reused between the check above and
                 // the write: the newcomer is not ours to move. It goes back at once.
                 if sys::task_stat(pid, pid).map_or(true, |s| s.start != key.start) {

@@ -188,6 +188,8 @@ impl Journal {
         let mut line = serde_json::to_string(rec).map_err(io::Error::other)?;
         line.push('\n');
         self.file.write_all(line.as_bytes())?;
+        // Written, and the change it announces not yet made.
+        crate::crash_point("journal-written");
         self.bytes += line.len() as u64;
         apply(&mut self.live, rec.clone());
         if self.bytes > COMPACT_AT_BYTES {

@@ -526,6 +526,19 @@ impl Actuator for KernelActuator {
     }
 }
 
+/// Where the chaos harness may end the daemon as `kill -9` would: a test build's
+/// failpoint `name` (feature `failpoints`, configured by the FAILPOINTS environment
+/// variable, e.g. `journal-written=5*off->return`) that fires. Nothing in other builds.
+#[inline]
+pub fn crash_point(name: &str) {
+    #[cfg(feature = "failpoints")]
+    if fail::eval(name, |_| ()).is_some() {
+        // SAFETY: raising a signal at this process.
+        unsafe { libc::raise(libc::SIGKILL) };
+    }
+    let _unused_without_failpoints = name;
+}
+
 /// The keys of `map` whose record passes `keep` (to act on while the map changes).
 fn keys_where<V>(map: &HashMap<String, V>, keep: impl Fn(&V) -> bool) -> Vec<String> {
     map.iter()

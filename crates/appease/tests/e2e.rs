@@ -15,6 +15,7 @@ use std::time::Duration;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
+mod chaos;
 mod containers;
 mod support;
 use support::*;

@@ -84,6 +84,9 @@ pub fn restore_leftovers(dir: &Path) -> Result<RestoreReport> {
 }
 
 pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
+    // Test builds: the chaos harness's crash points, from FAILPOINTS.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     preflight()?;
     let _lock = RunLock::acquire(&opts.run_dir)?;
     // A dry run changes nothing: it may watch beside a daemon that acts.
