@@ -17,6 +17,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 mod chaos;
 mod containers;
+mod fuzz;
 mod support;
 use support::*;
 
