@@ -12,7 +12,6 @@ pub const SCHED_DEADLINE: u32 = 6;
 
 const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
 const SCHED_FLAG_KEEP_POLICY: u64 = 0x08;
-const PF_KTHREAD: u64 = 0x0020_0000;
 const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
 
 /// The kernel's `struct sched_attr` (include/uapi/linux/sched/types.h), size VER1.
@@ -171,15 +170,13 @@ pub struct TaskStat {
 }
 
 pub fn parse_stat(text: &str) -> Option<TaskStat> {
-    let (comm, f) = appease_cgroup::stat_fields(text)?;
-    // f[0] is field 3 (state).
-    let field = |n: usize| f.get(n - 3).copied();
+    let s = appease_cgroup::ProcStat::parse(text)?;
     Some(TaskStat {
-        comm: comm.to_string(),
-        kernel_thread: field(9)?.parse::<u64>().ok()? & PF_KTHREAD != 0,
-        nice: field(19)?.parse().ok()?,
-        start: field(22)?.parse().ok()?,
-        policy: field(41)?.parse().ok()?,
+        kernel_thread: s.kernel_thread(),
+        comm: s.comm,
+        nice: s.nice,
+        start: s.start,
+        policy: s.policy,
     })
 }
 

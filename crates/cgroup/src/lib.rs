@@ -15,9 +15,11 @@ use std::path::{Path, PathBuf};
 
 pub mod boundary;
 pub mod layout;
+pub mod procstat;
 
 pub use boundary::{besteffort_pod_of, container_of, Boundary, Container};
 pub use layout::{HostLayout, LayoutKind};
+pub use procstat::{clock_tick_ns, stat_fields, stat_ppid, ProcStat};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -273,21 +275,6 @@ fn check_name(name: &str) -> Result<(), CgroupError> {
     }
 }
 
-/// /proc/PID/stat text split where it is safe to: the command name (which may hold
-/// spaces and parentheses) and the fields after it, `fields[0]` being field 3 (state).
-/// Every reader of a process's stat (parent, nice, CPU time) goes through this.
-pub fn stat_fields(text: &str) -> Option<(&str, Vec<&str>)> {
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let comm = text.get(open + 1..close)?;
-    Some((comm, text.get(close + 1..)?.split_whitespace().collect()))
-}
-
-/// The parent pid from /proc/PID/stat text (field 4).
-pub fn stat_ppid(text: &str) -> Option<u32> {
-    stat_fields(text)?.1.get(1)?.parse().ok()
-}
-
 /// The cpu hierarchy's path from /proc/PID/cgroup text.
 pub fn parse_proc_cgroup(text: &str, version: Version) -> Option<String> {
     text.lines().find_map(|line| {
@@ -303,16 +290,6 @@ pub fn parse_proc_cgroup(text: &str, version: Version) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn stat_fields_survive_a_command_name_with_spaces_and_parentheses() {
-        let text = "4242 (a (b) c) S 17 4242 4242 0 -1";
-        let (comm, f) = super::stat_fields(text).unwrap();
-        assert_eq!(comm, "a (b) c");
-        assert_eq!(f[0], "S");
-        assert_eq!(super::stat_ppid(text), Some(17));
-        assert_eq!(super::stat_fields("garbage"), None);
-    }
-
     use super::*;
 
     const V1_TEXT: &str = "9:name=systemd:/\n2:cpuacct:/\n1:cpu:/appease.batch\n0::/\n";

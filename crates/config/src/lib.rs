@@ -3,6 +3,7 @@
 //! impossible values are errors naming the file, line and column.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use appease_policy::batch::{BatchParams, Class};
@@ -71,6 +72,8 @@ pub struct Role {
     pub cgroup: Option<String>,
     pub user: Option<String>,
     pub unit: Option<String>,
+    #[serde(skip)]
+    pub uid: OnceLock<Option<u32>>,
 }
 
 impl Role {
@@ -81,8 +84,17 @@ impl Role {
             user: self.user.clone(),
             unit: self.unit.clone(),
             class: Class::Latency,
+            uid: cached_uid(&self.uid, self.user.as_deref()),
         }
     }
+}
+
+/// `user` (a name or a uid) as a uid, looked up in /etc/passwd once per config.
+fn cached_uid(cell: &OnceLock<Option<u32>>, user: Option<&str>) -> OnceLock<Option<u32>> {
+    if let Some(u) = user {
+        cell.get_or_init(|| u.parse::<u32>().ok().or_else(|| uid_of(u)));
+    }
+    cell.clone()
 }
 
 /// A latency-sensitive application with a group of its own: isolated from others and
@@ -99,6 +111,8 @@ pub struct Service {
     pub cgroup: Option<String>,
     pub user: Option<String>,
     pub unit: Option<String>,
+    #[serde(skip)]
+    pub uid: OnceLock<Option<u32>>,
 }
 
 fn default_weight() -> u32 {
@@ -114,6 +128,7 @@ impl Service {
             user: self.user.clone(),
             unit: self.unit.clone(),
             class: Class::Latency,
+            uid: cached_uid(&self.uid, self.user.as_deref()),
         }
     }
 
@@ -174,6 +189,9 @@ pub struct Rule {
     /// systemd unit, e.g. "postgresql.service" (matched against the cgroup path).
     pub unit: Option<String>,
     pub class: Class,
+    /// `user` as a uid, looked up once (not /etc/passwd on every match).
+    #[serde(skip)]
+    pub uid: OnceLock<Option<u32>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -444,7 +462,9 @@ impl Rule {
     /// Whether a process with these attributes matches every field the rule gives.
     pub fn matches(&self, comm: &str, cgroup: Option<&str>, uid: Option<u32>) -> bool {
         let user_ok = self.user.as_ref().is_none_or(|u| {
-            let want = u.parse::<u32>().ok().or_else(|| uid_of(u));
+            let want = *self
+                .uid
+                .get_or_init(|| u.parse::<u32>().ok().or_else(|| uid_of(u)));
             want.is_some() && want == uid
         });
         let cgroup_ok = self.cgroup.as_ref().is_none_or(|c| {
@@ -558,11 +578,13 @@ impl Config {
             .expect("the embedded default config is valid")
     }
 
-    pub fn batch_params(&self) -> BatchParams {
+    /// The classifier's parameters; `clock_tick` is the host's (USER_HZ).
+    pub fn batch_params(&self, clock_tick: Duration) -> BatchParams {
         BatchParams {
             min_cpus: self.batch.min_cpus,
             after: Duration::from_millis(self.batch.after_ms),
             request_memory: Duration::from_millis(self.batch.request_memory_ms),
+            clock_tick,
         }
     }
 
@@ -846,5 +868,23 @@ class = "batch"
         let out_of_range = "[[elevation.ladder]]\nfrom_runnable_per_cpu = 0.0\nunix_nice = -21\ninet_nice = 0\ndecay_ms = 100\n";
         let e = err(out_of_range);
         assert!(e.contains("-21") && e.contains("-20..=19"), "{e}");
+    }
+
+    #[test]
+    fn a_rule_by_user_name_looks_the_name_up_once() {
+        let cfg = Config::parse(
+            "[[rule]]\nuser = \"root\"\nclass = \"batch\"\n\n\
+             [[service]]\nname = \"s\"\nuser = \"root\"\n",
+            "t",
+        )
+        .unwrap();
+        let rule = &cfg.rules[0];
+        assert!(rule.uid.get().is_none(), "not before the first match");
+        assert!(rule.matches("x", None, Some(0)));
+        assert_eq!(rule.uid.get(), Some(&Some(0)), "kept for the next matches");
+        assert!(!rule.matches("x", None, Some(1000)));
+        let svc = &cfg.services[0];
+        assert!(svc.matcher().matches("x", None, Some(0)));
+        assert_eq!(svc.uid.get(), Some(&Some(0)), "a service's too");
     }
 }

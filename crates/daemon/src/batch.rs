@@ -47,7 +47,7 @@ pub struct BatchView {
 impl BatchManager {
     pub fn new(cfg: &Config, now: u64) -> Self {
         BatchManager {
-            classifier: BatchClassifier::new(cfg.batch_params()),
+            classifier: BatchClassifier::new(cfg.batch_params(clock_tick())),
             last_request: HashMap::new(),
             seen: HashMap::new(),
             last_scan: None,
@@ -65,7 +65,7 @@ impl BatchManager {
     }
 
     pub fn set_config(&mut self, cfg: &Config) {
-        self.classifier.set_params(cfg.batch_params());
+        self.classifier.set_params(cfg.batch_params(clock_tick()));
         self.mode.set_params(cfg.quiet_after(), cfg.floor_params());
     }
 
@@ -324,6 +324,11 @@ type Roles = HashMap<u32, (i32, String)>;
 
 /// Classes forced by the config's rules, services and roles; each service's processes;
 /// each role process's fixed nice and label.
+/// The host's clock tick, in which /proc counts CPU time.
+fn clock_tick() -> std::time::Duration {
+    std::time::Duration::from_nanos(appease_cgroup::clock_tick_ns())
+}
+
 fn classify_by_config(
     cfg: &Config,
     procs: &[ProcSample],

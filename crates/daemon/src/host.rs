@@ -6,8 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use appease_policy::batch::ProcSample;
 
-const PF_KTHREAD: u64 = 0x0020_0000;
-
 /// Online CPUs.
 pub fn cpus() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -145,8 +143,7 @@ pub fn at_normal_priority<T>(f: impl FnOnce() -> T) -> T {
 
 /// Every process, from /proc/PID/stat.
 pub fn scan_processes() -> Vec<ProcSample> {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let tick_ns = appease_cgroup::clock_tick_ns();
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -158,28 +155,25 @@ pub fn scan_processes() -> Vec<ProcSample> {
         let name = e.ok()?.file_name();
         let pid: u32 = name.to_str()?.parse().ok()?;
         let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let mut p = parse_proc_stat(&text, hz)?;
-        p.age_ns = uptime_ns.saturating_sub(p.start * (1_000_000_000 / hz));
+        let mut p = parse_proc_stat(&text, tick_ns)?;
+        p.age_ns = uptime_ns.saturating_sub(p.start * tick_ns);
         Some(p)
     })
     .collect()
 }
 
-pub fn parse_proc_stat(text: &str, hz: u64) -> Option<ProcSample> {
-    let pid = text.get(..text.find('(')?)?.trim().parse().ok()?;
-    let (comm, f) = appease_cgroup::stat_fields(text)?;
-    let comm = comm.to_string();
-    let field = |n: usize| -> Option<u64> { f.get(n - 3)?.parse().ok() };
-    let ticks = field(14)? + field(15)? + field(16)? + field(17)?;
+/// A process's sample from its /proc/PID/stat text, its times in ticks of `tick_ns`.
+pub fn parse_proc_stat(text: &str, tick_ns: u64) -> Option<ProcSample> {
+    let s = appease_cgroup::ProcStat::parse(text)?;
     Some(ProcSample {
-        pid,
-        ppid: field(4)? as u32,
-        comm,
-        start: field(22)?,
-        cpu_ns: ticks * (1_000_000_000 / hz),
+        pid: s.pid,
+        ppid: s.ppid,
+        kernel_thread: s.kernel_thread(),
+        has_tty: s.tty_nr != 0,
+        comm: s.comm,
+        start: s.start,
+        cpu_ns: s.cpu_ticks * tick_ns,
         wait_ns: 0,
-        kernel_thread: field(9)? & PF_KTHREAD != 0,
-        has_tty: field(7)? != 0,
         age_ns: 0,
     })
 }
@@ -236,7 +230,7 @@ mod tests {
     fn parses_a_process_line() {
         let line = "4242 (cc1 (x)) R 4200 4200 4100 34816 4242 4194304 100 0 0 0 150 50 10 20 20 0 1 0 98765 1000 200 \
                     18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
-        let p = parse_proc_stat(line, 100).unwrap();
+        let p = parse_proc_stat(line, 10_000_000).unwrap();
         assert_eq!(
             (p.pid, p.ppid, p.comm.as_str(), p.start),
             (4242, 4200, "cc1 (x)", 98765)

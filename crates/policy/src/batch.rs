@@ -53,6 +53,9 @@ pub struct BatchParams {
     pub after: Duration,
     /// A tree any of whose processes received a request this recently is not demoted.
     pub request_memory: Duration,
+    /// The host's clock tick (USER_HZ), in which /proc counts CPU time: a process that
+    /// merely woke at a tick is charged all of it.
+    pub clock_tick: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -101,9 +104,6 @@ const PROTECTED: &[&str] = &[
 ];
 /// A subtree wanting less than this many CPUs counts as idle.
 const IDLE_CPUS: f64 = 0.05;
-/// /proc counts CPU time in clock ticks (USER_HZ, 100 a second on Linux): a process that
-/// merely woke at a tick is charged all 10 ms of it.
-const CLOCK_TICK_NS: f64 = 10_000_000.0;
 /// A process wanting at least this many CPUs is busy itself.
 const BUSY_CPUS: f64 = 0.1;
 
@@ -241,7 +241,9 @@ impl BatchClassifier {
         let after_ns = self.params.after.as_nanos() as u64;
         // Over a short scan, one tick is already IDLE_CPUS (10 ms in 200 ms): idle means
         // less than a tick and a half too.
-        let idle_below = dt.map_or(IDLE_CPUS, |d| IDLE_CPUS.max(1.5 * CLOCK_TICK_NS / d));
+        let idle_below = dt.map_or(IDLE_CPUS, |d| {
+            IDLE_CPUS.max(1.5 * self.params.clock_tick.as_nanos() as f64 / d)
+        });
         let supervises_idle = |parent: u32, branch: u32| {
             children.get(&parent).is_some_and(|kids| {
                 kids.iter().any(|&k| {
@@ -398,6 +400,7 @@ mod tests {
             min_cpus: 0.8,
             after: Duration::from_secs(3),
             request_memory: Duration::from_secs(60),
+            clock_tick: Duration::from_millis(10),
         }
     }
 

@@ -1,0 +1,102 @@
+//! /proc/PID/stat (and /proc/PID/task/TID/stat): the one parser of every field appease
+//! reads there, and the clock tick its times are counted in.
+
+/// The kernel's flag for a kernel thread (`PF_KTHREAD`, include/linux/sched.h).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// The fields of a stat line appease uses (proc_pid_stat(5)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcStat {
+    pub pid: u32,
+    pub comm: String,
+    pub ppid: u32,
+    /// The controlling terminal (0: none).
+    pub tty_nr: i64,
+    pub flags: u64,
+    /// utime + stime + cutime + cstime: this process's CPU time and its reaped
+    /// children's, in clock ticks.
+    pub cpu_ticks: u64,
+    pub nice: i32,
+    /// Start time in clock ticks after boot: with the PID, the process's identity.
+    pub start: u64,
+    pub policy: u32,
+}
+
+impl ProcStat {
+    pub fn parse(text: &str) -> Option<Self> {
+        let pid = text.get(..text.find('(')?)?.trim().parse().ok()?;
+        let (comm, f) = stat_fields(text)?;
+        // f[0] is field 3 (state).
+        let field = |n: usize| f.get(n - 3).copied();
+        let num = |n: usize| field(n)?.parse::<u64>().ok();
+        Some(ProcStat {
+            pid,
+            comm: comm.to_string(),
+            ppid: field(4)?.parse().ok()?,
+            tty_nr: field(7)?.parse().ok()?,
+            flags: num(9)?,
+            cpu_ticks: num(14)? + num(15)? + num(16)? + num(17)?,
+            nice: field(19)?.parse().ok()?,
+            start: num(22)?,
+            policy: field(41)?.parse().ok()?,
+        })
+    }
+
+    pub fn kernel_thread(&self) -> bool {
+        self.flags & PF_KTHREAD != 0
+    }
+}
+
+/// The command name and the fields after it, from /proc/PID/stat text. The name may hold
+/// spaces and parentheses: it ends at the last ')'.
+pub fn stat_fields(text: &str) -> Option<(&str, Vec<&str>)> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?;
+    Some((comm, text.get(close + 1..)?.split_whitespace().collect()))
+}
+
+/// The parent pid from /proc/PID/stat text (field 4).
+pub fn stat_ppid(text: &str) -> Option<u32> {
+    stat_fields(text)?.1.get(1)?.parse().ok()
+}
+
+/// How long one clock tick of /proc's times is on this host (USER_HZ), ns.
+pub fn clock_tick_ns() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    1_000_000_000 / hz
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_survive_a_command_name_with_spaces_and_parentheses() {
+        let text = "4242 (a (b) c) S 17 4242 4242 0 -1";
+        let (comm, f) = stat_fields(text).unwrap();
+        assert_eq!(comm, "a (b) c");
+        assert_eq!(f[0], "S");
+        assert_eq!(stat_ppid(text), Some(17));
+        assert_eq!(stat_fields("garbage"), None);
+    }
+
+    #[test]
+    fn a_whole_line_gives_every_field_and_a_kernel_thread_is_known_by_its_flag() {
+        let line = "7 (kworker/0:1 (x)) I 2 0 0 0 -1 69238880 0 0 0 0 3 4 5 6 20 0 1 0 \
+                    98765 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 0 0 0 17 0 0 5 \
+                    0 0 0";
+        let s = ProcStat::parse(line).unwrap();
+        assert_eq!((s.pid, s.comm.as_str(), s.ppid), (7, "kworker/0:1 (x)", 2));
+        assert_eq!((s.cpu_ticks, s.nice, s.start, s.policy), (18, 0, 98765, 5));
+        assert!(s.kernel_thread(), "69238880 has PF_KTHREAD");
+        assert_eq!(s.tty_nr, 0);
+        assert_eq!(ProcStat::parse(&line[..40]), None, "a cut line is no stat");
+    }
+
+    #[test]
+    fn the_clock_tick_is_the_hosts() {
+        assert_eq!(clock_tick_ns(), 10_000_000, "USER_HZ is 100 on Linux");
+    }
+}
