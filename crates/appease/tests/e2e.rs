@@ -783,6 +783,51 @@ fn a_second_daemon_for_the_same_idle_group_refuses_whatever_its_run_directory() 
     assert!(daemon.signal(libc::SIGTERM).success());
 }
 
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn once_its_probe_is_loaded_the_daemon_keeps_only_the_capabilities_it_uses() {
+    let _g = serial();
+    let dir = TempDir::new("caps");
+    let group = format!("appease-e2e-caps{}", std::process::id());
+    let cfg = dir.file("batch.toml", &batch_config(&group));
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    // CAP_DAC_OVERRIDE (1) and CAP_SYS_NICE (23), in every thread of it.
+    let kept = format!("{:016x}", (1u64 << 1) | (1u64 << 23));
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", daemon.pid())).unwrap();
+    for t in tasks.flatten() {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap();
+        for set in ["CapEff", "CapPrm", "CapBnd"] {
+            let line = status
+                .lines()
+                .find(|l| l.starts_with(set))
+                .unwrap()
+                .to_string();
+            assert!(line.ends_with(&kept), "{set} of {:?}: {line}", t.path());
+        }
+        assert!(status.lines().any(|l| l == "CapInh:\t0000000000000000"));
+    }
+    // And with only those it still demotes, and puts back on exit.
+    let soakers = Soakers(vec![forking_soaker()]);
+    let pid = soakers.0[0].id();
+    assert!(
+        wait_for(Duration::from_secs(8), || cpu_cgroup(pid).as_deref()
+            == Some(format!("/{group}").as_str()))
+        .is_some(),
+        "{}",
+        daemon.log_text()
+    );
+    assert!(daemon.signal(libc::SIGTERM).success());
+    assert_ne!(
+        cpu_cgroup(pid).as_deref(),
+        Some(format!("/{group}").as_str())
+    );
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    assert!(
+        !cg.exists(&format!("/{group}")),
+        "removed without CAP_SYS_ADMIN"
+    );
+}
+
 fn fork_spinning_receiver(socket: &UnixStream) -> u32 {
     use std::os::fd::AsRawFd;
     let fd = socket.as_raw_fd();

@@ -6,6 +6,37 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use appease_policy::batch::ProcSample;
 
+/// What the daemon keeps once its probe is loaded: other processes' nice, slice and policy
+/// (and its own real-time priority), and the idle group in a v1 hierarchy, whose root
+/// directory is read-only (0555) even to root without CAP_DAC_OVERRIDE. Moves, journal,
+/// status and systemd's bus need only uid 0.
+pub const KEPT_CAPABILITIES: [caps::Capability; 2] = [
+    caps::Capability::CAP_DAC_OVERRIDE,
+    caps::Capability::CAP_SYS_NICE,
+];
+
+/// Drops every capability but `KEPT_CAPABILITIES` from this thread (threads started
+/// later inherit that): effective, permitted, inheritable and ambient sets, and the
+/// bounding set where the daemon may change it (CAP_SETPCAP). Returns what is kept.
+pub fn drop_capabilities() -> Result<caps::CapsHashSet, caps::errors::CapsError> {
+    use caps::CapSet;
+    let kept: caps::CapsHashSet = KEPT_CAPABILITIES.into_iter().collect();
+    if caps::has_cap(None, CapSet::Effective, caps::Capability::CAP_SETPCAP)? {
+        for c in caps::read(None, CapSet::Bounding)? {
+            if !kept.contains(&c) {
+                caps::drop(None, CapSet::Bounding, c)?;
+            }
+        }
+    }
+    caps::clear(None, CapSet::Ambient)?;
+    caps::clear(None, CapSet::Inheritable)?;
+    let have = caps::read(None, CapSet::Permitted)?;
+    let keep: caps::CapsHashSet = kept.intersection(&have).copied().collect();
+    caps::set(None, CapSet::Effective, &keep)?;
+    caps::set(None, CapSet::Permitted, &keep)?;
+    Ok(keep)
+}
+
 /// Online CPUs.
 pub fn cpus() -> usize {
     // SAFETY: sysconf has no preconditions.

@@ -107,6 +107,12 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         ignore_pid: Some(std::process::id()),
     };
     let probe = Probe::load(&probe_cfg, &mut storage).context("starting the request probe")?;
+    // The probe is attached: BPF and perf capabilities are no longer needed, nor any
+    // other but what changes priorities and makes the idle group.
+    match host::drop_capabilities() {
+        Ok(kept) => tracing::info!(?kept, "dropped every other capability"),
+        Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
+    }
 
     let journal = if opts.dry_run {
         None
