@@ -1,7 +1,6 @@
 //! Readings of the host: CPU count, runnable tasks, CPU pressure, privileges.
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use appease_policy::batch::ProcSample;
@@ -248,14 +247,75 @@ pub fn runnable_now(pid: u32) -> bool {
     })
 }
 
-/// Owner of a process.
+/// The user a process runs as (its effective uid, what `ps` shows), from
+/// /proc/PID/status. Not from a /proc file's owner: the files of a process that is not
+/// dumpable (one that changed its uid) are root's; only the directory keeps the euid.
 pub fn uid_of_process(pid: u32) -> Option<u32> {
-    fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+    parse_status_uid(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// The effective uid from /proc/PID/status text ("Uid:\treal\teffective\tsaved\tfs").
+pub fn parse_status_uid(text: &str) -> Option<u32> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_real_uid_is_read_from_status() {
+        let status = "Name:\tsshd-session\nUmask:\t0022\nUid:\t0\t1000\t0\t1000\n";
+        assert_eq!(parse_status_uid(status), Some(1000), "the effective uid");
+        assert_eq!(parse_status_uid("Name:\tx\n"), None);
+    }
+
+    #[test]
+    #[ignore = "needs root (changes a child's uid): make test runs it, or as root cargo test -- --include-ignored"]
+    fn a_process_that_is_not_dumpable_is_owned_by_its_uid_though_its_proc_files_are_roots() {
+        let mut ready = [0i32; 2];
+        // SAFETY: pipe fills the two fds.
+        assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+        // SAFETY: the child only calls async-signal-safe functions, then is killed.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: as above. A process that changed its uid is not dumpable where
+            // fs.suid_dumpable is 0 or 2; it says so itself here, whatever the sysctl.
+            unsafe {
+                libc::setresuid(65534, 65534, 65534);
+                libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+                libc::write(ready[1], b"r".as_ptr().cast(), 1);
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        let pid = child as u32;
+        let mut byte = [0u8; 1];
+        // SAFETY: reading one byte into a one-byte buffer; the child writes it when ready.
+        assert_eq!(
+            unsafe { libc::read(ready[0], byte.as_mut_ptr().cast(), 1) },
+            1
+        );
+        use std::os::unix::fs::MetadataExt;
+        let proc_owner = fs::metadata(format!("/proc/{pid}/status")).unwrap().uid();
+        let owner = uid_of_process(pid);
+        // SAFETY: ending and reaping our own child.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(
+            proc_owner, 0,
+            "the /proc files of a non-dumpable process are root's"
+        );
+        assert_eq!(owner, Some(65534), "its owner is still the uid it runs as");
+    }
 
     #[test]
     fn parses_a_process_line() {
