@@ -185,13 +185,23 @@ impl Journal {
 
     /// Appends one record in a single write (O_APPEND keeps lines whole).
     pub fn append(&mut self, rec: &Record) -> io::Result<()> {
-        let mut line = serde_json::to_string(rec).map_err(io::Error::other)?;
-        line.push('\n');
-        self.file.write_all(line.as_bytes())?;
+        self.append_all(std::slice::from_ref(rec))
+    }
+
+    /// Appends records, one line each, in a single write.
+    pub fn append_all(&mut self, recs: &[Record]) -> io::Result<()> {
+        let mut lines = String::new();
+        for rec in recs {
+            lines.push_str(&serde_json::to_string(rec).map_err(io::Error::other)?);
+            lines.push('\n');
+        }
+        self.file.write_all(lines.as_bytes())?;
         // Written, and the change it announces not yet made.
         crate::crash_point("journal-written");
-        self.bytes += line.len() as u64;
-        apply(&mut self.live, rec.clone());
+        self.bytes += lines.len() as u64;
+        for rec in recs {
+            apply(&mut self.live, rec.clone());
+        }
         if self.bytes > COMPACT_AT_BYTES {
             self.compact()?;
         }

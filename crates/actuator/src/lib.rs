@@ -116,6 +116,9 @@ pub trait Actuator {
 }
 
 struct Managed {
+    /// Its `manage` record is not written yet: it goes with the first `apply`, in one
+    /// write (a first contact is on the request's path).
+    unjournaled: bool,
     key: TaskKey,
     comm: String,
     orig: Sched,
@@ -190,8 +193,13 @@ impl KernelActuator {
     }
 
     fn journal(&mut self, rec: Record) -> Result<(), ActError> {
+        self.journal_all(std::slice::from_ref(&rec))
+    }
+
+    /// Several records in one write.
+    fn journal_all(&mut self, recs: &[Record]) -> Result<(), ActError> {
         if let Some(j) = self.journal.as_mut() {
-            j.append(&rec).map_err(|source| ActError::Sys {
+            j.append_all(recs).map_err(|source| ActError::Sys {
                 op: "journal write",
                 tid: 0,
                 source,
@@ -228,8 +236,14 @@ impl KernelActuator {
             }
             self.left_alone.remove(&tid);
         }
-        let proc_comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        let proc_comm = proc_comm.trim_end();
+        // The process's name, for the exceptions: a thread's own is in its stat, and the
+        // main thread's is the process's.
+        let proc_comm = if pid == tid || self.exceptions.is_empty() {
+            stat.comm.clone()
+        } else {
+            let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            c.trim_end().to_string()
+        };
         let refusal = if stat.kernel_thread {
             Some(HandsOff::KernelThread)
         } else if pid == self.self_pid {
@@ -253,12 +267,8 @@ impl KernelActuator {
             tid,
             start: stat.start,
         };
-        self.journal(Record::Manage {
-            key,
-            comm: stat.comm.clone(),
-            orig,
-        })?;
         Ok(Managed {
+            unjournaled: true,
             key,
             comm: stat.comm,
             orig,
@@ -334,13 +344,26 @@ impl KernelActuator {
         let (key, prev, orig) = (m.key, m.applied_nice, m.orig);
         let rof = orig.reset_on_fork;
         if !self.dry_run {
-            self.journal(Record::Apply {
+            let apply = Record::Apply {
                 key,
                 prev,
                 next: nice,
                 slice_ns,
                 orig: Some(orig),
-            })?;
+            };
+            if m.unjournaled {
+                let manage = Record::Manage {
+                    key,
+                    comm: m.comm.clone(),
+                    orig,
+                };
+                self.journal_all(&[manage, apply])?;
+            } else {
+                self.journal(apply)?;
+            }
+            if let Some(m) = self.managed.get_mut(&tid) {
+                m.unjournaled = false;
+            }
             if let Err(e) = sys::sched_set_fair(tid, nice, slice_ns, rof) {
                 if sys::is_esrch(&e) {
                     return Err(self.drop_gone(tid));
