@@ -174,7 +174,7 @@ fn chaos_kills_at_random_moments_and_crash_points_leave_nothing_changed() {
     for round in 0..rounds {
         let kill = match round % 3 {
             0 => Kill::After(rng.below(1500)),
-            1 => Kill::At("journal-written", 1 + rng.below(25)),
+            1 => Kill::At("journal-written", 1 + rng.below(12)),
             _ => Kill::At("cgroup-moved", 1 + rng.below(3)),
         };
         let mut cmd = Command::new(BIN);
