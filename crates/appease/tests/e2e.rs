@@ -569,6 +569,15 @@ fn children_of(ppid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// `appease bench-worker soak` under the process name `name` (for rules by name).
+fn named_soaker(name: &str) -> std::process::Child {
+    Command::new(BIN)
+        .args(["bench-worker", "soak", "--name", name])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// A soaker in a new session (no terminal, as under CI even when the tests run from
 /// a terminal), which forks a `sleep` child on SIGUSR1.
 fn forking_soaker() -> std::process::Child {
@@ -1513,15 +1522,8 @@ fn latency_services_get_their_own_groups_and_share_the_cpus_by_weight() {
         ),
     );
     let home = cpu_cgroup(std::process::id()).unwrap();
-    let spawn = |name: &str| {
-        Command::new(BIN)
-            .args(["bench-worker", "soak", "--name", name])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
     // Two CPU-hungry processes of service A, one of service B.
-    let procs = Soakers(vec![spawn(&a), spawn(&a), spawn(&b)]);
+    let procs = Soakers(vec![named_soaker(&a), named_soaker(&a), named_soaker(&b)]);
     let pids: Vec<u32> = procs.0.iter().map(|c| c.id()).collect();
     let mut daemon = Daemon::start(&dir.0, &cfg);
     let (ga, gb) = (
@@ -1589,14 +1591,7 @@ fn roles_give_fixed_staggered_priorities_and_are_restored() {
              [[role]]\napp = \"search\"\ncomm = \"{b}\"\nrank = 1\n"
         ),
     );
-    let spawn = |name: &str| {
-        Command::new(BIN)
-            .args(["bench-worker", "soak", "--name", name])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let procs = Soakers(vec![spawn(&a), spawn(&b)]);
+    let procs = Soakers(vec![named_soaker(&a), named_soaker(&b)]);
     let pids: Vec<u32> = procs.0.iter().map(|c| c.id()).collect();
     let nice = |pid: u32| -> i32 {
         let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

@@ -150,19 +150,12 @@ fn chaos_kills_at_random_moments_and_crash_points_leave_nothing_changed() {
     );
     // The mix: two soakers (one forks), two processes with roles, one in a service, and
     // a server thread of this process that receives requests under that load.
-    let worker = |name: &str| {
-        Command::new(BIN)
-            .args(["bench-worker", "soak", "--name", name])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
     let procs = Soakers(vec![
         forking_soaker(),
         forking_soaker(),
-        worker(&format!("chaos-ra{tag}")),
-        worker(&format!("chaos-rb{tag}")),
-        worker(&format!("chaos-sv{tag}")),
+        named_soaker(&format!("chaos-ra{tag}")),
+        named_soaker(&format!("chaos-rb{tag}")),
+        named_soaker(&format!("chaos-sv{tag}")),
     ]);
     let pids: Vec<u32> = procs.0.iter().map(|c| c.id()).collect();
     let svc = Service::unix(Duration::from_micros(300), Duration::from_millis(10));
