@@ -631,7 +631,10 @@ pub(crate) fn restore_journal_groups(
             .map(|m| m.from.clone())
     };
     for group in &state.groups {
-        for _ in 0..3 {
+        // A process that is exiting stays listed, and keeps the group busy, until it is
+        // reaped: tried again for up to 2 s.
+        let t = std::time::Instant::now();
+        loop {
             for pid in cg.processes(group).unwrap_or_default() {
                 match cg.move_process(pid, &destination(pid, origin)) {
                     Ok(()) => report.restored += 1,
@@ -645,6 +648,11 @@ pub(crate) fn restore_journal_groups(
                 });
                 break;
             }
+            if t.elapsed() > std::time::Duration::from_secs(2) {
+                tracing::warn!(group, "could not remove the group: still busy after 2 s");
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
         if cg.exists(group) {
             report.failed += 1;

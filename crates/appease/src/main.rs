@@ -1,5 +1,6 @@
 //! `appease`: one binary, several commands.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -246,7 +247,8 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("appease: error: {e:#}");
+            // Not eprintln!: it panics when stderr cannot be written (a full disk).
+            let _unwritable = writeln!(std::io::stderr(), "appease: error: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -261,6 +263,9 @@ fn init_logging(filter: &str) {
         // Colour only on a terminal: journald and log files get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
+        // A log that cannot be written (stderr to a file on a full disk) must not end the
+        // daemon: tracing-subscriber would report it with eprintln!, which panics then.
+        .log_internal_errors(false)
         .init();
 }
 

@@ -837,6 +837,89 @@ fn once_its_probe_is_loaded_the_daemon_keeps_only_the_capabilities_it_uses() {
     );
 }
 
+/// A small tmpfs mounted for a test, unmounted on drop.
+struct TinyFs(PathBuf);
+
+impl TinyFs {
+    fn mount(at: &std::path::Path, size: &str) -> Self {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount a tmpfs at {}", at.display());
+        TinyFs(at.to_path_buf())
+    }
+
+    /// Writes zeros until the filesystem is full; returns the file.
+    fn fill(&self) -> PathBuf {
+        let path = self.0.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 4096];
+        while f.write_all(&chunk).is_ok() {}
+        path
+    }
+}
+
+impl Drop for TinyFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_full_disk_under_the_run_directory_means_no_change_and_the_daemon_goes_on() {
+    let _g = serial();
+    let dir = TempDir::new("full");
+    let fs = TinyFs::mount(&dir.0.join("run"), "1m");
+    let cfg = dir.file("test.toml", TEST_CONFIG);
+    let soakers = Soakers::start(4);
+    let mut daemon = Daemon::start(&fs.0, &cfg);
+    assert!(
+        wait_for(Duration::from_secs(5), || daemon.status_json()["load"]
+            ["runnable_per_cpu"]
+            .as_f64()
+            .unwrap_or(0.0)
+            >= 1.2)
+        .is_some(),
+        "the ladder engaged"
+    );
+    let filler = fs.fill();
+    // Journal before change: with no room for the record, no change is made.
+    let svc = Service::unix(Duration::from_micros(300), Duration::from_millis(10));
+    assert!(
+        wait_for(Duration::from_secs(2), || nice_of(svc.server_tid) != 0).is_none(),
+        "elevated though its journal record could not be written"
+    );
+    let pid = daemon.pid();
+    assert!(
+        std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+        "the daemon goes on"
+    );
+    // Room again: it elevates as before, and puts everything back on exit.
+    std::fs::remove_file(filler).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || nice_of(svc.server_tid) < 0).is_some(),
+        "elevated once the disk has room: {}\n{}",
+        daemon.log_text(),
+        daemon.status_json()
+    );
+    assert!(daemon.signal(libc::SIGTERM).success());
+    assert_eq!(nice_of(svc.server_tid), 0);
+    drop(svc);
+    drop(soakers);
+    assert!(!fs.0.join("journal.jsonl").exists(), "nothing left to undo");
+}
+
 fn fork_spinning_receiver(socket: &UnixStream) -> u32 {
     use std::os::fd::AsRawFd;
     let fd = socket.as_raw_fd();

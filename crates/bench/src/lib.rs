@@ -391,25 +391,17 @@ impl Drop for Run {
 /// Every process below `roots`, parents before children (so none can fork anew once
 /// its parent is gone).
 pub(crate) fn descendants(roots: &[u32]) -> Vec<u32> {
-    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    let mut pairs = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
         let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
         if let Some(ppid) = appease_cgroup::stat_ppid(&stat) {
-            children.entry(ppid).or_default().push(pid);
+            pairs.push((pid, ppid));
         }
     }
-    let mut out = Vec::new();
-    let mut queue: std::collections::VecDeque<u32> = roots.iter().copied().collect();
-    while let Some(p) = queue.pop_front() {
-        for &c in children.get(&p).into_iter().flatten() {
-            out.push(c);
-            queue.push_back(c);
-        }
-    }
-    out
+    appease_policy::tree::Children::new(pairs).below(roots)
 }
 
 pub(crate) fn spawn_worker(appease: &Path, args: &[&str]) -> Result<Child> {

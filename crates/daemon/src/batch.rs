@@ -293,20 +293,12 @@ fn place_services(
     if services.is_empty() {
         return;
     }
-    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    for p in procs {
-        children.entry(p.ppid).or_default().push(p.pid);
-    }
+    let children = appease_policy::tree::Children::new(procs.iter().map(|p| (p.pid, p.ppid)));
     for (&pid, group) in services {
         if actuator.is_moved(pid) {
             continue;
         }
-        let mut members = vec![pid];
-        let mut i = 0;
-        while i < members.len() {
-            members.extend(children.get(&members[i]).into_iter().flatten().copied());
-            i += 1;
-        }
+        let members = children.subtree(pid);
         if let Err(e) = actuator.place_in_service(group, pid, &members, "configured service") {
             log_failure(&e, pid, "place in its service group");
         }

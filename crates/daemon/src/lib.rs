@@ -237,6 +237,8 @@ struct Daemon<'obj> {
     actuator: KernelActuator,
     policy: ElevationPolicy,
     load: LoadTracker,
+    /// Threads whose restore failed: tried again at every tick.
+    restore_again: std::collections::HashSet<u32>,
     cpus: usize,
     started: u64,
     latency_us: Histogram<u64>,
@@ -261,6 +263,7 @@ impl<'obj> Daemon<'obj> {
             probe,
             actuator,
             load: LoadTracker::new(cpus),
+            restore_again: Default::default(),
             cpus,
             started: unix_now(),
             latency_us: latency_histogram(),
@@ -423,6 +426,9 @@ impl<'obj> Daemon<'obj> {
     }
 
     fn on_tick(&mut self, now: u64) {
+        if !self.restore_again.is_empty() {
+            self.retry_restores();
+        }
         let decisions = self
             .policy
             .on_tick(now, appease_actuator::sys::thread_cpu_ns);
@@ -433,6 +439,7 @@ impl<'obj> Daemon<'obj> {
 
     /// Applies one decision; true when the kernel state now matches it.
     fn apply(&mut self, d: Decision) -> bool {
+        let restoring = matches!(d, Decision::Restore { .. });
         let (tid, result) = match d {
             Decision::Elevate {
                 pid,
@@ -462,7 +469,29 @@ impl<'obj> Daemon<'obj> {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "could not apply decision");
+                if restoring {
+                    // Still changed in the kernel: tried again at every tick.
+                    self.restore_again.insert(tid);
+                } else {
+                    // Nothing was changed (journal first): the policy must not think it
+                    // was, or the next request would find the thread "elevated" already.
+                    self.policy.forget(tid);
+                }
                 false
+            }
+        }
+    }
+
+    /// Restores that failed (a full disk under the journal, a refused syscall) are tried
+    /// again until they succeed or the thread is gone.
+    fn retry_restores(&mut self) {
+        let tids: Vec<u32> = self.restore_again.drain().collect();
+        for tid in tids {
+            match self.actuator.restore(tid, "restore, tried again") {
+                Ok(()) | Err(ActError::Gone { .. }) | Err(ActError::HandsOff { .. }) => {}
+                Err(_) => {
+                    self.restore_again.insert(tid);
+                }
             }
         }
     }
@@ -471,12 +500,7 @@ impl<'obj> Daemon<'obj> {
         let load = self.load.current();
         let params = self.policy.params();
         let idx = load.ladder_index(params.min_psi_pct);
-        let step_no = params
-            .ladder
-            .steps()
-            .iter()
-            .rposition(|s| idx >= s.from_runnable_per_cpu)
-            .unwrap_or(0);
+        let step_no = params.ladder.step_index_for(idx);
         let step = &params.ladder.steps()[step_no];
         let c = self.probe.counters();
         let views = self.policy.view();

@@ -185,23 +185,8 @@ impl BatchClassifier {
         forced: impl Fn(&ProcSample) -> Option<Class>,
     ) -> Vec<BatchDecision> {
         let by_pid: HashMap<u32, &ProcSample> = procs.iter().map(|p| (p.pid, p)).collect();
-        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-        for p in procs {
-            if p.ppid != p.pid {
-                children.entry(p.ppid).or_default().push(p.pid);
-            }
-        }
-        let subtree = |root: u32| -> Vec<u32> {
-            let mut out = vec![root];
-            let mut i = 0;
-            while i < out.len() {
-                if let Some(c) = children.get(&out[i]) {
-                    out.extend(c.iter().copied());
-                }
-                i += 1;
-            }
-            out
-        };
+        let children = crate::tree::Children::new(procs.iter().map(|p| (p.pid, p.ppid)));
+        let subtree = |root: u32| children.subtree(root);
 
         // CPU demand of each process since the last scan, in CPUs.
         let dt = self.prev_at.map(|t| now.saturating_sub(t) as f64);
@@ -245,12 +230,10 @@ impl BatchClassifier {
             IDLE_CPUS.max(1.5 * self.params.clock_tick.as_nanos() as f64 / d)
         });
         let supervises_idle = |parent: u32, branch: u32| {
-            children.get(&parent).is_some_and(|kids| {
-                kids.iter().any(|&k| {
-                    k != branch
-                        && by_pid.get(&k).is_some_and(|c| c.age_ns >= after_ns)
-                        && tree_rate(k) < idle_below
-                })
+            children.of(parent).iter().any(|&k| {
+                k != branch
+                    && by_pid.get(&k).is_some_and(|c| c.age_ns >= after_ns)
+                    && tree_rate(k) < idle_below
             })
         };
 

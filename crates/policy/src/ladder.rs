@@ -130,11 +130,15 @@ impl Ladder {
 
     /// The step for a load in runnable tasks per CPU.
     pub fn step_for(&self, runnable_per_cpu: f64) -> &Step {
+        &self.steps[self.step_index_for(runnable_per_cpu)]
+    }
+
+    /// Which step (0-based) applies at this load: the last one it has reached.
+    pub fn step_index_for(&self, runnable_per_cpu: f64) -> usize {
         self.steps
             .iter()
-            .rev()
-            .find(|s| runnable_per_cpu >= s.from_runnable_per_cpu)
-            .unwrap_or(&self.steps[0])
+            .rposition(|s| runnable_per_cpu >= s.from_runnable_per_cpu)
+            .unwrap_or(0)
     }
 
     pub fn steps(&self) -> &[Step] {

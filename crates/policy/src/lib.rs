@@ -8,6 +8,7 @@ pub mod group_mode;
 pub mod ladder;
 pub mod load;
 pub mod roles;
+pub mod tree;
 
 pub use elevation::{
     Budget, Decision, DenseIndex, ElevationParams, ElevationPolicy, Reason, SlotIndex, Source,
