@@ -264,6 +264,13 @@ impl KernelActuator {
 
     /// A process exec'd: if it runs under a containers' parent made idle and outside
     /// every container made idle (a container just started), the parent goes back now.
+    /// Whether an exec can change a decision now: an engine's parent is idle.
+    pub fn wants_exec_events(&self) -> bool {
+        self.idle_groups
+            .values()
+            .any(|g| g.why == ALL_CONTAINERS_BATCH)
+    }
+
     pub fn on_exec(&mut self, pid: u32) {
         let parents = crate::keys_where(&self.idle_groups, |g| g.why == ALL_CONTAINERS_BATCH);
         if parents.is_empty() {

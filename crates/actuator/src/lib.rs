@@ -158,7 +158,21 @@ pub struct KernelActuator {
     idle_units: HashMap<String, in_place::IdleUnit>,
     /// Other programs' cgroups made idle in place (path -> record): see `group_idle`.
     idle_groups: HashMap<String, group_idle::IdleGroup>,
+    /// The next first contact's thread as the probe saw it (`expect`).
+    expected: Option<Identity>,
     pub counters: ActCounters,
+}
+
+/// A thread as the probe's event describes it: what a first contact would otherwise
+/// read from /proc (a few system calls on the request's path).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub tid: u32,
+    /// Start in clock ticks after boot, as /proc counts it.
+    pub start: u64,
+    pub comm: String,
+    /// Its process's name.
+    pub proc_comm: String,
 }
 
 impl KernelActuator {
@@ -178,6 +192,7 @@ impl KernelActuator {
             idled: HashMap::new(),
             idle_units: HashMap::new(),
             idle_groups: HashMap::new(),
+            expected: None,
             counters: ActCounters::default(),
         })
     }
@@ -190,6 +205,14 @@ impl KernelActuator {
 
     pub fn set_exceptions(&mut self, exceptions: Vec<String>) {
         self.exceptions = exceptions;
+    }
+
+    /// The next decision about `who.tid`, if it is a first contact, concerns this thread
+    /// (from the event that caused it): its identity is not read again from /proc.
+    /// Kernel threads never reach here (the probe ignores them). None once that decision
+    /// is made, so the identity serves no later one.
+    pub fn expect(&mut self, who: Option<Identity>) {
+        self.expected = who;
     }
 
     fn journal(&mut self, rec: Record) -> Result<(), ActError> {
@@ -226,9 +249,16 @@ impl KernelActuator {
         };
         // Open the pidfd first: the stat read after it then describes the same thread.
         let pidfd = sys::pidfd_open_thread(tid).ok();
-        let stat = sys::task_stat(pid, tid).map_err(|e| gone(e, "read /proc stat"))?;
-        if let Some((start, why)) = self.left_alone.get(&tid) {
-            if *start == stat.start {
+        let expected = self.expected.take().filter(|e| e.tid == tid);
+        let (start, comm, proc_comm, kernel_thread) = match expected {
+            Some(e) => (e.start, e.comm, Some(e.proc_comm), false),
+            None => {
+                let stat = sys::task_stat(pid, tid).map_err(|e| gone(e, "read /proc stat"))?;
+                (stat.start, stat.comm, None, stat.kernel_thread)
+            }
+        };
+        if let Some((was, why)) = self.left_alone.get(&tid) {
+            if *was == start {
                 return Err(ActError::HandsOff {
                     tid,
                     why: why.clone(),
@@ -236,41 +266,39 @@ impl KernelActuator {
             }
             self.left_alone.remove(&tid);
         }
+        let orig = sys::sched_getattr(tid).map_err(|e| gone(e, "sched_getattr"))?;
         // The process's name, for the exceptions: a thread's own is in its stat, and the
         // main thread's is the process's.
-        let proc_comm = if pid == tid || self.exceptions.is_empty() {
-            stat.comm.clone()
-        } else {
-            let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            c.trim_end().to_string()
+        let proc_comm = match proc_comm {
+            Some(c) => c,
+            None if pid == tid || self.exceptions.is_empty() => comm.clone(),
+            None => {
+                let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                c.trim_end().to_string()
+            }
         };
-        let refusal = if stat.kernel_thread {
+        let refusal = if kernel_thread {
             Some(HandsOff::KernelThread)
         } else if pid == self.self_pid {
             Some(HandsOff::Itself)
-        } else if stat.policy != sys::SCHED_NORMAL && stat.policy != sys::SCHED_BATCH {
+        } else if orig.policy != sys::SCHED_NORMAL && orig.policy != sys::SCHED_BATCH {
             Some(HandsOff::Policy {
-                policy: stat.policy,
+                policy: orig.policy,
             })
         } else {
             self.exceptions
                 .iter()
-                .find(|c| **c == stat.comm || **c == proc_comm)
+                .find(|c| **c == comm || **c == proc_comm)
                 .map(|c| HandsOff::Exception { comm: c.clone() })
         };
         if let Some(r) = refusal {
-            return Err(self.leave_alone(tid, stat.start, r));
+            return Err(self.leave_alone(tid, start, r));
         }
-        let orig = sys::sched_getattr(tid).map_err(|e| gone(e, "sched_getattr"))?;
-        let key = TaskKey {
-            pid,
-            tid,
-            start: stat.start,
-        };
+        let key = TaskKey { pid, tid, start };
         Ok(Managed {
             unjournaled: true,
             key,
-            comm: stat.comm,
+            comm,
             orig,
             applied_nice: orig.nice,
             applied_slice_ns: orig.slice_ns,

@@ -241,6 +241,57 @@ fn servers_are_elevated_under_load_unix_more_and_fade_back() {
 
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn an_elevation_does_not_wait_for_a_scan_under_way() {
+    let _g = serial();
+    let dir = TempDir::new("slow-scan");
+    // Batch on (so there are scans), but no soaker demoted for the test's length.
+    let cfg = dir.file(
+        "test.toml",
+        &TEST_CONFIG.replace(
+            "enabled = false",
+            "enabled = true\nafter_ms = 600000\nscan_ms = 200",
+        ),
+    );
+    let _soak = Soakers::start(4);
+    // Every scan takes 3 s (a host with very many processes, a slow /proc): a scan run
+    // by the event loop would hold every elevation up to as long.
+    let daemon = Daemon::start_with_env(&dir.0, &cfg, &[("FAILPOINTS", "scan=sleep(3000)")]);
+    let loaded = wait_for(Duration::from_secs(5), || {
+        daemon.status_json()["load"]["runnable_per_cpu"]
+            .as_f64()
+            .unwrap_or(0.0)
+            >= 1.0
+    });
+    assert!(loaded.is_some(), "{}", daemon.log_text());
+    // A request every 100 ms: each after a quiet spell, each wakes the daemon.
+    let unix = Service::unix(Duration::from_millis(2), Duration::from_millis(100));
+    let took = wait_for(Duration::from_secs(1), || nice_of(unix.server_tid) < 0);
+    assert!(
+        took.is_some(),
+        "the server is elevated while a 3 s scan is under way: {}",
+        daemon.log_text()
+    );
+    // Many fresh elevations later, none waited for a scan.
+    let mut st = daemon.status_json();
+    let enough = wait_for(Duration::from_secs(8), || {
+        st = daemon.status_json();
+        st["elevation_latency_us"]["count"].as_u64().unwrap_or(0) >= 20
+            && st["batch"]["scan"]["processes"].as_u64().unwrap_or(0) > 0
+    });
+    assert!(
+        enough.is_some(),
+        "a scan ended and an elevation was timed: {st}"
+    );
+    let max_us = st["elevation_latency_us"]["max"].as_u64().unwrap();
+    assert!(
+        max_us < 500_000,
+        "the slowest read -> elevation took {max_us} us, as long as a scan: {st}"
+    );
+    eprintln!("slowest elevation {max_us} us; elevated after {took:?}");
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn sigterm_puts_every_thread_back() {
     let _g = serial();
     let (dir, _cfg, _soak, mut daemon) = loaded("sigterm", 4);

@@ -52,6 +52,39 @@ pub fn runnable() -> Option<u32> {
     parse_loadavg_running(&fs::read_to_string("/proc/loadavg").ok()?)
 }
 
+/// The load files, kept open: read again from offset 0, each costs one system call
+/// instead of a path walk, an open and a close (the loop reads them ten times a second).
+pub struct LoadFiles {
+    loadavg: Option<fs::File>,
+    psi: Option<fs::File>,
+    buf: Vec<u8>,
+}
+
+impl LoadFiles {
+    pub fn open() -> Self {
+        LoadFiles {
+            loadavg: fs::File::open("/proc/loadavg").ok(),
+            psi: fs::File::open("/proc/pressure/cpu").ok(),
+            buf: vec![0; 512],
+        }
+    }
+
+    /// Runnable tasks but the caller, and the CPU pressure total (µs), as
+    /// `runnable` and `psi_cpu_some_total_us` give them.
+    pub fn read(&mut self) -> (Option<u32>, Option<u64>) {
+        let runnable =
+            read_from_start(self.loadavg.as_ref(), &mut self.buf).and_then(parse_loadavg_running);
+        let psi = read_from_start(self.psi.as_ref(), &mut self.buf).and_then(parse_psi_some_total);
+        (runnable, psi)
+    }
+}
+
+fn read_from_start<'b>(file: Option<&fs::File>, buf: &'b mut [u8]) -> Option<&'b str> {
+    use std::os::unix::fs::FileExt;
+    let n = file?.read_at(buf, 0).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()
+}
+
 pub fn parse_loadavg_running(text: &str) -> Option<u32> {
     let field = text.split_whitespace().nth(3)?;
     let running: u32 = field.split('/').next()?.parse().ok()?;
@@ -123,8 +156,8 @@ static REALTIME: AtomicBool = AtomicBool::new(false);
 /// come too late to help a request. In the real-time class it is also no entity of the
 /// fair class: at nice -20 its wake-ups, though they cost 0.2 % of a core, measurably
 /// lengthened the tail of a server beside idle-class batch (docs/RESULTS.md). Children
-/// never inherit it (SCHED_RESET_ON_FORK), and work that can take long runs at normal
-/// priority (`at_normal_priority`). Call after the actuator has read the default slice
+/// never inherit it (SCHED_RESET_ON_FORK), and the scan, which can take long, runs on a
+/// thread of its own in the fair class (`scanner`). Call after the actuator has read the default slice
 /// from this thread. Returns how the daemon runs, for the log.
 pub fn prioritize_self() -> &'static str {
     if set_realtime() {
@@ -156,40 +189,49 @@ fn set_normal() {
     }
 }
 
-/// Runs `f` in the fair class at nice -20: a /proc walk over thousands of processes
-/// must not hold a CPU at real-time priority.
-pub fn at_normal_priority<T>(f: impl FnOnce() -> T) -> T {
-    if !REALTIME.load(Ordering::Relaxed) {
-        return f();
-    }
-    set_normal();
-    let out = f();
-    if !set_realtime() {
-        tracing::warn!(error = %std::io::Error::last_os_error(), "could not return to real-time priority");
-        REALTIME.store(false, Ordering::Relaxed);
-    }
-    out
-}
-
 /// Every process, from /proc/PID/stat.
 pub fn scan_processes() -> Vec<ProcSample> {
     let tick_ns = appease_cgroup::clock_tick_ns();
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let uptime_ns = fs::read_to_string("/proc/uptime")
-        .ok()
-        .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0, |s| (s * 1e9) as u64);
+    let uptime_ns = uptime_ns();
     dir.filter_map(|e| {
         let name = e.ok()?.file_name();
         let pid: u32 = name.to_str()?.parse().ok()?;
-        let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let mut p = parse_proc_stat(&text, tick_ns)?;
-        p.age_ns = uptime_ns.saturating_sub(p.start * tick_ns);
-        Some(p)
+        read_process(pid, tick_ns, uptime_ns)
     })
     .collect()
+}
+
+/// One process, from /proc/PID/stat.
+pub fn scan_process(pid: u32) -> Option<ProcSample> {
+    read_process(pid, appease_cgroup::clock_tick_ns(), uptime_ns())
+}
+
+fn read_process(pid: u32, tick_ns: u64, uptime_ns: u64) -> Option<ProcSample> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut p = parse_proc_stat(&text, tick_ns)?;
+    p.age_ns = uptime_ns.saturating_sub(p.start * tick_ns);
+    Some(p)
+}
+
+fn uptime_ns() -> u64 {
+    fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0, |s| (s * 1e9) as u64)
+}
+
+/// Gives the calling thread this nice (threads have their own).
+pub fn set_thread_nice(nice: i32) {
+    // SAFETY: gettid and setpriority on the calling thread have no preconditions.
+    unsafe {
+        let tid = libc::gettid() as libc::id_t;
+        if libc::setpriority(libc::PRIO_PROCESS, tid, nice) != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), nice, "could not set a thread's nice");
+        }
+    }
 }
 
 /// A process's sample from its /proc/PID/stat text, its times in ticks of `tick_ns`.
@@ -351,6 +393,12 @@ mod tests {
         assert_eq!(parse_psi_some_total(psi), Some(2_048_070));
         assert!(runnable().is_some());
         assert!(cpus() >= 1);
+        let mut files = LoadFiles::open();
+        for _ in 0..2 {
+            let (r, psi) = files.read();
+            assert!(r.is_some(), "read again from the start");
+            assert_eq!(psi.is_some(), psi_cpu_some_total_us().is_some());
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod host;
 pub mod lock;
+pub mod scanner;
 pub mod status;
 
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use appease_actuator::{
-    restore_journal, ActError, Actuator, Journal, KernelActuator, RestoreReport,
+    restore_journal, ActError, Actuator, Identity, Journal, KernelActuator, RestoreReport,
 };
 use appease_config::Config;
 use appease_policy::{Decision, ElevationPolicy, LoadTracker, Source};
@@ -105,14 +106,25 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     let probe_cfg = ProbeConfig {
         min_gap: Duration::from_millis(opts.config.probe.min_gap_ms),
         ignore_pid: Some(std::process::id()),
+        ..ProbeConfig::default()
     };
-    let probe = Probe::load(&probe_cfg, &mut storage).context("starting the request probe")?;
+    let mut probe = Probe::load(&probe_cfg, &mut storage).context("starting the request probe")?;
     // The probe is attached: BPF and perf capabilities are no longer needed, nor any
     // other but what changes priorities and makes the idle group.
     match host::drop_capabilities() {
         Ok(kept) => tracing::info!(?kept, "dropped every other capability"),
         Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
     }
+    let scans = opts.config.batch.enabled
+        || !opts.config.services.is_empty()
+        || !opts.config.role.is_empty();
+    let scanner = match scans {
+        true => Some(
+            scanner::Scanner::start(probe.take_task_iter(), &opts.config)
+                .context("starting the scanner thread")?,
+        ),
+        false => None,
+    };
 
     let journal = if opts.dry_run {
         None
@@ -185,7 +197,14 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     }
     // After the actuator has read the kernel's default slice from this thread.
     let priority = host::prioritize_self();
-    let mut daemon = Daemon::new(opts, probe, actuator);
+    let status_writer = match status::StatusWriter::start(opts.run_dir.clone()) {
+        Ok(w) => w,
+        Err(e) => {
+            actuator.restore_all();
+            return Err(e).context("starting the status writer thread");
+        }
+    };
+    let mut daemon = Daemon::new(opts, probe, actuator, scanner, status_writer);
     daemon.layout = (&layout).into();
     tracing::info!(
         pid = std::process::id(),
@@ -200,6 +219,8 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         daemon.event_loop(&controls)
     }));
     let report = daemon.actuator.restore_all();
+    // No status written after it is removed.
+    daemon.status_writer.finish();
     Status::remove(&daemon.opts.run_dir);
     let RestoreReport {
         restored,
@@ -240,22 +261,39 @@ struct Daemon<'obj> {
     /// Threads whose restore failed: tried again at every tick.
     restore_again: std::collections::HashSet<u32>,
     cpus: usize,
+    /// The clock tick in ns, in which /proc counts start times.
+    clock_tick_ns: u64,
     started: u64,
     latency_us: Histogram<u64>,
     deferred_latency_us: Histogram<u64>,
     tick: Duration,
     events: Vec<Event>,
     batch: Option<batch::BatchManager>,
+    /// Reads and classifies the process table for `batch`, on a thread of its own.
+    scanner: Option<scanner::Scanner>,
+    /// The config as the scanner gets it with each request.
+    shared_config: Arc<Config>,
+    /// Probe events lost so far (a full ring buffer), as last seen.
+    lost_seen: u64,
+    status_writer: status::StatusWriter,
+    /// /proc/loadavg and /proc/pressure/cpu, kept open (read again from the start).
+    load_files: host::LoadFiles,
     layout: status::LayoutView,
 }
 
 impl<'obj> Daemon<'obj> {
-    fn new(opts: DaemonOptions, probe: Probe<'obj>, actuator: KernelActuator) -> Self {
+    fn new(
+        opts: DaemonOptions,
+        probe: Probe<'obj>,
+        actuator: KernelActuator,
+        scanner: Option<scanner::Scanner>,
+        status_writer: status::StatusWriter,
+    ) -> Self {
         let cpus = host::cpus();
-        let scans = opts.config.batch.enabled
-            || !opts.config.services.is_empty()
-            || !opts.config.role.is_empty();
-        let batch = scans.then(|| batch::BatchManager::new(&opts.config, monotonic_ns()));
+        let shared_config = Arc::new(opts.config.clone());
+        let batch = scanner
+            .is_some()
+            .then(|| batch::BatchManager::new(&opts.config, monotonic_ns()));
         Daemon {
             policy: ElevationPolicy::new(opts.config.elevation_params()),
             tick: Duration::from_millis(opts.config.elevation.tick_ms),
@@ -265,11 +303,17 @@ impl<'obj> Daemon<'obj> {
             load: LoadTracker::new(cpus),
             restore_again: Default::default(),
             cpus,
+            clock_tick_ns: appease_cgroup::clock_tick_ns().max(1),
             started: unix_now(),
             latency_us: latency_histogram(),
             deferred_latency_us: latency_histogram(),
             events: Vec::with_capacity(256),
             batch,
+            scanner,
+            shared_config,
+            lost_seen: 0,
+            status_writer,
+            load_files: host::LoadFiles::open(),
             layout: Default::default(),
         }
     }
@@ -296,12 +340,12 @@ impl<'obj> Daemon<'obj> {
             // The ring buffer waits in whole milliseconds: round up, or the last
             // fraction of a millisecond before each deadline would spin.
             let wait = Duration::from_millis(due.saturating_sub(now).div_ceil(1_000_000));
+            let wait = self.wait_for_scanner(wait);
             let mut events = std::mem::take(&mut self.events);
             self.probe.poll(wait, |e| events.push(e))?;
-            for e in events.drain(..) {
-                self.on_event(e);
-            }
+            self.handle(&mut events);
             self.events = events;
+            self.take_snapshot();
             let now = monotonic_ns();
             if now >= next_load {
                 self.sample_load(now);
@@ -320,20 +364,95 @@ impl<'obj> Daemon<'obj> {
                 next_tick = now + tick;
             }
             if now >= next_scan {
-                if let Some(b) = self.batch.as_mut() {
-                    let (cfg, actuator) = (&self.opts.config, &mut self.actuator);
-                    host::at_normal_priority(|| b.scan(now, cfg, actuator));
+                if let (Some(b), Some(s)) = (self.batch.as_mut(), self.scanner.as_mut()) {
+                    if !s.pending() {
+                        s.request(b.scan_request(now, &self.shared_config, &mut self.actuator));
+                    }
                 }
             }
             if now >= next_status {
                 for tid in self.actuator.audit() {
                     self.policy.forget(tid);
                 }
+                self.handle_arrived();
+                self.resync_after_lost_events();
                 self.write_status();
                 next_status = now + 1_000_000_000;
             }
         }
         Ok(())
+    }
+
+    /// Handles a batch of events, those that woke the daemon first: a request after a
+    /// quiet spell is the one a customer waits on; a busy thread's can wait a little.
+    fn handle(&mut self, events: &mut Vec<Event>) {
+        events.sort_by_key(|e| !matches!(e, Event::Request { woke: true, .. }));
+        for e in events.drain(..) {
+            self.on_event(e);
+        }
+    }
+
+    /// Requests that arrived meanwhile, between two pieces of longer work.
+    fn handle_arrived(&mut self) {
+        let mut events = std::mem::take(&mut self.events);
+        if let Err(e) = self.probe.drain(|e| events.push(e)) {
+            tracing::warn!(error = %e, "could not read probe events");
+        }
+        self.handle(&mut events);
+        self.events = events;
+    }
+
+    /// With a scan under way, waits for its snapshot as well as for probe events;
+    /// returns what is left of `wait` for the probe.
+    fn wait_for_scanner(&mut self, wait: Duration) -> Duration {
+        let Some(s) = self.scanner.as_ref().filter(|s| s.pending()) else {
+            return wait;
+        };
+        let mut fds = [
+            libc::pollfd {
+                fd: self.probe.epoll_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: s.wake_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: two valid pollfds; a signal or an error only ends the wait early.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        Duration::ZERO
+    }
+
+    /// A scan's snapshot, if one is ready: classified and acted on.
+    fn take_snapshot(&mut self) {
+        let (Some(b), Some(s)) = (self.batch.as_mut(), self.scanner.as_mut()) else {
+            return;
+        };
+        if let Some(snap) = s.take() {
+            b.on_snapshot(snap, &self.opts.config, &mut self.actuator);
+            self.probe
+                .set_exec_events(self.actuator.wants_exec_events());
+        }
+    }
+
+    /// Events lost to a full ring buffer: a request (its thread is not muted for it, so
+    /// the next one is reported), an exit (the audit that runs with this finds the thread
+    /// gone) or an exec (the scan asked for now sees it).
+    fn resync_after_lost_events(&mut self) {
+        let lost = self.probe.counters().lost;
+        if lost > self.lost_seen {
+            tracing::warn!(
+                lost = lost - self.lost_seen,
+                "probe events lost (ring buffer full): managed threads rechecked, a scan made now"
+            );
+            self.lost_seen = lost;
+            if let Some(b) = self.batch.as_mut() {
+                b.scan_now();
+            }
+        }
     }
 
     fn reload(&mut self) {
@@ -357,6 +476,7 @@ impl<'obj> Daemon<'obj> {
                 if let Some(b) = self.batch.as_mut() {
                     b.set_config(&cfg);
                 }
+                self.shared_config = Arc::new(cfg.clone());
                 self.opts.config = cfg;
                 tracing::info!(config = %path.display(), "config reloaded");
             }
@@ -375,6 +495,9 @@ impl<'obj> Daemon<'obj> {
                 tid,
                 family,
                 woke,
+                start_ns,
+                comm,
+                proc_comm,
                 ..
             } => {
                 if let Some(b) = self.batch.as_mut() {
@@ -390,6 +513,12 @@ impl<'obj> Daemon<'obj> {
                     Family::Inet | Family::Inet6 => Source::Network,
                     Family::Other(_) => return,
                 };
+                self.actuator.expect(Some(Identity {
+                    tid,
+                    start: start_ns / self.clock_tick_ns,
+                    comm,
+                    proc_comm,
+                }));
                 if let Some(d) =
                     self.policy
                         .on_request(ts_ns, pid, tid, source, cpu_ns, self.load.current())
@@ -404,6 +533,7 @@ impl<'obj> Daemon<'obj> {
                         let _saturates_instead = h.record(us.max(1));
                     }
                 }
+                self.actuator.expect(None);
             }
             Event::Exit { pid, tid, .. } => {
                 self.policy.forget(tid);
@@ -414,15 +544,17 @@ impl<'obj> Daemon<'obj> {
                     }
                 }
             }
-            Event::Exec { pid, .. } => self.actuator.on_exec(pid),
-            Event::Fork { .. } => {}
+            Event::Exec { pid, .. } => {
+                self.actuator.on_exec(pid);
+                self.probe
+                    .set_exec_events(self.actuator.wants_exec_events());
+            }
         }
     }
 
     fn sample_load(&mut self, now: u64) {
-        let runnable = host::runnable().unwrap_or(0);
-        self.load
-            .sample(now, runnable, host::psi_cpu_some_total_us());
+        let (runnable, psi) = self.load_files.read();
+        self.load.sample(now, runnable.unwrap_or(0), psi);
     }
 
     fn on_tick(&mut self, now: u64) {
@@ -434,6 +566,8 @@ impl<'obj> Daemon<'obj> {
             .on_tick(now, appease_actuator::sys::thread_cpu_ns);
         for d in decisions {
             self.apply(d);
+            // A request that arrived meanwhile goes before the next restore.
+            self.handle_arrived();
         }
     }
 
@@ -543,9 +677,7 @@ impl<'obj> Daemon<'obj> {
             batch: self.batch.as_ref().map(|b| b.view()),
             layout: self.layout.clone(),
         };
-        if let Err(e) = status.write(&self.opts.run_dir) {
-            tracing::warn!(error = %e, "could not write the status file");
-        }
+        self.status_writer.write(status);
     }
 }
 

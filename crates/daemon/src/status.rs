@@ -173,3 +173,51 @@ impl Status {
         let _missing_is_fine = fs::remove_file(dir.join(FILE));
     }
 }
+
+/// Writes status files on a thread of its own: serialising and writing a file take the
+/// event loop, which must stay free for elevations, a millisecond.
+pub struct StatusWriter {
+    tx: Option<std::sync::mpsc::SyncSender<Status>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StatusWriter {
+    pub fn start(dir: std::path::PathBuf) -> io::Result<Self> {
+        // One waiting at most: a writer behind drops a status, never the loop.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Status>(1);
+        let thread = std::thread::Builder::new()
+            .name("appease-status".into())
+            .spawn(move || {
+                for status in rx {
+                    if let Err(e) = status.write(&dir) {
+                        tracing::warn!(error = %e, "could not write the status file");
+                    }
+                }
+            })?;
+        Ok(StatusWriter {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands `status` over; skipped while the previous one is still being written.
+    pub fn write(&self, status: Status) {
+        if let Some(tx) = &self.tx {
+            let _behind_or_gone = tx.try_send(status);
+        }
+    }
+
+    /// Waits until every status handed over is written (before the file is removed).
+    pub fn finish(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for StatusWriter {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

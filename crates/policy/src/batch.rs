@@ -161,6 +161,14 @@ impl BatchClassifier {
         v
     }
 
+    /// Every process in a demoted tree.
+    pub fn demoted_members(&self) -> HashSet<u32> {
+        self.demoted
+            .values()
+            .flat_map(|d| d.members.iter().copied())
+            .collect()
+    }
+
     /// The demoted tree `pid` belongs to, if any.
     pub fn tree_of(&self, pid: u32) -> Option<u32> {
         self.demoted

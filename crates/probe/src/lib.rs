@@ -1,7 +1,10 @@
-//! BPF probe: reports requests (socket receives returning data), forks, execs and exits.
+//! BPF probe: reports requests (socket receives returning data), the exits of threads
+//! that received them, and execs while wanted; and lists every thread for the scan
+//! ([`TaskIter`]).
 //!
 //! The kernel side filters to one request event per thread per quiet period
-//! (`min_gap`), so a busy server costs the daemon a few events a second per thread.
+//! (`min_gap`), so a busy server costs the daemon a few events a second per thread;
+//! a host's other forks, execs and exits never reach it.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -17,6 +20,7 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/probe.skel.rs"));
 }
 use skel::types::appease_event as RawEvent;
+use skel::types::appease_task as RawTask;
 use skel::{ProbeSkel, ProbeSkelBuilder};
 
 /// Storage the loaded BPF object lives in; the caller owns it so the probe can borrow it.
@@ -73,24 +77,90 @@ pub enum Event {
         /// Delivered at once (first request after a quiet spell) rather than at the
         /// reader's next poll (a thread already busy with requests).
         woke: bool,
+        /// The thread's start, ns after boot: /proc's starttime is this in clock ticks.
+        /// With the tid, the thread's identity, so a first contact reads nothing from /proc.
+        start_ns: u64,
         comm: String,
+        /// Its process's name.
+        proc_comm: String,
     },
-    Fork {
-        ts_ns: u64,
-        pid: u32,
-        ppid: u32,
-        comm: String,
-    },
-    Exec {
-        ts_ns: u64,
-        pid: u32,
-        comm: String,
-    },
-    Exit {
-        ts_ns: u64,
-        pid: u32,
-        tid: u32,
-    },
+    /// Only while wanted (`Probe::set_exec_events`), and read at the next wakeup.
+    Exec { ts_ns: u64, pid: u32, comm: String },
+    /// A thread that received a request exited.
+    Exit { ts_ns: u64, pid: u32, tid: u32 },
+}
+
+/// One thread as the task iterator saw it. The process's own fields (`ppid`, `comm`,
+/// `start_boot_ns`, `age_ns`, `has_tty`, `gone_cpu_ns`) are set on its leader only
+/// (`pid == tid`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRecord {
+    pub pid: u32,
+    pub tid: u32,
+    pub ppid: u32,
+    /// The thread's CPU time, ns.
+    pub cpu_ns: u64,
+    /// Its time runnable but waiting for a CPU (schedstat run_delay), ns.
+    pub wait_ns: u64,
+    /// Start, ns after boot: /proc's starttime is this in clock ticks.
+    pub start_boot_ns: u64,
+    pub age_ns: u64,
+    /// CPU time of exited threads and of reaped children, ns.
+    pub gone_cpu_ns: u64,
+    pub kernel_thread: bool,
+    /// Running or waiting for a CPU right now.
+    pub running: bool,
+    pub has_tty: bool,
+    pub comm: String,
+}
+
+/// Lists every thread on the host from the kernel's task list: what a scan of /proc
+/// reads with three system calls a process, in one read. Sendable to a scanner thread.
+pub struct TaskIter {
+    link: libbpf_rs::Link,
+    buf: Vec<u8>,
+}
+
+impl TaskIter {
+    /// Every thread now.
+    pub fn read(&mut self) -> std::io::Result<Vec<TaskRecord>> {
+        use std::io::Read;
+        let mut it = libbpf_rs::Iter::new(&self.link).map_err(std::io::Error::other)?;
+        self.buf.clear();
+        // A page at a time: the kernel hands over whole records only, and walks the task
+        // list for as many as fit without a preemption point (on a kernel built without
+        // preemption, a real-time thread waking on this CPU waits for the read to end):
+        // a page is some fifty threads, 64 KiB took a millisecond.
+        let mut chunk = vec![0u8; 4096];
+        loop {
+            let n = it.read(&mut chunk)?;
+            if n == 0 {
+                break;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+        let size = std::mem::size_of::<RawTask>();
+        Ok(self.buf.chunks_exact(size).map(decode_task).collect())
+    }
+}
+
+fn decode_task(data: &[u8]) -> TaskRecord {
+    let mut r = RawTask::default();
+    plain::copy_from_bytes(&mut r, data).expect("a whole record");
+    TaskRecord {
+        pid: r.pid,
+        tid: r.tid,
+        ppid: r.ppid,
+        cpu_ns: r.cpu_ns,
+        wait_ns: r.wait_ns,
+        start_boot_ns: r.start_boot_ns,
+        age_ns: r.age_ns,
+        gone_cpu_ns: r.gone_cpu_ns,
+        kernel_thread: r.kernel_thread != 0,
+        running: r.running != 0,
+        has_tty: r.has_tty != 0,
+        comm: comm(&r.comm),
+    }
 }
 
 /// Kernel-side counters, summed over CPUs.
@@ -111,6 +181,8 @@ pub struct ProbeConfig {
     pub min_gap: Duration,
     /// Requests received by this process are not reported (the daemon's own sockets).
     pub ignore_pid: Option<u32>,
+    /// The ring buffer's size: a power of two, at least a page.
+    pub ring_bytes: u32,
 }
 
 impl Default for ProbeConfig {
@@ -118,6 +190,7 @@ impl Default for ProbeConfig {
         ProbeConfig {
             min_gap: Duration::from_millis(20),
             ignore_pid: Some(std::process::id()),
+            ring_bytes: 1 << 20,
         }
     }
 }
@@ -147,6 +220,10 @@ impl<'obj> Probe<'obj> {
         rodata.min_gap_ns = cfg.min_gap.as_nanos().min(u64::MAX as u128) as u64;
         rodata.wake_after_ns = 2 * rodata.min_gap_ns;
         rodata.self_tgid = cfg.ignore_pid.unwrap_or(0);
+        open.maps
+            .events
+            .set_max_entries(cfg.ring_bytes)
+            .map_err(bpf("size the ring buffer of"))?;
         let mut skel = open.load().map_err(bpf("load"))?;
         skel.attach().map_err(bpf("attach"))?;
 
@@ -166,7 +243,7 @@ impl<'obj> Probe<'obj> {
     }
 
     /// Waits up to `timeout` for events and hands each to `f`.
-    pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(Event)) -> Result<(), ProbeError> {
+    pub fn poll(&mut self, timeout: Duration, f: impl FnMut(Event)) -> Result<(), ProbeError> {
         match self.ring.poll(timeout) {
             Ok(()) => {}
             // A signal woke us: the caller checks its flags and polls again.
@@ -179,6 +256,13 @@ impl<'obj> Probe<'obj> {
             }
         }
         // Events submitted without a wakeup are not reported by epoll: drain them too.
+        self.drain(f)
+    }
+
+    /// Hands each event already in the ring to `f`, without waiting or a system call
+    /// (the ring is memory shared with the kernel): cheap enough to call between two
+    /// pieces of other work, so a request need not wait for all of it.
+    pub fn drain(&mut self, mut f: impl FnMut(Event)) -> Result<(), ProbeError> {
         self.ring.consume().map_err(|source| ProbeError::Bpf {
             stage: "consume the events of",
             source,
@@ -188,6 +272,22 @@ impl<'obj> Probe<'obj> {
             f(ev);
         }
         Ok(())
+    }
+
+    /// The task iterator, for a scanner thread (once; None after).
+    pub fn take_task_iter(&mut self) -> Option<TaskIter> {
+        let link = self.skel.links.dump_task.take()?;
+        Some(TaskIter {
+            link,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Whether exec events are reported (off at start).
+    pub fn set_exec_events(&mut self, on: bool) {
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.want_exec = on as u32;
+        }
     }
 
     /// The ring buffer's epoll fd, for callers that multiplex.
@@ -239,13 +339,9 @@ fn decode(data: &[u8]) -> Option<Event> {
             family: Family::from_raw(raw.family),
             bytes: raw.bytes.max(0) as u32,
             woke: raw.woke != 0,
+            start_ns: raw.start_ns,
             comm: comm(&raw.comm),
-        },
-        2 => Event::Fork {
-            ts_ns: raw.ts_ns,
-            pid: raw.pid,
-            ppid: raw.ppid,
-            comm: comm(&raw.comm),
+            proc_comm: comm(&raw.proc_comm),
         },
         3 => Event::Exec {
             ts_ns: raw.ts_ns,
@@ -262,8 +358,10 @@ fn decode(data: &[u8]) -> Option<Event> {
     Some(ev)
 }
 
-// SAFETY: the event struct is plain old data generated from the program's BTF.
+// SAFETY: the event and task structs are plain old data generated from the program's BTF.
 unsafe impl plain::Plain for RawEvent {}
+// SAFETY: as above.
+unsafe impl plain::Plain for RawTask {}
 
 /// libbpf's own messages go through `tracing` instead of straight to stderr.
 fn route_libbpf_logs() {

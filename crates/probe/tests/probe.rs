@@ -51,12 +51,13 @@ fn requests_of(events: &[Event], want_tid: u32) -> Vec<(Family, u32)> {
 
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
-fn reports_socket_reads_with_family_filtered_per_thread_and_lifecycle() {
+fn reports_socket_reads_with_family_filtered_per_thread_and_their_exits() {
     assert_root();
     let mut storage = ProbeStorage::uninit();
     let cfg = ProbeConfig {
         min_gap: Duration::from_millis(200),
         ignore_pid: None,
+        ..ProbeConfig::default()
     };
     let mut probe = Probe::load(&cfg, &mut storage).expect("probe loads as root");
 
@@ -109,7 +110,7 @@ fn reports_socket_reads_with_family_filtered_per_thread_and_lifecycle() {
     let mut s = String::new();
     f.read_to_string(&mut s).unwrap();
 
-    // A short-lived child process: fork and exit.
+    // A short-lived child process that receives no request: fork, exec and exit.
     let child = std::process::Command::new("/bin/true").spawn().unwrap();
     let child_pid = child.id();
     let _ = { child }.wait().unwrap();
@@ -145,14 +146,27 @@ fn reports_socket_reads_with_family_filtered_per_thread_and_lifecycle() {
     );
 
     assert!(
-        events.iter().any(|e| matches!(e, Event::Fork { pid, ppid, .. } if *pid == child_pid && *ppid == std::process::id())),
-        "fork of the child reported"
+        events
+            .iter()
+            .any(|e| matches!(e, Event::Exit { tid, .. } if *tid == tcp_tid)),
+        "the exit of a thread that received requests is reported"
     );
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::Exit { pid, .. } | Event::Exec { pid, .. } if *pid == child_pid)),
+        "a process that received no request is not reported: a build's execs and exits never reach the daemon"
+    );
+    // Execs are reported while wanted.
+    probe.set_exec_events(true);
+    let child = std::process::Command::new("/bin/true").spawn().unwrap();
+    let wanted_pid = child.id();
+    let _ = { child }.wait().unwrap();
+    let events = collect(&mut probe, Duration::from_millis(100));
+    probe.set_exec_events(false);
     assert!(
         events
             .iter()
-            .any(|e| matches!(e, Event::Exit { pid, .. } if *pid == child_pid)),
-        "exit of the child reported"
+            .any(|e| matches!(e, Event::Exec { pid, .. } if *pid == wanted_pid)),
+        "exec reported while wanted: {events:?}"
     );
 
     let c = probe.counters();
@@ -163,4 +177,163 @@ fn reports_socket_reads_with_family_filtered_per_thread_and_lifecycle() {
     );
     assert!(c.requests >= 2 && c.requests < c.socket_reads, "{c:?}");
     assert_eq!(c.lost, 0);
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_request_lost_to_a_full_ring_buffer_mutes_nobody() {
+    assert_root();
+    let mut storage = ProbeStorage::uninit();
+    // One page of ring and a long quiet period: a few dozen threads fill it, and a thread
+    // muted by a lost event would stay muted for the whole test.
+    let cfg = ProbeConfig {
+        min_gap: Duration::from_secs(60),
+        ignore_pid: None,
+        ring_bytes: 4096,
+    };
+    let mut probe = Probe::load(&cfg, &mut storage).expect("probe loads as root");
+    // Each reader thread receives one byte per signal on its own UNIX socket.
+    let readers: Vec<(UnixStream, mpsc::Receiver<u32>, thread::JoinHandle<()>)> = (0..200)
+        .map(|_| {
+            let (a, mut b) = UnixStream::pair().unwrap();
+            let (tx, rx) = mpsc::channel();
+            let h = thread::spawn(move || {
+                let mut buf = [0u8; 1];
+                while b.read(&mut buf).map(|n| n == 1).unwrap_or(false) {
+                    tx.send(gettid()).unwrap();
+                }
+            });
+            (a, rx, h)
+        })
+        .collect();
+    // Nobody consumes: the first requests fill the ring, the rest are lost.
+    let mut tids = Vec::new();
+    for (a, rx, _) in &readers {
+        (&*a).write_all(b"x").unwrap();
+        tids.push(rx.recv().unwrap());
+    }
+    let lost = probe.counters().lost;
+    assert!(lost > 0, "200 events in one page of ring: some are lost");
+    let first = collect(&mut probe, Duration::from_millis(50));
+    let reported: std::collections::HashSet<u32> = first
+        .iter()
+        .filter_map(|e| match e {
+            Event::Request { tid, .. } => Some(*tid),
+            _ => None,
+        })
+        .collect();
+    let unreported: Vec<usize> = (0..tids.len())
+        .filter(|&i| !reported.contains(&tids[i]))
+        .collect();
+    assert!(!unreported.is_empty(), "some requests were lost");
+    // The ring has room again: the next request of a thread whose event was lost is
+    // reported, well within the quiet period (a few at a time, so the ring holds them).
+    let mut again = Vec::new();
+    for chunk in unreported.chunks(16) {
+        for &i in chunk {
+            (&readers[i].0).write_all(b"y").unwrap();
+            readers[i].1.recv().unwrap();
+        }
+        let second = collect(&mut probe, Duration::from_millis(30));
+        again.extend(
+            chunk
+                .iter()
+                .filter(|&&i| {
+                    !second
+                        .iter()
+                        .any(|e| matches!(e, Event::Request { tid, .. } if *tid == tids[i]))
+                })
+                .map(|&i| tids[i]),
+        );
+    }
+    drop(
+        readers
+            .into_iter()
+            .map(|(a, _, h)| (a, h))
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        again.is_empty(),
+        "{} of {} threads whose request was lost stayed muted: {again:?}",
+        again.len(),
+        unreported.len()
+    );
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn the_task_iterator_sees_what_proc_shows() {
+    assert_root();
+    let mut storage = ProbeStorage::uninit();
+    let mut probe =
+        Probe::load(&ProbeConfig::default(), &mut storage).expect("probe loads as root");
+    let mut iter = probe
+        .take_task_iter()
+        .expect("the task iterator is attached");
+    assert!(probe.take_task_iter().is_none(), "taken once");
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let spin = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let spinner = {
+        let spin = spin.clone();
+        thread::spawn(move || while spin.load(std::sync::atomic::Ordering::Relaxed) {})
+    };
+    thread::sleep(Duration::from_millis(100));
+    let tasks = iter.read().unwrap();
+    spin.store(false, std::sync::atomic::Ordering::Relaxed);
+    spinner.join().unwrap();
+    let tick_ns = 1_000_000_000 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let stat = |pid: u32| {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let (comm, rest) = text.rsplit_once(") ").unwrap();
+        let f: Vec<String> = rest.split_whitespace().map(str::to_string).collect();
+        // fields after the name: state ppid ... tty_nr(4) ... starttime(19)
+        (comm.split_once(" (").unwrap().1.to_string(), f)
+    };
+    for pid in [std::process::id(), sleeper.id()] {
+        let leader = tasks
+            .iter()
+            .find(|t| t.pid == pid && t.tid == pid)
+            .unwrap_or_else(|| panic!("process {pid} listed"));
+        let (comm, f) = stat(pid);
+        assert_eq!(leader.comm, comm, "name of {pid}");
+        assert_eq!(leader.ppid.to_string(), f[1], "parent of {pid}");
+        assert_eq!(
+            (leader.start_boot_ns / tick_ns).to_string(),
+            f[19],
+            "start of {pid}, in clock ticks as /proc counts it"
+        );
+        assert_eq!(leader.has_tty, f[4] != "0", "terminal of {pid}");
+        assert!(!leader.kernel_thread);
+    }
+    let mine = tasks.iter().filter(|t| t.pid == std::process::id()).count();
+    let in_proc = std::fs::read_dir("/proc/self/task").unwrap().count();
+    assert!(
+        mine + 1 >= in_proc && mine <= in_proc + 1,
+        "{mine} threads listed, {in_proc} in /proc"
+    );
+    let me = tasks.iter().find(|t| t.tid == gettid()).unwrap();
+    assert!(me.running, "the reading thread runs");
+    let s = tasks.iter().find(|t| t.tid == sleeper.id()).unwrap();
+    assert!(!s.running, "sleep sleeps");
+    let kthreadd = tasks.iter().find(|t| t.pid == 2).unwrap();
+    assert!(kthreadd.kernel_thread);
+    // Every process /proc shows is listed but PID 1's thread group, which this kernel's
+    // task iterator (6.18) skips: the scan reads PID 1 from /proc.
+    let procs: std::collections::HashSet<u32> = tasks.iter().map(|t| t.pid).collect();
+    let missing: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != 1 && !procs.contains(pid))
+        .filter(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "processes in /proc not listed: {missing:?}"
+    );
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
 }

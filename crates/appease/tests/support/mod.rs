@@ -92,6 +92,45 @@ impl Drop for Soakers {
     }
 }
 
+/// Many idle processes, for scans of a crowded host: forked children that only wait
+/// for a signal, ended by pid.
+pub struct Sleepers(pub Vec<libc::pid_t>);
+
+impl Sleepers {
+    pub fn start(n: usize) -> Self {
+        let mut pids = Vec::with_capacity(n);
+        for _ in 0..n {
+            // SAFETY: the child calls only async-signal-safe functions (pause, _exit).
+            match unsafe { libc::fork() } {
+                0 => loop {
+                    // SAFETY: as above.
+                    unsafe { libc::pause() };
+                },
+                -1 => panic!(
+                    "fork failed after {} sleepers: {}",
+                    pids.len(),
+                    std::io::Error::last_os_error()
+                ),
+                pid => pids.push(pid),
+            }
+        }
+        Sleepers(pids)
+    }
+}
+
+impl Drop for Sleepers {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: ending and reaping our own children.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        for &pid in &self.0 {
+            // SAFETY: as above.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        }
+    }
+}
+
 pub struct Daemon {
     child: Option<Child>,
     run_dir: PathBuf,
@@ -100,6 +139,11 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(run_dir: &Path, config: &Path) -> Self {
+        Self::start_with_env(run_dir, config, &[])
+    }
+
+    /// With these environment variables too (a test build's FAILPOINTS, for one).
+    pub fn start_with_env(run_dir: &Path, config: &Path, env: &[(&str, &str)]) -> Self {
         let log = run_dir.join(format!(
             "daemon-{}.log",
             Instant::now().elapsed().as_nanos()
@@ -108,6 +152,7 @@ impl Daemon {
             .args(["daemon", "--log", "debug", "--config"])
             .arg(config)
             .env("APPEASE_RUN_DIR", run_dir)
+            .envs(env.iter().copied())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();

@@ -4,9 +4,8 @@
 
 enum appease_event_kind {
 	APPEASE_EV_REQUEST = 1, /* a thread received bytes on a socket */
-	APPEASE_EV_FORK = 2,    /* a new process (not a thread) was created */
-	APPEASE_EV_EXEC = 3,    /* a process replaced its image */
-	APPEASE_EV_EXIT = 4,    /* a watched thread, or any process leader, exited */
+	APPEASE_EV_EXEC = 3,    /* a process replaced its image (only while wanted) */
+	APPEASE_EV_EXIT = 4,    /* a thread that ever received a request exited */
 };
 
 enum appease_counter {
@@ -22,11 +21,30 @@ struct appease_event {
 	unsigned int kind;         /* enum appease_event_kind */
 	unsigned int pid;          /* thread group id */
 	unsigned int tid;          /* thread id */
-	unsigned int ppid;         /* FORK: parent's thread group id */
+	unsigned int ppid;         /* unused */
 	int bytes;                 /* REQUEST: bytes received */
 	unsigned int family;       /* REQUEST: AF_UNIX, AF_INET, AF_INET6, ... */
 	unsigned int woke;         /* REQUEST: 1 if it woke the reader (first after a quiet spell) */
-	char comm[16];
+	unsigned long long start_ns; /* the thread's start, ns after boot (as /proc's starttime) */
+	char comm[16];             /* the thread's name */
+	char proc_comm[16];        /* its process's name (the leader's) */
+};
+
+/* The task iterator's record: one per thread. */
+struct appease_task {
+	unsigned long long cpu_ns;        /* the thread's CPU time (se.sum_exec_runtime) */
+	unsigned long long wait_ns;       /* its time runnable but waiting (run_delay) */
+	unsigned long long start_boot_ns; /* leader: start, ns after boot (as /proc's starttime) */
+	unsigned long long age_ns;        /* leader: time since then */
+	unsigned long long gone_cpu_ns;   /* leader: exited threads' and reaped children's CPU */
+	unsigned int pid;                 /* thread group id */
+	unsigned int tid;
+	unsigned int ppid;                /* leader: the parent's thread group id */
+	unsigned char kernel_thread;
+	unsigned char running;            /* running or waiting for a CPU now */
+	unsigned char has_tty;            /* leader: has a controlling terminal */
+	unsigned char pad;
+	char comm[16];                    /* leader: the process's name */
 };
 
 #endif

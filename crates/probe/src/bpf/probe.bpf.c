@@ -4,7 +4,8 @@
  * recv*, all of which end in sock_recvmsg and its sock_recv_length tracepoint), so
  * file reads never run this code. One event per thread per quiet period: the
  * per-thread timestamp of the last reported request lives in task storage and
- * filters the rest in the kernel.
+ * filters the rest in the kernel. A task iterator gives the daemon's scan the process
+ * table without reading /proc.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -27,8 +28,13 @@ const volatile u64 min_gap_ns = 20 * 1000 * 1000;
 const volatile u64 wake_after_ns = 40 * 1000 * 1000;
 const volatile u32 self_tgid = 0;
 
+/* Set by user space at run time: exec events are wanted only while one of them can
+ * change a decision (another engine's parent made idle). */
+u32 want_exec = 0;
+
 /* Makes the event type visible in the skeleton's BTF. */
 struct appease_event _event_type = {};
+struct appease_task _task_type = {};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -77,7 +83,9 @@ static __always_inline struct appease_event *reserve(struct task_struct *t, u32 
 	e->bytes = 0;
 	e->family = 0;
 	e->woke = 0;
+	e->start_ns = t->start_boottime;
 	bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), t->comm);
+	bpf_probe_read_kernel_str(e->proc_comm, sizeof(e->proc_comm), t->group_leader->comm);
 	return e;
 }
 
@@ -102,11 +110,12 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	u64 quiet = st->last_request_ns ? now - st->last_request_ns : ~0ULL;
 	if (quiet < min_gap_ns)
 		return 0;
-	st->last_request_ns = now;
 
 	struct appease_event *e = reserve(t, APPEASE_EV_REQUEST);
+	/* A lost event mutes nobody: the thread's next request is reported. */
 	if (!e)
 		return 0;
+	st->last_request_ns = now;
 	e->bytes = ret;
 	e->family = family;
 	e->woke = quiet >= wake_after_ns;
@@ -115,36 +124,60 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	return 0;
 }
 
-SEC("tp_btf/sched_process_fork")
-int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
-{
-	if (child->pid != child->tgid) /* a new thread, not a new process */
-		return 0;
-	struct appease_event *e = reserve(child, APPEASE_EV_FORK);
-	if (!e)
-		return 0;
-	e->ppid = parent->tgid;
-	bpf_ringbuf_submit(e, 0);
-	return 0;
-}
-
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
+	if (!want_exec)
+		return 0;
 	struct appease_event *e = reserve(p, APPEASE_EV_EXEC);
+	/* Not urgent: read at the daemon's next wakeup, so a build's execs wake nobody. */
 	if (e)
-		bpf_ringbuf_submit(e, 0);
+		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
 }
 
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)
 {
-	/* Only threads that ever received a request, and whole processes. */
-	if (p->pid != p->tgid && !bpf_task_storage_get(&threads, p, 0, 0))
+	/* Only threads that ever received a request: the daemon knows no other (the rest
+	 * of a host's exits, a build's thousands a second, would fill the ring). */
+	if (!bpf_task_storage_get(&threads, p, 0, 0))
 		return 0;
 	struct appease_event *e = reserve(p, APPEASE_EV_EXIT);
 	if (e)
 		bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/* One record per thread for the daemon's scan; the process's own fields (name, parent,
+ * start, terminal, reaped children) come from its leader. */
+SEC("iter/task")
+int dump_task(struct bpf_iter__task *ctx)
+{
+	struct task_struct *t = ctx->task;
+	if (!t)
+		return 0;
+	struct task_struct *leader = t->group_leader;
+	struct signal_struct *sig = t->signal;
+	struct appease_task r = {};
+	r.pid = t->tgid;
+	r.tid = t->pid;
+	r.cpu_ns = t->se.sum_exec_runtime;
+	r.wait_ns = t->sched_info.run_delay;
+	r.kernel_thread = (t->flags & PF_KTHREAD) != 0;
+	r.running = t->__state == 0 && t->exit_state == 0;
+	if (t == leader) {
+		struct task_struct *parent = t->real_parent;
+		r.ppid = parent ? parent->tgid : 0;
+		r.start_boot_ns = t->start_boottime;
+		r.age_ns = bpf_ktime_get_boot_ns() - t->start_boottime;
+		if (sig) {
+			r.has_tty = sig->tty != 0;
+			/* Exited threads, and reaped children (as /proc's cutime and cstime). */
+			r.gone_cpu_ns = sig->sum_sched_runtime + sig->cutime + sig->cstime;
+		}
+		bpf_probe_read_kernel_str(r.comm, sizeof(r.comm), t->comm);
+	}
+	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
 	return 0;
 }

@@ -1,0 +1,659 @@
+//! The process scan, off the event loop: a thread of its own, in the fair class, reads
+//! the process table (from the probe's task iterator, else /proc) when the loop asks,
+//! classifies it (batch trees, rules, services, roles, the idle group's share) and hands
+//! back what to do; the loop, which must stay free for elevations, only acts on it.
+//! An eventfd wakes the loop when a scan is done.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use appease_config::Config;
+use appease_policy::batch::{BatchClassifier, BatchDecision, Class, ProcSample};
+use appease_probe::{TaskIter, TaskRecord};
+use serde::{Deserialize, Serialize};
+
+use crate::host;
+
+/// What the loop asks of a scan.
+#[derive(Clone, Debug)]
+pub struct ScanRequest {
+    pub cfg: Arc<Config>,
+    /// Processes in the idle group now.
+    pub in_group: Vec<u32>,
+    /// pid -> when any of its threads last received a request.
+    pub last_request: HashMap<u32, u64>,
+    /// Trees the loop could not demote or promote, or found gone: forgotten.
+    pub forget: Vec<u32>,
+    /// The idle group was removed (it was empty): every demoted tree is forgotten, and
+    /// one still soaking is demoted again like a new one.
+    pub forget_demoted: bool,
+}
+
+/// What a scan found to do, and what it cost.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Monotonic ns when the reading began.
+    pub taken_at: u64,
+    /// Trees to move to the idle group: (pid, start) of each member as the scan saw it.
+    pub demotions: Vec<Demotion>,
+    /// Demoted trees to move back: (root, members).
+    pub promotions: Vec<(u32, Vec<u32>)>,
+    /// Each configured service's processes: (main pid, group, the pid and its children).
+    pub services: Vec<(u32, String, Vec<u32>)>,
+    /// Role processes: pid -> (fixed nice, label).
+    pub roles: HashMap<u32, (i32, String)>,
+    /// The idle group since the last scan (none on the first, or while it is empty).
+    pub floor: Option<FloorSample>,
+    /// Every process in a demoted tree after this scan.
+    pub demoted: HashSet<u32>,
+    /// Of the processes asked about (`last_request`), those that are gone.
+    pub gone: Vec<u32>,
+    pub cost: ScanCost,
+}
+
+#[derive(Debug)]
+pub struct Demotion {
+    pub root: u32,
+    pub members: Vec<(u32, u64)>,
+    pub why: String,
+}
+
+/// The idle group's use since the last scan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FloorSample {
+    /// Share of all CPUs, percent.
+    pub share_pct: f64,
+    /// Its processes have runnable work: they waited more than a tenth of the time, or
+    /// one is runnable now (a thread starved all scan long adds nothing to its waiting
+    /// until it next gets the CPU).
+    pub waiting: bool,
+    pub processes: usize,
+}
+
+/// The process table at one moment.
+#[derive(Debug, Default)]
+struct Reading {
+    procs: Vec<ProcSample>,
+    /// Processes with a thread running or waiting for a CPU now (with /proc: of those
+    /// in the idle group only).
+    runnable: HashSet<u32>,
+    cgroups: HashMap<u32, String>,
+    uids: HashMap<u32, u32>,
+    cost: ScanCost,
+}
+
+/// What one scan cost the scanner thread.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScanCost {
+    /// "task iterator" or "/proc".
+    pub source: String,
+    pub processes: usize,
+    pub threads: usize,
+    /// CPU time of the scanner thread for this scan, reading and classifying, µs
+    /// (kernel time included).
+    pub cpu_us: u64,
+    pub wall_us: u64,
+}
+
+pub struct Scanner {
+    requests: Option<Sender<ScanRequest>>,
+    snapshots: Receiver<Snapshot>,
+    wake: OwnedFd,
+    pending: bool,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Scanner {
+    /// Starts the scanner thread; `iter` is the probe's task iterator, if it has one.
+    pub fn start(iter: Option<TaskIter>, cfg: &Config) -> std::io::Result<Self> {
+        // SAFETY: eventfd returns a new fd or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor owned by nobody else.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let ping = wake.try_clone()?;
+        let params = cfg.batch_params(clock_tick());
+        let (req_tx, req_rx) = mpsc::channel::<ScanRequest>();
+        let (snap_tx, snap_rx) = mpsc::channel::<Snapshot>();
+        let thread = std::thread::Builder::new()
+            .name("appease-scan".into())
+            .spawn(move || {
+                // Threads of a real-time daemon start in the fair class (reset on
+                // fork); nice -20 as the daemon's own fallback, so a crowded host
+                // still gets its scans.
+                host::set_thread_nice(-20);
+                let mut worker = Worker::new(Source::new(iter), &params);
+                while let Ok(req) = req_rx.recv() {
+                    #[cfg(feature = "failpoints")]
+                    fail::fail_point!("scan");
+                    let snap = worker.scan(req);
+                    if snap_tx.send(snap).is_err() {
+                        break;
+                    }
+                    let one = 1u64.to_ne_bytes();
+                    // SAFETY: writing 8 bytes to an eventfd; a full counter only means
+                    // the loop has a wakeup pending already.
+                    unsafe { libc::write(ping.as_raw_fd(), one.as_ptr().cast(), 8) };
+                }
+            })?;
+        Ok(Scanner {
+            requests: Some(req_tx),
+            snapshots: snap_rx,
+            wake,
+            pending: false,
+            thread: Some(thread),
+        })
+    }
+
+    /// Becomes readable when a snapshot is ready.
+    pub fn wake_fd(&self) -> RawFd {
+        self.wake.as_raw_fd()
+    }
+
+    /// Asks for a scan; false (and nothing asked) while one is under way.
+    pub fn request(&mut self, req: ScanRequest) -> bool {
+        if self.pending {
+            return false;
+        }
+        let sent = self.requests.as_ref().is_some_and(|t| t.send(req).is_ok());
+        self.pending = sent;
+        sent
+    }
+
+    pub fn pending(&self) -> bool {
+        self.pending
+    }
+
+    /// The snapshot, once ready.
+    pub fn take(&mut self) -> Option<Snapshot> {
+        let mut counter = [0u8; 8];
+        // SAFETY: reading 8 bytes from a non-blocking eventfd into an 8-byte buffer.
+        unsafe { libc::read(self.wake.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+        let snap = self.snapshots.try_recv().ok()?;
+        self.pending = false;
+        Some(snap)
+    }
+}
+
+impl Drop for Scanner {
+    fn drop(&mut self) {
+        self.requests.take(); // ends the thread's loop
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+enum Source {
+    Kernel(TaskIter),
+    /// pid -> (start, cpu_ns, wait_ns) at the last scan: wait time is only re-read for
+    /// processes that ran since (reading every thread of every process costs more).
+    Proc(HashMap<u32, (u64, u64, u64)>),
+}
+
+impl Source {
+    fn new(iter: Option<TaskIter>) -> Self {
+        match iter {
+            Some(i) => Source::Kernel(i),
+            None => Source::Proc(HashMap::new()),
+        }
+    }
+
+    fn read(&mut self, req: &ScanRequest) -> Reading {
+        let mut reading = match self {
+            Source::Kernel(iter) => match iter.read() {
+                Ok(tasks) => from_tasks(&tasks, appease_cgroup::clock_tick_ns()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the task iterator failed; scanning /proc from now on");
+                    *self = Source::Proc(HashMap::new());
+                    return self.read(req);
+                }
+            },
+            Source::Proc(seen) => from_proc(seen, &req.in_group),
+        };
+        let (cgroups, uids) = req.cfg.matching_needs();
+        for p in reading.procs.iter().filter(|p| !p.kernel_thread) {
+            if cgroups {
+                if let Some(c) = host::cpu_cgroup_of(p.pid) {
+                    reading.cgroups.insert(p.pid, c);
+                }
+            }
+            if uids {
+                if let Some(u) = host::uid_of_process(p.pid) {
+                    reading.uids.insert(p.pid, u);
+                }
+            }
+        }
+        reading.cost.processes = reading.procs.len();
+        reading
+    }
+}
+
+/// The scanner thread's state: where it reads, and the classifier's memory.
+struct Worker {
+    source: Source,
+    classifier: BatchClassifier,
+    /// pid -> (start, cpu_ns, wait_ns) at the last scan: the idle group's use since.
+    seen: HashMap<u32, (u64, u64, u64)>,
+    last_scan: Option<u64>,
+}
+
+impl Worker {
+    fn new(source: Source, params: &appease_policy::batch::BatchParams) -> Self {
+        Worker {
+            source,
+            classifier: BatchClassifier::new(params.clone()),
+            seen: HashMap::new(),
+            last_scan: None,
+        }
+    }
+
+    fn scan(&mut self, req: ScanRequest) -> Snapshot {
+        let taken_at = appease_probe::monotonic_ns();
+        let cpu0 = thread_cpu_ns();
+        let cfg = &req.cfg;
+        self.classifier.set_params(cfg.batch_params(clock_tick()));
+        for root in &req.forget {
+            self.classifier.forget(*root);
+        }
+        if req.forget_demoted {
+            for root in self.classifier.demoted_roots() {
+                self.classifier.forget(root);
+            }
+        }
+        let reading = self.source.read(&req);
+        let procs = &reading.procs;
+        let in_group: HashSet<u32> = req.in_group.iter().copied().collect();
+        let floor = self.floor_sample(taken_at, procs, &in_group, &reading.runnable);
+        self.seen = procs
+            .iter()
+            .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))
+            .collect();
+        self.last_scan = Some(taken_at);
+
+        let (mut forced, services, roles) =
+            classify_by_config(cfg, procs, &reading.cgroups, &reading.uids);
+        // The processes this daemon runs under supervise it: never part of a batch tree
+        // (else a soaker started by the script that started appease takes the script,
+        // and everything else it runs, into the idle group).
+        for pid in ancestors_of(std::process::id(), procs) {
+            forced.entry(pid).or_insert(Class::Normal);
+        }
+        let children = appease_policy::tree::Children::new(procs.iter().map(|p| (p.pid, p.ppid)));
+        let services = services
+            .into_iter()
+            .map(|(pid, group)| (pid, group, children.subtree(pid)))
+            .collect();
+        let last = &req.last_request;
+        let decisions = if cfg.batch.enabled {
+            self.classifier.on_scan(
+                taken_at,
+                procs,
+                |pid| last.get(&pid).copied(),
+                |p| forced.get(&p.pid).copied(),
+            )
+        } else {
+            Vec::new()
+        };
+        let mut snap = Snapshot {
+            taken_at,
+            services,
+            roles,
+            floor,
+            ..Default::default()
+        };
+        let started: HashMap<u32, u64> = if decisions.is_empty() {
+            HashMap::new()
+        } else {
+            procs.iter().map(|p| (p.pid, p.start)).collect()
+        };
+        for d in decisions {
+            match d {
+                BatchDecision::Demote {
+                    root,
+                    members,
+                    cpus,
+                    why,
+                } => snap.demotions.push(Demotion {
+                    root,
+                    // With the start time the scan saw: a PID reused since is not ours.
+                    members: members
+                        .iter()
+                        .filter_map(|pid| Some((*pid, started.get(pid).copied()?)))
+                        .collect(),
+                    why: format!("{why}: {cpus:.2} CPUs, no requests"),
+                }),
+                BatchDecision::Promote { root, members } => snap.promotions.push((root, members)),
+            }
+        }
+        snap.demoted = self.classifier.demoted_members();
+        let alive: HashSet<u32> = procs.iter().map(|p| p.pid).collect();
+        snap.gone = last
+            .keys()
+            .copied()
+            .filter(|pid| !alive.contains(pid))
+            .collect();
+        snap.cost = reading.cost;
+        snap.cost.cpu_us = thread_cpu_ns().saturating_sub(cpu0) / 1000;
+        snap.cost.wall_us = appease_probe::monotonic_ns().saturating_sub(taken_at) / 1000;
+        snap
+    }
+
+    /// The idle group's CPU share and waiting since the last scan.
+    fn floor_sample(
+        &self,
+        now: u64,
+        procs: &[ProcSample],
+        in_group: &HashSet<u32>,
+        runnable: &HashSet<u32>,
+    ) -> Option<FloorSample> {
+        let last = self.last_scan?;
+        let dt = now.saturating_sub(last) as f64;
+        if in_group.is_empty() || dt <= 0.0 {
+            return None;
+        }
+        let (mut cpu, mut wait) = (0u64, 0u64);
+        for p in procs.iter().filter(|p| in_group.contains(&p.pid)) {
+            if let Some(&(start, c, w)) = self.seen.get(&p.pid) {
+                if start == p.start {
+                    cpu += p.cpu_ns.saturating_sub(c);
+                    wait += p.wait_ns.saturating_sub(w);
+                }
+            }
+        }
+        Some(FloorSample {
+            share_pct: 100.0 * cpu as f64 / (dt * host::cpus() as f64),
+            waiting: wait as f64 > 0.1 * dt || in_group.iter().any(|pid| runnable.contains(pid)),
+            processes: in_group.len(),
+        })
+    }
+}
+
+/// The host's clock tick, in which /proc counts CPU time.
+fn clock_tick() -> Duration {
+    Duration::from_nanos(appease_cgroup::clock_tick_ns())
+}
+
+type Roles = HashMap<u32, (i32, String)>;
+
+/// Classes forced by the config's rules, services and roles; each service's processes
+/// (pid -> group); each role process's fixed nice and label.
+fn classify_by_config(
+    cfg: &Config,
+    procs: &[ProcSample],
+    cgroups: &HashMap<u32, String>,
+    uids: &HashMap<u32, u32>,
+) -> (HashMap<u32, Class>, HashMap<u32, String>, Roles) {
+    let (mut forced, mut services, mut roles) = (HashMap::new(), HashMap::new(), HashMap::new());
+    if cfg.rules.is_empty() && cfg.services.is_empty() && cfg.role.is_empty() {
+        return (forced, services, roles);
+    }
+    for p in procs.iter().filter(|p| !p.kernel_thread) {
+        let cgroup = cgroups.get(&p.pid).map(String::as_str);
+        let uid = uids.get(&p.pid).copied();
+        if let Some(c) = cfg.forced_class(&p.comm, cgroup, uid) {
+            forced.insert(p.pid, c);
+        }
+        if let Some(svc) = cfg.service_of(&p.comm, cgroup, uid) {
+            services.insert(p.pid, format!("/{}", svc.group_name()));
+        }
+        if let Some((role, nice)) = cfg.role_of(&p.comm, cgroup, uid) {
+            roles.insert(
+                p.pid,
+                (nice, format!("role {} rank {}", role.app, role.rank)),
+            );
+        }
+    }
+    (forced, services, roles)
+}
+
+/// The parent, grandparent, ... of `pid` among `procs`, up to the first process whose
+/// parent is unknown (or itself).
+fn ancestors_of(pid: u32, procs: &[ProcSample]) -> Vec<u32> {
+    let ppid: HashMap<u32, u32> = procs.iter().map(|p| (p.pid, p.ppid)).collect();
+    let mut out = Vec::new();
+    let mut at = pid;
+    while let Some(&parent) = ppid.get(&at) {
+        if parent == at || parent == 0 || out.contains(&parent) {
+            break;
+        }
+        out.push(parent);
+        at = parent;
+    }
+    out
+}
+
+/// Processes from the task iterator's threads: a process's CPU and waiting are its
+/// threads' (and, for CPU, its exited threads' and reaped children's), its start in the
+/// clock ticks /proc counts in (the actuator compares the two).
+fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
+    let mut by_pid: HashMap<u32, ProcSample> = HashMap::with_capacity(tasks.len());
+    let mut runnable = HashSet::new();
+    for t in tasks.iter().filter(|t| t.pid == t.tid) {
+        by_pid.insert(
+            t.pid,
+            ProcSample {
+                pid: t.pid,
+                ppid: t.ppid,
+                comm: t.comm.clone(),
+                start: t.start_boot_ns / tick_ns.max(1),
+                cpu_ns: t.gone_cpu_ns,
+                wait_ns: 0,
+                kernel_thread: t.kernel_thread,
+                has_tty: t.has_tty,
+                age_ns: t.age_ns,
+            },
+        );
+    }
+    for t in tasks {
+        if let Some(p) = by_pid.get_mut(&t.pid) {
+            p.cpu_ns += t.cpu_ns;
+            p.wait_ns += t.wait_ns;
+            if t.running {
+                runnable.insert(t.pid);
+            }
+        }
+    }
+    // This kernel's task iterator skips PID 1's thread group: read it from /proc.
+    if let std::collections::hash_map::Entry::Vacant(e) = by_pid.entry(1) {
+        if let Some(init) = host::scan_process(1) {
+            e.insert(init);
+        }
+    }
+    let mut procs: Vec<ProcSample> = by_pid.into_values().collect();
+    procs.sort_unstable_by_key(|p| p.pid);
+    Reading {
+        procs,
+        runnable,
+        cost: ScanCost {
+            source: "task iterator".into(),
+            threads: tasks.len(),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn from_proc(seen: &mut HashMap<u32, (u64, u64, u64)>, in_group: &[u32]) -> Reading {
+    let mut procs = host::scan_processes();
+    // Starved processes in the idle group barely run, yet their waiting is exactly what
+    // the floor must see: always re-read theirs.
+    let runnable = in_group
+        .iter()
+        .copied()
+        .filter(|&pid| host::runnable_now(pid))
+        .collect();
+    let in_group: HashSet<u32> = in_group.iter().copied().collect();
+    for p in &mut procs {
+        p.wait_ns = match seen.get(&p.pid) {
+            Some(&(start, cpu, wait))
+                if start == p.start && cpu == p.cpu_ns && !in_group.contains(&p.pid) =>
+            {
+                wait
+            }
+            _ => host::wait_ns_of(p.pid).unwrap_or(0),
+        };
+    }
+    *seen = procs
+        .iter()
+        .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))
+        .collect();
+    Reading {
+        procs,
+        runnable,
+        cost: ScanCost {
+            source: "/proc".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// CPU time of the calling thread, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec; the thread CPU clock always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(pid: u32, tid: u32, cpu_ns: u64, wait_ns: u64, running: bool) -> TaskRecord {
+        TaskRecord {
+            pid,
+            tid,
+            ppid: if pid == tid { 7 } else { 0 },
+            cpu_ns,
+            wait_ns,
+            start_boot_ns: if pid == tid { 123_456_789_000 } else { 0 },
+            age_ns: 5,
+            gone_cpu_ns: if pid == tid { 1_000 } else { 0 },
+            kernel_thread: false,
+            running,
+            has_tty: pid == tid,
+            comm: if pid == tid {
+                "make".into()
+            } else {
+                "worker".into()
+            },
+        }
+    }
+
+    fn proc(pid: u32, ppid: u32) -> ProcSample {
+        ProcSample {
+            pid,
+            ppid,
+            comm: "p".into(),
+            start: 1,
+            cpu_ns: 0,
+            wait_ns: 0,
+            kernel_thread: false,
+            has_tty: false,
+            age_ns: 0,
+        }
+    }
+
+    #[test]
+    fn ancestors_climb_to_the_first_unknown_parent() {
+        // 1 -> 40 -> 41 -> 50 (the daemon); 60 is a sibling's child.
+        let procs = [
+            proc(1, 0),
+            proc(40, 1),
+            proc(41, 40),
+            proc(50, 41),
+            proc(60, 41),
+        ];
+        assert_eq!(ancestors_of(50, &procs), vec![41, 40, 1]);
+        assert_eq!(ancestors_of(60, &procs), vec![41, 40, 1]);
+        assert!(ancestors_of(1, &procs).is_empty());
+        // A parent missing from the table ends the climb; a loop does not hang it.
+        assert_eq!(ancestors_of(7, &[proc(7, 8)]), vec![8]);
+        assert_eq!(ancestors_of(7, &[proc(7, 8), proc(8, 7)]), vec![8, 7]);
+    }
+
+    #[test]
+    fn the_idle_groups_share_and_waiting_come_from_the_change_since_the_last_scan() {
+        let mut w = Worker::new(
+            Source::Proc(HashMap::new()),
+            &Config::default().batch_params(Duration::from_millis(10)),
+        );
+        let mut a = proc(10, 1);
+        let b = proc(11, 1);
+        let group: HashSet<u32> = [10, 11].into();
+        assert_eq!(
+            w.floor_sample(0, &[a.clone(), b.clone()], &group, &HashSet::new()),
+            None,
+            "no last scan"
+        );
+        w.seen = [(10, (1, 0, 0)), (11, (1, 0, 0))].into();
+        w.last_scan = Some(0);
+        // Over one second, 10 used half a CPU and waited 50 ms.
+        a.cpu_ns = 500_000_000;
+        a.wait_ns = 50_000_000;
+        let s = w
+            .floor_sample(
+                1_000_000_000,
+                &[a.clone(), b.clone()],
+                &group,
+                &HashSet::new(),
+            )
+            .unwrap();
+        assert!(
+            (s.share_pct - 50.0 / host::cpus() as f64).abs() < 1e-9,
+            "{s:?}"
+        );
+        assert!(!s.waiting, "50 ms in a second is not a tenth");
+        let s = w
+            .floor_sample(1_000_000_000, &[a, b], &group, &[11].into())
+            .unwrap();
+        assert!(s.waiting, "one runnable now is waiting");
+        assert_eq!(
+            w.floor_sample(1, &[], &HashSet::new(), &HashSet::new()),
+            None,
+            "empty group"
+        );
+    }
+
+    #[test]
+    fn a_process_is_its_leaders_fields_and_its_threads_sums() {
+        let tasks = [
+            task(40, 40, 100, 10, false),
+            task(40, 41, 200, 20, true),
+            task(40, 42, 300, 30, false),
+            task(50, 50, 5, 0, false),
+            // A thread whose leader was not listed (it ended mid-read) is dropped.
+            task(60, 61, 9, 9, true),
+        ];
+        let snap = from_tasks(&tasks, 10_000_000);
+        let p40 = snap.procs.iter().find(|p| p.pid == 40).unwrap();
+        assert_eq!(p40.comm, "make");
+        assert_eq!(p40.ppid, 7);
+        assert_eq!(
+            p40.cpu_ns,
+            1_000 + 600,
+            "threads plus exited ones and children"
+        );
+        assert_eq!(p40.wait_ns, 60);
+        assert_eq!(p40.start, 12_345, "clock ticks of 10 ms, as /proc counts");
+        assert!(p40.has_tty);
+        assert!(
+            snap.runnable.contains(&40),
+            "a running thread makes it runnable"
+        );
+        assert!(!snap.runnable.contains(&50));
+        assert!(!snap.procs.iter().any(|p| p.pid == 60));
+        assert_eq!(snap.cost.threads, 5);
+    }
+}
