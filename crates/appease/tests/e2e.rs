@@ -647,6 +647,64 @@ fn forking_soaker() -> std::process::Child {
 
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_cgroup_filesystem_that_refuses_writes_leaves_nothing_changed() {
+    let _g = serial();
+    let dir = TempDir::new("refuse");
+    let group = format!("appease-e2e-refuse-{}", std::process::id());
+    let cfg = dir.file("batch.toml", &batch_config(&group));
+    let soakers = Soakers(vec![forking_soaker(), forking_soaker(), forking_soaker()]);
+    let pids: Vec<u32> = soakers.0.iter().map(|c| c.id()).collect();
+    let before: Vec<Option<String>> = pids.iter().map(|&p| cpu_cgroup(p)).collect();
+    // Half of every cgroup write and mkdir is refused, at random (a test build's
+    // failpoint): creating the group, making it idle, moving each process in, and, at
+    // exit, moving them back.
+    let mut daemon =
+        Daemon::start_with_env(&dir.0, &cfg, &[("FAILPOINTS", "cgroup-write=50%return")]);
+    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    // Demotions are tried at every scan (200 ms) once the soakers have soaked 2 s.
+    let some = wait_for(Duration::from_secs(10), || {
+        pids.iter().any(|&p| in_group(p))
+    });
+    let mut st = daemon.status_json();
+    let refused = wait_for(Duration::from_secs(5), || {
+        st = daemon.status_json();
+        daemon.log_text().contains("Permission denied")
+    });
+    assert!(
+        refused.is_some(),
+        "writes were refused and said so: {}",
+        daemon.log_text()
+    );
+    assert_eq!(st["pid"], daemon.pid(), "the daemon goes on");
+    eprintln!("some soaker demoted despite refusals: {}", some.is_some());
+    // Exit: what could not be put back stays in the journal for `appease restore`.
+    let code = daemon.signal(libc::SIGTERM);
+    assert!(
+        code.code().is_some(),
+        "the daemon exits, never dies: {code:?}"
+    );
+    let out = appease(&dir.0, &["restore"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after: Vec<Option<String>> = pids.iter().map(|&p| cpu_cgroup(p)).collect();
+    assert_eq!(after, before, "every process back in its group");
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    assert!(
+        !cg.exists(&format!("/{group}")),
+        "no group of appease's left"
+    );
+    assert!(
+        !dir.0.join("journal.jsonl").exists(),
+        "nothing left to undo"
+    );
+    drop(soakers);
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn soakers_go_to_the_idle_group_with_their_children_servers_never_and_all_come_back() {
     let _g = serial();
     let dir = TempDir::new("batch");

@@ -59,6 +59,27 @@ pub struct Cgroups {
     root: PathBuf,
 }
 
+/// Every write and mkdir of this crate: a test build's failpoint `cgroup-write` (feature
+/// `failpoints`, e.g. FAILPOINTS=cgroup-write=50%return) makes the filesystem refuse it,
+/// as a cgroup filesystem refuses what it will not do (EACCES here).
+fn write(path: &Path, value: impl AsRef<[u8]>) -> io::Result<()> {
+    refused()?;
+    fs::write(path, value)
+}
+
+fn create_dir(path: &Path) -> io::Result<()> {
+    refused()?;
+    fs::create_dir(path)
+}
+
+fn refused() -> io::Result<()> {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("cgroup-write", |_| Err(io::Error::from_raw_os_error(
+        libc::EACCES
+    )));
+    Ok(())
+}
+
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CgroupError + 'a {
     move |source| CgroupError::Io {
         op,
@@ -89,7 +110,7 @@ impl Cgroups {
             let ctl = root.join("cgroup.subtree_control");
             let enabled = fs::read_to_string(&ctl).unwrap_or_default();
             if !enabled.split_whitespace().any(|c| c == "cpu") {
-                fs::write(&ctl, "+cpu").map_err(io_err("enabling the cpu controller in", &ctl))?;
+                write(&ctl, "+cpu").map_err(io_err("enabling the cpu controller in", &ctl))?;
             }
         }
         Ok(cg)
@@ -128,7 +149,7 @@ impl Cgroups {
         check_name(name)?;
         let group = format!("/{name}");
         let dir = self.dir(&group);
-        match fs::create_dir(&dir) {
+        match create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(io_err("creating", &dir)(e)),
@@ -157,12 +178,12 @@ impl Cgroups {
             let ctl = self.dir(parent).join("cgroup.subtree_control");
             let enabled = fs::read_to_string(&ctl).unwrap_or_default();
             if !enabled.split_whitespace().any(|c| c == "cpu") {
-                fs::write(&ctl, "+cpu").map_err(io_err("enabling the cpu controller in", &ctl))?;
+                write(&ctl, "+cpu").map_err(io_err("enabling the cpu controller in", &ctl))?;
             }
         }
         let group = format!("{}/{name}", parent.trim_end_matches('/'));
         let dir = self.dir(&group);
-        match fs::create_dir(&dir) {
+        match create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(io_err("creating", &dir)(e)),
@@ -174,7 +195,7 @@ impl Cgroups {
     /// cpu.idle = 1 makes the group's tasks run only when nothing non-idle beside it wants the CPU.
     pub fn set_idle(&self, group: &str, idle: bool) -> Result<(), CgroupError> {
         let f = self.dir(group).join("cpu.idle");
-        fs::write(&f, if idle { "1" } else { "0" }).map_err(io_err("writing", &f))
+        write(&f, if idle { "1" } else { "0" }).map_err(io_err("writing", &f))
     }
 
     /// Weight on v2's scale (1..=10000, default 100); v1 shares are weight × 1024 / 100.
@@ -185,7 +206,7 @@ impl Cgroups {
             Version::V2 => ("cpu.weight", weight as u64),
         };
         let f = self.dir(group).join(file);
-        fs::write(&f, value.to_string()).map_err(io_err("writing", &f))
+        write(&f, value.to_string()).map_err(io_err("writing", &f))
     }
 
     /// The group's weight file as the kernel shows it (`cpu.shares` on v1, `cpu.weight`
@@ -200,7 +221,7 @@ impl Cgroups {
 
     pub fn set_weight_raw(&self, group: &str, value: &str) -> Result<(), CgroupError> {
         let f = self.dir(group).join(self.weight_file());
-        fs::write(&f, value).map_err(io_err("writing", &f))
+        write(&f, value).map_err(io_err("writing", &f))
     }
 
     fn weight_file(&self) -> &'static str {
@@ -219,7 +240,7 @@ impl Cgroups {
     /// Moves a whole process (all its threads) into `group`.
     pub fn move_process(&self, pid: u32, group: &str) -> Result<(), CgroupError> {
         let f = self.dir(group).join("cgroup.procs");
-        fs::write(&f, pid.to_string()).map_err(io_err("moving a process into", &f))
+        write(&f, pid.to_string()).map_err(io_err("moving a process into", &f))
     }
 
     /// Processes in `group` (not in its children).

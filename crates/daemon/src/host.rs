@@ -376,6 +376,51 @@ mod tests {
     }
 
     #[test]
+    fn proc_entries_vanishing_mid_read_are_skipped_never_fatal() {
+        // Short-lived processes come and go while the /proc readers run: an entry listed
+        // by the directory read is gone by the file read, a task dir empties mid-walk.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let storm = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(mut c) = std::process::Command::new("true").spawn() {
+                        let _ = c.wait();
+                        n += 1;
+                    }
+                }
+                n
+            })
+        };
+        let mut looked = 0;
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while std::time::Instant::now() < end {
+            let procs = scan_processes();
+            assert!(procs.iter().any(|p| p.pid == std::process::id()));
+            for p in procs.iter().filter(|p| p.pid > std::process::id()) {
+                let _ = wait_ns_of(p.pid);
+                let _ = runnable_now(p.pid);
+                let _ = cpu_cgroup_of(p.pid);
+                let _ = uid_of_process(p.pid);
+                let _ = scan_process(p.pid);
+                looked += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let spawned = storm.join().unwrap();
+        assert!(spawned > 20, "the storm ran ({spawned} processes)");
+        assert!(looked > 0, "some came and went while being read");
+        assert_eq!(
+            wait_ns_of(u32::MAX),
+            None,
+            "a process that is gone reads as none"
+        );
+        assert_eq!(scan_process(u32::MAX), None);
+        assert_eq!(cpu_cgroup_of(u32::MAX), None);
+    }
+
+    #[test]
     fn the_initial_pid_namespace_is_known_by_its_fixed_inode() {
         assert!(is_initial_pid_namespace("pid:[4026531836]"));
         assert!(!is_initial_pid_namespace("pid:[4026532201]"));
