@@ -13,9 +13,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::scanner::{FloorSample, ScanCost, ScanRequest, Snapshot};
 
+/// A process: its pid and its start (clock ticks after boot), so a pid reused by another
+/// process is not taken for it.
+pub type Process = (u32, u64);
+
 pub struct BatchManager {
-    /// pid -> when any of its threads last received a request.
-    last_request: HashMap<u32, u64>,
+    /// pid -> (start, when any of its threads last received a request).
+    last_request: HashMap<u32, (u64, u64)>,
     /// Every process in a demoted tree, as the last scan left them.
     demoted: HashSet<u32>,
     /// Trees to forget at the next scan (the actuator could not move them).
@@ -28,7 +32,8 @@ pub struct BatchManager {
     /// The idle group's share of all CPUs over the last scan, percent.
     share_pct: f64,
     /// Processes with a role (fixed nice): request elevation leaves them alone.
-    roles: HashMap<u32, i32>,
+    /// pid -> its start.
+    roles: HashMap<u32, u64>,
     /// The last scan's cost: the scanner thread's, and the event loop's for the rest.
     cost: ScanCost,
     loop_us: u64,
@@ -71,9 +76,9 @@ impl BatchManager {
         }
     }
 
-    /// Whether `pid` has a fixed role priority.
-    pub fn is_role(&self, pid: u32) -> bool {
-        self.roles.contains_key(&pid)
+    /// Whether the process has a fixed role priority.
+    pub fn is_role(&self, (pid, start): Process) -> bool {
+        self.roles.get(&pid) == Some(&start)
     }
 
     pub fn set_config(&mut self, cfg: &Config) {
@@ -104,12 +109,12 @@ impl BatchManager {
     /// tree that receives one is scanned (and promoted) at once.
     pub fn on_request(
         &mut self,
-        pid: u32,
+        (pid, start): Process,
         ts_ns: u64,
         cfg: &Config,
         actuator: &mut KernelActuator,
     ) {
-        self.last_request.insert(pid, ts_ns);
+        self.last_request.insert(pid, (start, ts_ns));
         self.mode.on_request(ts_ns);
         self.sync_mode(ts_ns, cfg, actuator);
         if self.demoted.contains(&pid) {
@@ -182,7 +187,7 @@ impl BatchManager {
         self.roles = snap
             .roles
             .into_iter()
-            .map(|(pid, (nice, _))| (pid, nice))
+            .map(|(pid, (_, _, start))| (pid, start))
             .collect();
         self.demoted = snap.demoted;
         for d in snap.demotions {
@@ -203,8 +208,14 @@ impl BatchManager {
         // A group created by this scan's demotions starts idle: give it its mode.
         self.sync_mode(now, cfg, actuator);
         // Requests of processes that are gone need not be remembered.
-        for pid in snap.gone {
-            self.last_request.remove(&pid);
+        for (pid, start) in snap.gone {
+            if self
+                .last_request
+                .get(&pid)
+                .is_some_and(|&(s, _)| s == start)
+            {
+                self.last_request.remove(&pid);
+            }
         }
         self.cost = snap.cost;
         self.loop_us = appease_probe::monotonic_ns().saturating_sub(began) / 1000;
@@ -260,8 +271,8 @@ fn log_failure(e: &ActError, root: u32, what: &str) {
 }
 
 /// Gives every thread of each role process its fixed nice (new threads included).
-fn apply_roles(roles: &HashMap<u32, (i32, String)>, actuator: &mut KernelActuator) {
-    for (&pid, (nice, label)) in roles {
+fn apply_roles(roles: &HashMap<u32, (i32, String, u64)>, actuator: &mut KernelActuator) {
+    for (&pid, (nice, label, _)) in roles {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
         };

@@ -496,15 +496,17 @@ impl<'obj> Daemon<'obj> {
                 family,
                 woke,
                 start_ns,
+                proc_start_ns,
                 comm,
                 proc_comm,
                 ..
             } => {
+                let process = (pid, proc_start_ns / self.clock_tick_ns);
                 if let Some(b) = self.batch.as_mut() {
-                    b.on_request(pid, ts_ns, &self.opts.config, &mut self.actuator);
+                    b.on_request(process, ts_ns, &self.opts.config, &mut self.actuator);
                 }
                 // Roles have fixed priorities: requests do not move them.
-                let role = self.batch.as_ref().is_some_and(|b| b.is_role(pid));
+                let role = self.batch.as_ref().is_some_and(|b| b.is_role(process));
                 if !self.opts.config.elevation.enabled || role {
                     return;
                 }

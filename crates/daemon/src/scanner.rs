@@ -24,8 +24,8 @@ pub struct ScanRequest {
     pub cfg: Arc<Config>,
     /// Processes in the idle group now.
     pub in_group: Vec<u32>,
-    /// pid -> when any of its threads last received a request.
-    pub last_request: HashMap<u32, u64>,
+    /// pid -> (its start, when any of its threads last received a request).
+    pub last_request: HashMap<u32, (u64, u64)>,
     /// Trees the loop could not demote or promote, or found gone: forgotten.
     pub forget: Vec<u32>,
     /// The idle group was removed (it was empty): every demoted tree is forgotten, and
@@ -44,14 +44,14 @@ pub struct Snapshot {
     pub promotions: Vec<(u32, Vec<u32>)>,
     /// Each configured service's processes: (main pid, group, the pid and its children).
     pub services: Vec<(u32, String, Vec<u32>)>,
-    /// Role processes: pid -> (fixed nice, label).
-    pub roles: HashMap<u32, (i32, String)>,
+    /// Role processes: pid -> (fixed nice, label, its start).
+    pub roles: HashMap<u32, (i32, String, u64)>,
     /// The idle group since the last scan (none on the first, or while it is empty).
     pub floor: Option<FloorSample>,
     /// Every process in a demoted tree after this scan.
     pub demoted: HashSet<u32>,
-    /// Of the processes asked about (`last_request`), those that are gone.
-    pub gone: Vec<u32>,
+    /// Of the processes asked about (`last_request`), those that are gone: (pid, start).
+    pub gone: Vec<(u32, u64)>,
     pub cost: ScanCost,
 }
 
@@ -290,7 +290,10 @@ impl Worker {
             .into_iter()
             .map(|(pid, group)| (pid, group, children.subtree(pid)))
             .collect();
-        let last = &req.last_request;
+        // A request counts for the process that received it, not for a later one
+        // that got its pid.
+        let start_of: HashMap<u32, u64> = procs.iter().map(|p| (p.pid, p.start)).collect();
+        let last = requests_of_live(&req.last_request, &start_of);
         let decisions = if cfg.batch.enabled {
             self.classifier.on_scan(
                 taken_at,
@@ -301,6 +304,10 @@ impl Worker {
         } else {
             Vec::new()
         };
+        let roles = roles
+            .into_iter()
+            .filter_map(|(pid, (nice, label))| Some((pid, (nice, label, *start_of.get(&pid)?))))
+            .collect();
         let mut snap = Snapshot {
             taken_at,
             services,
@@ -308,11 +315,7 @@ impl Worker {
             floor,
             ..Default::default()
         };
-        let started: HashMap<u32, u64> = if decisions.is_empty() {
-            HashMap::new()
-        } else {
-            procs.iter().map(|p| (p.pid, p.start)).collect()
-        };
+        let started = &start_of;
         for d in decisions {
             match d {
                 BatchDecision::Demote {
@@ -333,11 +336,11 @@ impl Worker {
             }
         }
         snap.demoted = self.classifier.demoted_members();
-        let alive: HashSet<u32> = procs.iter().map(|p| p.pid).collect();
-        snap.gone = last
-            .keys()
-            .copied()
-            .filter(|pid| !alive.contains(pid))
+        snap.gone = req
+            .last_request
+            .iter()
+            .filter(|(pid, (start, _))| start_of.get(pid) != Some(start))
+            .map(|(&pid, &(start, _))| (pid, start))
             .collect();
         snap.cost = reading.cost;
         snap.cost.cpu_us = thread_cpu_ns().saturating_sub(cpu0) / 1000;
@@ -373,6 +376,19 @@ impl Worker {
             processes: in_group.len(),
         })
     }
+}
+
+/// When each live process last received a request: a remembered request whose pid now
+/// names another process (its start differs) is not that process's.
+fn requests_of_live(
+    last_request: &HashMap<u32, (u64, u64)>,
+    start_of: &HashMap<u32, u64>,
+) -> HashMap<u32, u64> {
+    last_request
+        .iter()
+        .filter(|(pid, (start, _))| start_of.get(pid) == Some(start))
+        .map(|(&pid, &(_, at))| (pid, at))
+        .collect()
 }
 
 /// The host's clock tick, in which /proc counts CPU time.
@@ -624,6 +640,20 @@ mod tests {
             None,
             "empty group"
         );
+    }
+
+    #[test]
+    fn a_request_counts_for_its_process_not_for_a_later_one_with_its_pid() {
+        // pid 40 received a request; it exited and a new process got pid 40.
+        let last: HashMap<u32, (u64, u64)> = [(40, (1000, 5)), (41, (2000, 6))].into();
+        let start_of: HashMap<u32, u64> = [(40, 1777), (41, 2000)].into();
+        let live = requests_of_live(&last, &start_of);
+        assert_eq!(
+            live.get(&40),
+            None,
+            "the newcomer with pid 40 received nothing"
+        );
+        assert_eq!(live.get(&41), Some(&6));
     }
 
     #[test]

@@ -80,6 +80,8 @@ pub enum Event {
         /// The thread's start, ns after boot: /proc's starttime is this in clock ticks.
         /// With the tid, the thread's identity, so a first contact reads nothing from /proc.
         start_ns: u64,
+        /// Its process's start: with the pid, the process's identity.
+        proc_start_ns: u64,
         comm: String,
         /// Its process's name.
         proc_comm: String,
@@ -340,6 +342,7 @@ fn decode(data: &[u8]) -> Option<Event> {
             bytes: raw.bytes.max(0) as u32,
             woke: raw.woke != 0,
             start_ns: raw.start_ns,
+            proc_start_ns: raw.proc_start_ns,
             comm: comm(&raw.comm),
             proc_comm: comm(&raw.proc_comm),
         },

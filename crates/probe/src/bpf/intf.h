@@ -26,6 +26,7 @@ struct appease_event {
 	unsigned int family;       /* REQUEST: AF_UNIX, AF_INET, AF_INET6, ... */
 	unsigned int woke;         /* REQUEST: 1 if it woke the reader (first after a quiet spell) */
 	unsigned long long start_ns; /* the thread's start, ns after boot (as /proc's starttime) */
+	unsigned long long proc_start_ns; /* its process's (the leader's) start */
 	char comm[16];             /* the thread's name */
 	char proc_comm[16];        /* its process's name (the leader's) */
 };

@@ -84,6 +84,7 @@ static __always_inline struct appease_event *reserve(struct task_struct *t, u32 
 	e->family = 0;
 	e->woke = 0;
 	e->start_ns = t->start_boottime;
+	e->proc_start_ns = t->group_leader->start_boottime;
 	bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), t->comm);
 	bpf_probe_read_kernel_str(e->proc_comm, sizeof(e->proc_comm), t->group_leader->comm);
 	return e;
