@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -92,41 +92,40 @@ impl Drop for Soakers {
     }
 }
 
-/// Many idle processes, for scans of a crowded host: forked children that only wait
-/// for a signal, ended by pid.
-pub struct Sleepers(pub Vec<libc::pid_t>);
+/// Many idle processes, for scans of a crowded host: `sleep`s started by a shell in a
+/// process group of their own, ended by that group's id. Not forks of the caller, which
+/// would share its address space copy-on-write: a host's processes are their own.
+pub struct Sleepers(Option<Child>);
 
 impl Sleepers {
     pub fn start(n: usize) -> Self {
-        let mut pids = Vec::with_capacity(n);
-        for _ in 0..n {
-            // SAFETY: the child calls only async-signal-safe functions (pause, _exit).
-            match unsafe { libc::fork() } {
-                0 => loop {
-                    // SAFETY: as above.
-                    unsafe { libc::pause() };
-                },
-                -1 => panic!(
-                    "fork failed after {} sleepers: {}",
-                    pids.len(),
-                    std::io::Error::last_os_error()
-                ),
-                pid => pids.push(pid),
-            }
+        if n == 0 {
+            return Sleepers(None);
         }
-        Sleepers(pids)
+        use std::os::unix::process::CommandExt;
+        let script = format!(
+            "i=0; while [ $i -lt {n} ]; do sleep 3600 & i=$((i+1)); done; echo ready; wait"
+        );
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", &script]).stdout(Stdio::piped());
+        cmd.process_group(0);
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "{n} sleepers started");
+        Sleepers(Some(child))
     }
 }
 
 impl Drop for Sleepers {
     fn drop(&mut self) {
-        for &pid in &self.0 {
-            // SAFETY: ending and reaping our own children.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        for &pid in &self.0 {
-            // SAFETY: as above.
-            unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        if let Some(mut c) = self.0.take() {
+            // SAFETY: signalling the process group we made (its id is the shell's pid).
+            unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+            let _ = c.wait();
         }
     }
 }
