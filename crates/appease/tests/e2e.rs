@@ -552,7 +552,19 @@ fn dry_run_decides_and_reports_but_changes_nothing() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    thread::sleep(Duration::from_millis(1200));
+    // Running, and seeing the load (servers started after this find the ladder engaged).
+    let loaded = wait_for(Duration::from_secs(5), || {
+        std::fs::read(dir.0.join("status.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|s| {
+                s["pid"] == child.id() && s["load"]["runnable_per_cpu"].as_f64() >= Some(1.0)
+            })
+    });
+    assert!(
+        loaded.is_some(),
+        "the dry-run daemon runs and sees the load"
+    );
     let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(10));
     let tid = unix.server_tid;
     let mut st = serde_json::Value::Null;
@@ -1279,11 +1291,16 @@ fn ctrl_c_during_a_compile_load_stops_every_compiler_and_removes_the_group() {
         .spawn()
         .unwrap();
     let pid = bench.id();
-    let group = format!("/sys/fs/cgroup/cpu/appease-bench-{pid}.idle");
+    // Wherever this host's CPU hierarchy is mounted (v1 or v2).
+    let root = appease_cgroup::Cgroups::detect()
+        .unwrap()
+        .root()
+        .to_path_buf();
+    let group = root.join(format!("appease-bench-{pid}.idle"));
     // Interrupted while gcc runs in the bench's idle group.
     assert!(
         wait_for(Duration::from_secs(20), || {
-            std::path::Path::new(&group).exists()
+            group.exists()
                 && bench_processes_left(pid)
                     .iter()
                     .any(|(comm, _)| comm == "gcc")
@@ -1291,6 +1308,7 @@ fn ctrl_c_during_a_compile_load_stops_every_compiler_and_removes_the_group() {
         .is_some(),
         "the compile never started"
     );
+    // Two seconds of measuring, for the report an interrupted bench still gives.
     std::thread::sleep(Duration::from_secs(2));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid as i32, libc::SIGINT) };
@@ -1300,10 +1318,7 @@ fn ctrl_c_during_a_compile_load_stops_every_compiler_and_removes_the_group() {
         "an interrupted bench reports what it measured"
     );
     assert_eq!(bench_processes_left(pid), vec![]);
-    assert!(
-        !std::path::Path::new(&group).exists(),
-        "{group} left behind"
-    );
+    assert!(!group.exists(), "{} left behind", group.display());
 }
 
 #[test]
@@ -1357,7 +1372,11 @@ fn bench_utilization_quick_keeps_the_cpus_busy_and_shares_them_among_demoted_bat
     assert!(managed["jain_index"].as_f64().unwrap() >= 0.95, "{managed}");
     assert_eq!(managed["cpu_s"].as_array().map(Vec::len), Some(48));
     // Every group the bench made for its batch jobs is gone.
-    let left: Vec<String> = std::fs::read_dir("/sys/fs/cgroup/cpu")
+    let root = appease_cgroup::Cgroups::detect()
+        .unwrap()
+        .root()
+        .to_path_buf();
+    let left: Vec<String> = std::fs::read_dir(root)
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.starts_with("appease-bench-") && n.ends_with(".batch"))
