@@ -14,7 +14,7 @@ BENCH_PACKAGES := $(TEST_PACKAGES)
 PROFILE_PACKAGES := valgrind
 CONFIG ?=
 
-.PHONY: all deps test-deps bench-deps profile-deps build run test chaos bench sim-instructions fmt clippy clean
+.PHONY: all deps test-deps bench-deps profile-deps build run test chaos bench sim-instructions fmt clippy clean install uninstall
 
 all: build
 
@@ -36,6 +36,32 @@ deps test-deps bench-deps profile-deps:
 
 build: deps
 	$(CARGO) build --release --locked -p appease
+
+# Installs the binary, a config and the systemd unit (root; after `make build`).
+# PREFIX, SYSCONFDIR, UNITDIR and DESTDIR (a staging root) are honoured. An existing
+# config is kept: it is the operator's.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(SYSCONFDIR)/systemd/system
+install:
+	@test -x target/release/appease || { echo "error: no target/release/appease: run make build first"; exit 1; }
+	install -D -m 0755 target/release/appease $(DESTDIR)$(BINDIR)/appease
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/appease/appease.toml ]; then \
+	  echo "keeping $(DESTDIR)$(SYSCONFDIR)/appease/appease.toml"; \
+	else \
+	  install -D -m 0644 config/default.toml $(DESTDIR)$(SYSCONFDIR)/appease/appease.toml; \
+	fi
+	install -d $(DESTDIR)$(UNITDIR)
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' deploy/appease.service \
+	  > $(DESTDIR)$(UNITDIR)/appease.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/appease.service
+	@echo "installed; start it with: systemctl daemon-reload && systemctl enable --now appease"
+
+# Removes what `make install` put in place but the config (the operator's).
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/appease $(DESTDIR)$(UNITDIR)/appease.service
+	@echo "kept $(DESTDIR)$(SYSCONFDIR)/appease/appease.toml (remove it by hand if unwanted)"
 
 # Runs the daemon in the foreground with the embedded default config (root needed).
 run: build

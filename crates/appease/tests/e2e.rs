@@ -2247,12 +2247,18 @@ fn kill_9_with_a_soaker_demoted_in_place_then_restore_puts_its_class_back() {
 // checks run inside the VM (crates/appease/tests/vm/*.sh); each prints ok / not ok.
 
 fn in_vm(mode: &str, script: &str) {
+    in_vm_with(mode, script, &[]);
+}
+
+/// With these files of the repository beside the script in the VM's /opt/appease.
+fn in_vm_with(mode: &str, script: &str, files: &[&str]) {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let vm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
     let out = Command::new(repo.join("scripts/vm/run.sh"))
         .arg(mode)
         .arg(vm.join(script))
         .arg(vm.join("lib.sh"))
+        .args(files.iter().map(|f| repo.join(f)))
         .env("APPEASE_BIN", BIN)
         .output()
         .expect("scripts/vm/run.sh runs");
@@ -2274,6 +2280,13 @@ fn in_vm(mode: &str, script: &str) {
 fn on_cgroup_v2_under_systemd_demoted_soakers_stay_in_their_units_held_to_their_limits() {
     let _g = serial();
     in_vm("systemd", "systemd.sh");
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn as_a_systemd_service_it_notifies_ready_pings_the_watchdog_and_restores_after_a_crash() {
+    let _g = serial();
+    in_vm_with("systemd", "service.sh", &["deploy/appease.service"]);
 }
 
 #[test]

@@ -214,10 +214,13 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         config = %daemon.config_origin(),
         "appease daemon running"
     );
+    // Under systemd (Type=notify): started. Nothing happens without NOTIFY_SOCKET.
+    notify_systemd(&[sd_notify::NotifyState::Ready]);
     // Whatever ends the loop (signal, error, panic), every change is put back.
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         daemon.event_loop(&controls)
     }));
+    notify_systemd(&[sd_notify::NotifyState::Stopping]);
     let report = daemon.actuator.restore_all();
     // No status written after it is removed.
     daemon.status_writer.finish();
@@ -275,6 +278,8 @@ struct Daemon<'obj> {
     shared_config: Arc<Config>,
     /// Probe events lost so far (a full ring buffer), as last seen.
     lost_seen: u64,
+    /// systemd asked for watchdog pings (WatchdogSec=).
+    watchdog: bool,
     status_writer: status::StatusWriter,
     /// /proc/loadavg and /proc/pressure/cpu, kept open (read again from the start).
     load_files: host::LoadFiles,
@@ -312,6 +317,7 @@ impl<'obj> Daemon<'obj> {
             scanner,
             shared_config,
             lost_seen: 0,
+            watchdog: sd_notify::watchdog_enabled(false, &mut 0),
             status_writer,
             load_files: host::LoadFiles::open(),
             layout: Default::default(),
@@ -377,6 +383,10 @@ impl<'obj> Daemon<'obj> {
                 self.handle_arrived();
                 self.resync_after_lost_events();
                 self.write_status();
+                // The loop runs: systemd's watchdog (WatchdogSec=) hears it once a second.
+                if self.watchdog {
+                    notify_systemd(&[sd_notify::NotifyState::Watchdog]);
+                }
                 next_status = now + 1_000_000_000;
             }
         }
@@ -456,6 +466,15 @@ impl<'obj> Daemon<'obj> {
     }
 
     fn reload(&mut self) {
+        // Under systemd (Type=notify-reload): reloading now, ready again after.
+        if let Ok(now) = sd_notify::NotifyState::monotonic_usec_now() {
+            notify_systemd(&[sd_notify::NotifyState::Reloading, now]);
+        }
+        self.load_config_again();
+        notify_systemd(&[sd_notify::NotifyState::Ready]);
+    }
+
+    fn load_config_again(&mut self) {
         let Some(path) = self.opts.config_path.clone() else {
             tracing::info!("reload requested; the embedded default config is unchanged");
             return;
@@ -680,6 +699,13 @@ impl<'obj> Daemon<'obj> {
             layout: self.layout.clone(),
         };
         self.status_writer.write(status);
+    }
+}
+
+/// Tells systemd (when it started the daemon with Type=notify) how it is doing.
+fn notify_systemd(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::warn!(error = %e, "could not notify systemd");
     }
 }
 

@@ -1,0 +1,43 @@
+# appease as a systemd service (deploy/appease.service, as `make install` fills it in),
+# under Debian's systemd: started with Type=notify (start returns once it said READY),
+# kept alive by its watchdog pings, reloaded, restarted after kill -9 with
+# ExecStopPost=appease restore in between, stopped with nothing left.
+. /opt/appease/lib.sh
+
+mkdir -p /etc/appease
+cp /tmp/batch.toml /etc/appease/appease.toml
+sed -e 's|@BINDIR@|/opt/appease|g' -e 's|@SYSCONFDIR@|/etc|g' /opt/appease/appease.service \
+  > /etc/systemd/system/appease.service
+systemctl daemon-reload
+unset APPEASE_RUN_DIR  # the unit's daemon uses /run/appease
+systemd-run --quiet --unit=soak-svc sh -c "$SOAK"
+
+check "systemd accepts the unit" systemd-analyze verify /etc/systemd/system/appease.service
+check "start returns once the daemon says it is ready" timeout 120 systemctl start appease
+check "the service is active" systemctl is-active --quiet appease
+MAIN=$(systemctl show -P MainPID appease)
+echo "main pid $MAIN"
+check "it writes its status in its runtime directory" wait_until 30 test -s /run/appease/status.json
+check "the soaker's unit is made idle" wait_until 60 sh -c '[ "$(systemctl show -P CPUWeight soak-svc)" = idle ]'
+# CAP_BPF 39, CAP_PERFMON 38, CAP_SYS_NICE 23, CAP_DAC_OVERRIDE 1; after start the
+# daemon keeps the last two.
+bounded=$(printf '%016x' $(( (1 << 39) | (1 << 38) | (1 << 23) | (1 << 1) )))
+kept=$(printf '%016x' $(( (1 << 23) | (1 << 1) )))
+check "capabilities are bounded by the unit" [ "$(awk '/^CapBnd/ {print $2}' /proc/$MAIN/status)" = "$bounded" ]
+check "the daemon keeps only SYS_NICE and DAC_OVERRIDE" [ "$(awk '/^CapEff/ {print $2}' /proc/$MAIN/status)" = "$kept" ]
+# WatchdogSec=10s: without a ping every 10 s systemd would kill and restart it.
+sleep 15
+check "watchdog pings keep it running" [ "$(systemctl show -P NRestarts appease)" = 0 ]
+check "same main pid after the watchdog period" [ "$(systemctl show -P MainPID appease)" = "$MAIN" ]
+check "reload returns and the service stays active" sh -c 'timeout 60 systemctl reload appease && systemctl is-active --quiet appease'
+# A crash: ExecStopPost puts back what the journal holds, then systemd starts it again.
+kill -KILL "$MAIN"
+check "after kill -9 systemd restarts it" wait_until 60 sh -c "[ \"\$(systemctl show -P NRestarts appease)\" = 1 ] && systemctl is-active --quiet appease"
+check "ExecStopPost ran appease restore" sh -c "journalctl -u appease --no-pager | grep -q 'restored [0-9]* thread(s);'"
+check "so the restarted daemon found nothing left behind" sh -c "! journalctl -u appease --no-pager | grep -q 'left behind'"
+check "stop" timeout 60 systemctl stop appease
+check "the soaker's unit is given back" wait_until 10 sh -c '[ "$(systemctl show -P CPUWeight soak-svc)" != idle ]'
+check "no journal left" [ ! -e /run/appease/journal.jsonl ]
+journalctl -u appease --no-pager | tail -5
+systemctl stop soak-svc
+finish
