@@ -1422,6 +1422,48 @@ fn bench_frames_quick_counts_the_frames_a_loaded_player_drops() {
 }
 
 #[test]
+fn make_install_and_uninstall_honour_destdir_and_keep_the_config() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let stage = TempDir::new("install");
+    let make = |target: &str| {
+        let out = Command::new("make")
+            .arg("-C")
+            .arg(&repo)
+            .arg(target)
+            .arg(format!("DESTDIR={}", stage.0.display()))
+            .arg("PREFIX=/usr")
+            .output()
+            .expect("make runs");
+        assert!(
+            out.status.success(),
+            "make {target}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    make("install");
+    let bin = stage.0.join("usr/bin/appease");
+    let cfg = stage.0.join("etc/appease/appease.toml");
+    let unit = stage.0.join("etc/systemd/system/appease.service");
+    assert!(bin.exists() && cfg.exists() && unit.exists());
+    let text = std::fs::read_to_string(&unit).unwrap();
+    assert!(
+        text.contains("ExecStart=/usr/bin/appease daemon --config /etc/appease/appease.toml"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ExecStopPost=/usr/bin/appease restore"),
+        "{text}"
+    );
+    assert!(!text.contains('@'), "every placeholder filled: {text}");
+    // The operator's config survives a second install and an uninstall.
+    std::fs::write(&cfg, "# mine\n").unwrap();
+    make("install");
+    make("uninstall");
+    assert!(!bin.exists() && !unit.exists(), "binary and unit removed");
+    assert_eq!(std::fs::read_to_string(&cfg).unwrap(), "# mine\n");
+}
+
+#[test]
 fn bench_rejects_unknown_scenarios_modes_and_loads() {
     for (args, expect) in [
         (vec!["bench", "nosuch"], "unknown scenario \"nosuch\""),
