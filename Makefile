@@ -37,13 +37,16 @@ deps test-deps bench-deps profile-deps:
 build: deps
 	$(CARGO) build --release --locked -p appease
 
-# Installs the binary, a config and the systemd unit (root; after `make build`).
+# Installs the binary, a config, the systemd unit, the man page and shell completions
+# (root; after `make build`).
 # PREFIX, SYSCONFDIR, UNITDIR and DESTDIR (a staging root) are honoured. An existing
 # config is kept: it is the operator's.
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 SYSCONFDIR ?= /etc
 UNITDIR ?= $(SYSCONFDIR)/systemd/system
+MANDIR ?= $(PREFIX)/share/man
+DATADIR ?= $(PREFIX)/share
 install:
 	@test -x target/release/appease || { echo "error: no target/release/appease: run make build first"; exit 1; }
 	install -D -m 0755 target/release/appease $(DESTDIR)$(BINDIR)/appease
@@ -56,11 +59,20 @@ install:
 	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' deploy/appease.service \
 	  > $(DESTDIR)$(UNITDIR)/appease.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/appease.service
+	install -d $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(DATADIR)/bash-completion/completions \
+	  $(DESTDIR)$(DATADIR)/zsh/vendor-completions $(DESTDIR)$(DATADIR)/fish/vendor_completions.d
+	target/release/appease manpage > $(DESTDIR)$(MANDIR)/man8/appease.8
+	target/release/appease completions bash > $(DESTDIR)$(DATADIR)/bash-completion/completions/appease
+	target/release/appease completions zsh > $(DESTDIR)$(DATADIR)/zsh/vendor-completions/_appease
+	target/release/appease completions fish > $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/appease.fish
 	@echo "installed; start it with: systemctl daemon-reload && systemctl enable --now appease"
 
 # Removes what `make install` put in place but the config (the operator's).
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/appease $(DESTDIR)$(UNITDIR)/appease.service
+	rm -f $(DESTDIR)$(BINDIR)/appease $(DESTDIR)$(UNITDIR)/appease.service \
+	  $(DESTDIR)$(MANDIR)/man8/appease.8 $(DESTDIR)$(DATADIR)/bash-completion/completions/appease \
+	  $(DESTDIR)$(DATADIR)/zsh/vendor-completions/_appease \
+	  $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/appease.fish
 	@echo "kept $(DESTDIR)$(SYSCONFDIR)/appease/appease.toml (remove it by hand if unwanted)"
 
 # Runs the daemon in the foreground with the embedded default config (root needed).

@@ -46,6 +46,10 @@ enum Command {
     },
     /// Check a config file and exit (0: valid).
     CheckConfig { file: PathBuf },
+    /// Print a shell's completion script (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff), as `make install` installs it.
+    Manpage,
     /// Run a real server under real batch load in every mode, side by side (root).
     Bench(BenchArgs),
     /// Redraw the SVG plots of a bench run from the result.json in DIR (no root).
@@ -273,6 +277,23 @@ fn run(cmd: Command) -> Result<()> {
     match cmd {
         Command::Daemon { config, dry_run } => daemon(config, dry_run),
         Command::Restore => restore(),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "appease",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Command::Manpage => {
+            use clap::CommandFactory;
+            clap_mangen::Man::new(Cli::command())
+                .section("8")
+                .render(&mut std::io::stdout())
+                .context("writing the man page")
+        }
         Command::Status { json } => status_cmd::show(&appease_daemon::run_dir(), json),
         Command::Bench(args) => bench(args),
         Command::Sim {

@@ -1445,6 +1445,25 @@ fn make_install_and_uninstall_honour_destdir_and_keep_the_config() {
     let cfg = stage.0.join("etc/appease/appease.toml");
     let unit = stage.0.join("etc/systemd/system/appease.service");
     assert!(bin.exists() && cfg.exists() && unit.exists());
+    let man = stage.0.join("usr/share/man/man8/appease.8");
+    let bash = stage
+        .0
+        .join("usr/share/bash-completion/completions/appease");
+    let zsh = stage.0.join("usr/share/zsh/vendor-completions/_appease");
+    let fish = stage
+        .0
+        .join("usr/share/fish/vendor_completions.d/appease.fish");
+    let man_text = std::fs::read_to_string(&man).unwrap();
+    assert!(
+        man_text.contains(".TH appease 8") && man_text.contains("restore"),
+        "{man_text}"
+    );
+    let bash_text = std::fs::read_to_string(&bash).unwrap();
+    assert!(
+        bash_text.contains("complete") && bash_text.contains("daemon"),
+        "{bash_text}"
+    );
+    assert!(zsh.exists() && fish.exists());
     let text = std::fs::read_to_string(&unit).unwrap();
     assert!(
         text.contains("ExecStart=/usr/bin/appease daemon --config /etc/appease/appease.toml"),
@@ -1459,7 +1478,12 @@ fn make_install_and_uninstall_honour_destdir_and_keep_the_config() {
     std::fs::write(&cfg, "# mine\n").unwrap();
     make("install");
     make("uninstall");
-    assert!(!bin.exists() && !unit.exists(), "binary and unit removed");
+    assert!(
+        [&bin, &unit, &man, &bash, &zsh, &fish]
+            .iter()
+            .all(|f| !f.exists()),
+        "binary, unit, man page and completions removed"
+    );
     assert_eq!(std::fs::read_to_string(&cfg).unwrap(), "# mine\n");
 }
 
