@@ -21,8 +21,17 @@ struct Cli {
     /// Log filter (error, warn, info, debug, trace, or tracing's directive syntax).
     #[arg(long, global = true, env = "APPEASE_LOG", default_value = "info")]
     log: String,
+    /// Log lines as text, or as one JSON object each (for log collectors).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -247,9 +256,11 @@ enum Worker {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log);
+    init_logging(&cli.log, cli.log_format);
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
+        // A reader that went away (`appease manpage | head`): nothing left to say.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             // Not eprintln!: it panics when stderr cannot be written (a full disk).
             let _unwritable = writeln!(std::io::stderr(), "appease: error: {e:#}");
@@ -258,10 +269,17 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(filter: &str) {
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn init_logging(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         // Colour only on a terminal: journald and log files get plain text.
@@ -269,8 +287,11 @@ fn init_logging(filter: &str) {
         .with_target(false)
         // A log that cannot be written (stderr to a file on a full disk) must not end the
         // daemon: tracing-subscriber would report it with eprintln!, which panics then.
-        .log_internal_errors(false)
-        .init();
+        .log_internal_errors(false);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
 }
 
 fn run(cmd: Command) -> Result<()> {

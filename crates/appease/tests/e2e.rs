@@ -546,7 +546,15 @@ fn dry_run_decides_and_reports_but_changes_nothing() {
     let _soak = Soakers::start(4);
     let log = dir.0.join("dry.log");
     let mut child = Command::new(BIN)
-        .args(["daemon", "--dry-run", "--log", "debug", "--config"])
+        .args([
+            "--log-format",
+            "json",
+            "daemon",
+            "--dry-run",
+            "--log",
+            "debug",
+            "--config",
+        ])
         .arg(&cfg)
         .env("APPEASE_RUN_DIR", &dir.0)
         .stderr(std::fs::File::create(&log).unwrap())
@@ -590,6 +598,21 @@ fn dry_run_decides_and_reports_but_changes_nothing() {
     assert!(
         !dir.0.join("journal.jsonl").exists(),
         "a dry run journals nothing"
+    );
+    // --log-format json: every line one object a log collector can read.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(lines
+        .iter()
+        .all(|l| l["level"].is_string() && l["timestamp"].is_string()));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"].as_str() == Some("appease daemon running")),
+        "{text}"
     );
 }
 
