@@ -109,7 +109,7 @@ impl KernelActuator {
                 let _logged_by_journal = self.journal(Record::GroupUnidle {
                     path: group.to_string(),
                 });
-                self.counters.failures += 1;
+                self.counters.fail_errno(e.os_error());
                 return Err(e.into());
             }
         }

@@ -324,6 +324,10 @@ impl KernelActuator {
             let Ok(stat) = sys::task_stat(pid, pid) else {
                 continue;
             };
+            // hands_off: never demoted, never placed in a service group.
+            if self.exceptions.contains(&stat.comm) {
+                continue;
+            }
             let Ok(from) = self.groups_mut()?.cg.group_of(pid) else {
                 continue;
             };
@@ -356,7 +360,7 @@ impl KernelActuator {
                 if let Err(e) = result {
                     self.journal(Record::Return { key })?;
                     if !e.is_gone() {
-                        self.counters.failures += 1;
+                        self.counters.fail_errno(e.os_error());
                         tracing::warn!(pid, group, error = %e, "could not move process");
                     }
                     continue;
@@ -392,7 +396,6 @@ impl KernelActuator {
 
     /// Moves a demoted tree's processes back where they came from.
     pub fn promote(&mut self, root: u32, members: &[u32]) -> Result<usize, ActError> {
-        let dry = self.dry_run;
         let group = self.groups_mut()?.batch_path();
         let mut targets: Vec<u32> = members.to_vec();
         let g = self.groups_mut()?;
@@ -405,41 +408,14 @@ impl KernelActuator {
         targets.sort_unstable();
         targets.dedup();
         let root_from = g.moved.get(&root).map(|m| m.from.clone());
+        let fallback = root_from.unwrap_or_else(|| "/".into());
         let mut back = 0;
         for pid in targets {
             let g = self.groups_mut()?;
             if g.moved.get(&pid).is_some_and(|m| m.to != group) {
                 continue; // in another of appease's groups
             }
-            let rec = g.moved.remove(&pid);
-            let same = |m: &Moved| sys::task_stat(pid, pid).is_ok_and(|s| s.start == m.key.start);
-            let dest = match &rec {
-                Some(m) if same(m) => m.from.clone(),
-                Some(m) => {
-                    let key = m.key;
-                    self.journal(Record::Return { key })?;
-                    continue; // gone, pid reused
-                }
-                None => root_from.clone().unwrap_or_else(|| "/".into()),
-            };
-            if dry {
-                back += 1;
-                continue;
-            }
-            // Someone else moved it since: leave it where it is.
-            if g.cg.group_of(pid).ok().as_deref() == Some(group.as_str()) {
-                match g.cg.move_process(pid, &dest) {
-                    Ok(()) => back += 1,
-                    Err(e) if e.is_gone() => {}
-                    Err(e) => {
-                        self.counters.failures += 1;
-                        tracing::warn!(pid, error = %e, "could not move process back");
-                    }
-                }
-            }
-            if let Some(m) = rec {
-                self.journal(Record::Return { key: m.key })?;
-            }
+            back += self.move_back(pid, &group, &fallback)? as usize;
         }
         let unidled = self.unidle_tree(root, members)
             + self.unidle_units_of(root)
@@ -449,58 +425,188 @@ impl KernelActuator {
         Ok(back + unidled)
     }
 
+    /// Moves `pid` out of appease's `group`, back to the group it came from (`fallback`
+    /// for a process appease did not move itself: one born there). True if it moved.
+    fn move_back(&mut self, pid: u32, group: &str, fallback: &str) -> Result<bool, ActError> {
+        let dry = self.dry_run;
+        let g = self.groups_mut()?;
+        let rec = g.moved.remove(&pid);
+        let same = |m: &Moved| sys::task_stat(pid, pid).is_ok_and(|s| s.start == m.key.start);
+        let dest = match &rec {
+            Some(m) if same(m) => m.from.clone(),
+            Some(m) => {
+                let key = m.key;
+                self.journal(Record::Return { key })?;
+                return Ok(false); // gone, pid reused
+            }
+            None => fallback.to_string(),
+        };
+        if dry {
+            return Ok(true);
+        }
+        let mut back = false;
+        // Someone else moved it since: leave it where it is.
+        if g.cg.group_of(pid).ok().as_deref() == Some(group) {
+            match g.cg.move_process(pid, &dest) {
+                Ok(()) => back = true,
+                Err(e) if e.is_gone() => {}
+                Err(e) => {
+                    self.counters.fail_errno(e.os_error());
+                    tracing::warn!(pid, error = %e, "could not move process back");
+                }
+            }
+        }
+        if let Some(m) = rec {
+            self.journal(Record::Return { key: m.key })?;
+        }
+        Ok(back)
+    }
+
+    /// One process of a demoted tree back where it came from, the rest of the tree
+    /// staying (the config now exempts it). True if it was demoted.
+    pub fn release_process(&mut self, pid: u32) -> Result<bool, ActError> {
+        let unidled = self.unidle_process(pid) > 0;
+        let Some(g) = self.groups.as_ref() else {
+            return Ok(unidled);
+        };
+        let group = g
+            .moved
+            .get(&pid)
+            .map_or_else(|| g.batch_path(), |m| m.to.clone());
+        let fallback = destination(pid, |p| g.moved.get(&p).map(|m| m.from.clone()));
+        Ok(self.move_back(pid, &group, &fallback)? || unidled)
+    }
+
+    /// Processes in appease's groups whose name is now an exception go back where they
+    /// came from. Returns how many moved.
+    pub fn release_excepted_processes(&mut self) -> usize {
+        let Some(g) = self.groups.as_ref() else {
+            return 0;
+        };
+        let excepted: Vec<(u32, String)> = g
+            .moved
+            .iter()
+            .filter(|(_, m)| self.exceptions.contains(&m.comm))
+            .map(|(&pid, m)| (pid, m.to.clone()))
+            .collect();
+        let mut back = 0;
+        for (pid, group) in excepted {
+            match self.move_back(pid, &group, "/") {
+                Ok(moved) => back += moved as usize,
+                Err(e) => tracing::warn!(pid, error = %e, "could not release an exception"),
+            }
+        }
+        back
+    }
+
+    /// Sets an existing service group's weight (a reload changed it); creates the group
+    /// if it is new.
+    pub fn set_service_group(&mut self, name: &str, weight: u32) -> Result<String, ActError> {
+        let path = self.ensure_group(name, false, weight)?;
+        let dry = self.dry_run;
+        let g = self.groups_mut()?;
+        if g.made.get(&path) != Some(&(false, weight)) {
+            if !dry {
+                g.cg.set_weight(&path, weight).map_err(cg_err)?;
+            }
+            g.made.insert(path.clone(), (false, weight));
+        }
+        Ok(path)
+    }
+
+    /// A service removed from the config: its processes go back where they came from and
+    /// its group is removed.
+    pub fn remove_service_group(&mut self, name: &str) -> RestoreReport {
+        let path = format!("/{name}");
+        let mut report = RestoreReport::default();
+        if self
+            .groups
+            .as_ref()
+            .is_none_or(|g| !g.created.contains(&path))
+        {
+            return report;
+        }
+        self.dissolve(&path, &mut report);
+        report
+    }
+
     /// Every process in appease's groups back where it came from, and the groups removed.
     pub(crate) fn restore_groups(&mut self, report: &mut RestoreReport) {
-        let dry = self.dry_run;
         let Some(g) = self.groups.as_mut() else {
             return;
         };
-        let created: Vec<String> = g.created.drain(..).rev().collect();
-        if dry {
+        if self.dry_run {
+            g.created.clear();
             g.moved.clear();
             return;
         }
-        let mut records = Vec::new();
+        let created: Vec<String> = g.created.iter().rev().cloned().collect();
         for group in created {
-            let g = self.groups.as_mut().expect("checked");
-            for attempt in 0..3 {
-                for pid in g.cg.processes(&group).unwrap_or_default() {
-                    let origin = |p: u32| {
-                        g.moved
-                            .get(&p)
-                            .filter(|m| sys::task_stat(p, p).is_ok_and(|s| s.start == m.key.start))
-                            .map(|m| m.from.clone())
-                    };
-                    match g.cg.move_process(pid, &destination(pid, origin)) {
-                        Ok(()) => report.restored += 1,
-                        Err(e) if e.is_gone() => report.gone += 1,
-                        Err(e) => {
-                            tracing::warn!(pid, error = %e, "could not move process back");
-                            report.failed += 1;
-                        }
-                    }
-                }
-                match g.cg.remove(&group) {
-                    Ok(()) => break,
-                    // A fork raced the moves: go round again.
-                    Err(e) if attempt < 2 => tracing::debug!(error = %e, "group not empty yet"),
-                    Err(e) => {
-                        tracing::warn!(group, error = %e, "could not remove group");
-                        report.failed += 1;
-                    }
-                }
-            }
-            if !g.cg.exists(&group) {
-                records.push(Record::GroupRemoved { path: group });
-            }
+            self.dissolve(&group, report);
         }
         let g = self.groups.as_mut().expect("checked");
         let keys: Vec<TaskKey> = g.moved.drain().map(|(_, m)| m.key).collect();
         for key in keys {
             let _logged_by_journal = self.journal(Record::Return { key });
         }
-        for rec in records {
-            let _logged_by_journal = self.journal(rec);
+    }
+
+    /// Moves every process in `group` (one of appease's) back where it came from, and
+    /// removes the group.
+    fn dissolve(&mut self, group: &str, report: &mut RestoreReport) {
+        let Some(g) = self.groups.as_mut() else {
+            return;
+        };
+        if self.dry_run {
+            g.created.retain(|c| c != group);
+            g.moved.retain(|_, m| m.to != group);
+            return;
+        }
+        for attempt in 0..3 {
+            for pid in g.cg.processes(group).unwrap_or_default() {
+                let origin = |p: u32| {
+                    g.moved
+                        .get(&p)
+                        .filter(|m| sys::task_stat(p, p).is_ok_and(|s| s.start == m.key.start))
+                        .map(|m| m.from.clone())
+                };
+                match g.cg.move_process(pid, &destination(pid, origin)) {
+                    Ok(()) => report.restored += 1,
+                    Err(e) if e.is_gone() => report.gone += 1,
+                    Err(e) => {
+                        tracing::warn!(pid, error = %e, "could not move process back");
+                        report.failed += 1;
+                    }
+                }
+            }
+            match g.cg.remove(group) {
+                Ok(()) => break,
+                // A fork raced the moves: go round again.
+                Err(e) if attempt < 2 => tracing::debug!(error = %e, "group not empty yet"),
+                Err(e) => {
+                    tracing::warn!(group, error = %e, "could not remove group");
+                    report.failed += 1;
+                }
+            }
+        }
+        let removed = !g.cg.exists(group);
+        let keys: Vec<TaskKey> = g
+            .moved
+            .iter()
+            .filter(|(_, m)| m.to == group)
+            .map(|(_, m)| m.key)
+            .collect();
+        g.moved.retain(|_, m| m.to != group);
+        if removed {
+            g.created.retain(|c| c != group);
+        }
+        for key in keys {
+            let _logged_by_journal = self.journal(Record::Return { key });
+        }
+        if removed {
+            let _logged_by_journal = self.journal(Record::GroupRemoved {
+                path: group.to_string(),
+            });
         }
     }
 

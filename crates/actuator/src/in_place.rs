@@ -251,7 +251,7 @@ impl KernelActuator {
             };
             if !self.dry_run && now.policy != sys::SCHED_IDLE {
                 if self.journal(Record::Idle { key, orig }).is_err() {
-                    self.counters.failures += 1;
+                    self.counters.fail("journal");
                     tracing::warn!(tid, "journal write failed: thread not demoted");
                     continue;
                 }
@@ -260,7 +260,7 @@ impl KernelActuator {
                 {
                     let _logged_by_journal = self.journal(Record::Unidle { key });
                     if !sys::is_esrch(&e) {
-                        self.counters.failures += 1;
+                        self.counters.fail_errno(Some(&e));
                         tracing::warn!(tid, error = %e, "could not put the thread in SCHED_IDLE");
                     }
                     continue;
@@ -314,6 +314,21 @@ impl KernelActuator {
     /// A demoted tree is promoted: every thread of it that was idled in place goes back,
     /// and so do the threads of `members` that inherited SCHED_IDLE from it. Returns how
     /// many threads went back.
+    /// One process's threads out of SCHED_IDLE (the config now exempts it).
+    pub(crate) fn unidle_process(&mut self, pid: u32) -> usize {
+        let mut report = RestoreReport::default();
+        let tids: Vec<u32> = self
+            .idled
+            .iter()
+            .filter(|(_, i)| i.key.pid == pid)
+            .map(|(&t, _)| t)
+            .collect();
+        for tid in tids {
+            self.unidle(tid, &mut report);
+        }
+        report.restored as usize
+    }
+
     pub(crate) fn unidle_tree(&mut self, root: u32, members: &[u32]) -> usize {
         let mut report = RestoreReport::default();
         let origs: HashMap<u32, Sched> = self
@@ -461,11 +476,11 @@ impl KernelActuator {
                 dropin: dropin.clone(),
             };
             if self.journal(rec).is_err() {
-                self.counters.failures += 1;
+                self.counters.fail("journal");
                 return false;
             }
             if let Err(e) = units.set_cpu_weight(&unit, WEIGHT_IDLE) {
-                self.counters.failures += 1;
+                self.counters.fail("systemd");
                 tracing::warn!(unit, error = %e, "systemd refused CPUWeight=idle");
                 let _logged_by_journal = self.journal(Record::UnitRestored { unit });
                 return false;

@@ -128,17 +128,37 @@ struct Managed {
     pidfd: Option<OwnedFd>,
     why: String,
     since: u64,
+    /// Set to a role's fixed nice (not elevated by requests).
+    role: bool,
 }
 
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct ActCounters {
     pub changes: u64,
     pub restores: u64,
     pub gone: u64,
     pub hands_off: u64,
     pub failures: u64,
+    /// The failures by what refused: the errno name (EPERM, EBUSY, ...), or "journal"
+    /// and "systemd" for failures that are not a system call's.
+    pub failures_by_cause: std::collections::BTreeMap<String, u64>,
     pub demotions: u64,
     pub promotions: u64,
+}
+
+impl ActCounters {
+    fn fail(&mut self, cause: &str) {
+        self.failures += 1;
+        *self.failures_by_cause.entry(cause.to_string()).or_default() += 1;
+    }
+
+    fn fail_errno(&mut self, e: Option<&io::Error>) {
+        let name = e.and_then(io::Error::raw_os_error).map_or_else(
+            || "other".to_string(),
+            |n| format!("{:?}", nix::errno::Errno::from_raw(n)),
+        );
+        self.fail(&name);
+    }
 }
 
 /// Changes the real kernel's state (or, in dry-run mode, only says what it would do).
@@ -307,6 +327,7 @@ impl KernelActuator {
             since: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            role: false,
         })
     }
 
@@ -396,7 +417,7 @@ impl KernelActuator {
                 if sys::is_esrch(&e) {
                     return Err(self.drop_gone(tid));
                 }
-                self.counters.failures += 1;
+                self.counters.fail_errno(Some(&e));
                 return Err(ActError::Sys {
                     op: "sched_setattr",
                     tid,
@@ -421,6 +442,47 @@ enum Target {
 }
 
 impl KernelActuator {
+    /// Threads whose name (or their process's) is now an exception get their priority
+    /// back; returns them (the policy forgets them).
+    pub fn release_excepted_threads(&mut self) -> Vec<u32> {
+        let excepted = |m: &Managed| {
+            let proc_comm =
+                || std::fs::read_to_string(format!("/proc/{}/comm", m.key.pid)).unwrap_or_default();
+            self.exceptions
+                .iter()
+                .any(|c| *c == m.comm || *c == proc_comm().trim_end())
+        };
+        let tids: Vec<u32> = self
+            .managed
+            .values()
+            .filter(|m| excepted(m))
+            .map(|m| m.key.tid)
+            .collect();
+        self.restore_each(&tids, "now an exception (hands_off)")
+    }
+
+    /// Threads with a role whose process `keep` no longer gives one (a role removed or
+    /// changed by a reload, an exception) get their priority back; returns them.
+    pub fn release_roles(&mut self, keep: impl Fn(u32) -> bool) -> Vec<u32> {
+        let tids: Vec<u32> = self
+            .managed
+            .values()
+            .filter(|m| m.role && !keep(m.key.pid))
+            .map(|m| m.key.tid)
+            .collect();
+        self.restore_each(&tids, "its role is no longer configured")
+    }
+
+    fn restore_each(&mut self, tids: &[u32], why: &str) -> Vec<u32> {
+        for &tid in tids {
+            match self.restore(tid, why) {
+                Ok(()) | Err(ActError::Gone { .. }) | Err(ActError::HandsOff { .. }) => {}
+                Err(e) => tracing::warn!(tid, error = %e, "could not put the thread back"),
+            }
+        }
+        tids.to_vec()
+    }
+
     /// Sets a thread to a fixed nice (a role), recorded and restored like an elevation.
     pub fn fix_nice(&mut self, pid: u32, tid: u32, nice: i32, why: &str) -> Result<(), ActError> {
         self.apply_nice(pid, tid, Target::Fixed(nice), None, why)
@@ -459,6 +521,7 @@ impl KernelActuator {
         self.counters.changes += 1;
         let m = self.managed.get_mut(&tid).expect("present");
         m.why = why.to_string();
+        m.role = matches!(target, Target::Fixed(_));
         tracing::debug!(pid, tid, comm = %m.comm, nice, original = m.orig.nice, why, dry_run = self.dry_run, "set nice");
         Ok(())
     }
@@ -564,7 +627,7 @@ impl Actuator for KernelActuator {
                 pid: m.key.pid,
                 tid: m.key.tid,
                 comm: m.comm.clone(),
-                class: "latency",
+                class: if m.role { "role" } else { "latency" },
                 nice: m.applied_nice,
                 original_nice: m.orig.nice,
                 slice_ns: m.applied_slice_ns,

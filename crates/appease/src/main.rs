@@ -44,9 +44,14 @@ enum Command {
         /// Watch and decide, but change nothing (decisions are logged and shown in status).
         #[arg(long)]
         dry_run: bool,
+        /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9559); overrides [metrics] listen.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Put back every priority a crashed daemon left changed (from its journal).
     Restore,
+    /// Make the running daemon read its config again and say what changed (as SIGHUP does).
+    Reload,
     /// Show what the running daemon manages and why.
     Status {
         /// One JSON object instead of a table.
@@ -296,7 +301,12 @@ fn init_logging(filter: &str, format: LogFormat) {
 
 fn run(cmd: Command) -> Result<()> {
     match cmd {
-        Command::Daemon { config, dry_run } => daemon(config, dry_run),
+        Command::Daemon {
+            config,
+            dry_run,
+            metrics,
+        } => daemon(config, dry_run, metrics),
+        Command::Reload => status_cmd::reload(&appease_daemon::run_dir()),
         Command::Restore => restore(),
         Command::Completions { shell } => {
             use clap::CommandFactory;
@@ -412,11 +422,18 @@ fn run(cmd: Command) -> Result<()> {
     }
 }
 
-fn daemon(config_path: Option<PathBuf>, dry_run: bool) -> Result<()> {
-    let config = match &config_path {
+fn daemon(
+    config_path: Option<PathBuf>,
+    dry_run: bool,
+    metrics: Option<std::net::SocketAddr>,
+) -> Result<()> {
+    let mut config = match &config_path {
         Some(p) => appease_config::Config::load(p)?,
         None => appease_config::Config::embedded(),
     };
+    if metrics.is_some() {
+        config.metrics.listen = metrics;
+    }
     let controls = appease_daemon::Controls::default();
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, controls.shutdown.clone())

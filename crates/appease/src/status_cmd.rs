@@ -4,29 +4,77 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
+use appease_daemon::control::{self, ClientError, Reply, Request};
 use appease_daemon::status::Status;
-use appease_daemon::RunLock;
+
+/// The running daemon's state, from its control socket; a clear error when none runs.
+pub fn fetch(dir: &Path) -> Result<(Status, Option<u64>)> {
+    match control::status(dir) {
+        Ok(s) => Ok(s),
+        Err(e @ ClientError::NotRunning(_)) => {
+            let leftovers = appease_actuator::journal::read_pending(dir)
+                .map(|p| p.len())
+                .unwrap_or(0);
+            if leftovers > 0 {
+                bail!("{e}, and its journal lists {leftovers} changed thread(s): run `appease restore`");
+            }
+            Err(e.into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How old a stale state is, said plainly.
+pub fn stale_warning(status: &Status, age: u64) -> String {
+    format!(
+        "the daemon (pid {}) last reported {age} s ago: its event loop is stuck or starved; \
+         what follows may be out of date",
+        status.pid
+    )
+}
 
 pub fn show(dir: &Path, json: bool) -> Result<()> {
-    let Some(pid) = RunLock::holder(dir) else {
-        let leftovers = appease_actuator::journal::read_pending(dir)
-            .map(|p| p.len())
-            .unwrap_or(0);
-        if leftovers > 0 {
-            bail!(
-                "appease daemon is not running, and its journal lists {leftovers} changed thread(s): run `appease restore`"
-            );
-        }
-        bail!(
-            "appease daemon is not running (no lock held in {})",
-            dir.display()
-        );
-    };
-    let status = Status::read(dir).map_err(|e| anyhow::anyhow!("daemon pid {pid} is running but its status is not readable yet ({e}); try again in a second"))?;
+    let (status, stale) = fetch(dir)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&status)?);
-        return Ok(());
+    } else {
+        print_status(&status);
     }
+    if let Some(age) = stale {
+        bail!("{}", stale_warning(&status, age));
+    }
+    Ok(())
+}
+
+/// `appease reload`: the daemon reads its config again and says what it did.
+pub fn reload(dir: &Path) -> Result<()> {
+    let report = match control::request(dir, Request::Reload)? {
+        Reply::Reload { report } => report,
+        other => bail!("unexpected reply from the daemon: {other:?}"),
+    };
+    if let Some(e) = &report.error {
+        bail!("reload refused; the daemon keeps its last good config: {e}");
+    }
+    println!("reloaded {}", report.config);
+    if report.changed.is_empty() {
+        println!("nothing changed");
+    }
+    for c in &report.changed {
+        println!("applied: {c}");
+    }
+    for k in &report.needs_restart {
+        println!("needs a restart (running value kept): {k}");
+    }
+    for f in &report.failed {
+        println!("failed: {f}");
+    }
+    if !report.failed.is_empty() {
+        bail!("part of the config could not be applied (see above)");
+    }
+    Ok(())
+}
+
+fn print_status(status: &Status) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -87,9 +135,8 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
         status.watched,
         status.threads.len()
     );
-    print_threads(&status, now);
-    print_processes(&status, now);
-    Ok(())
+    print_threads(status, now);
+    print_processes(status, now);
 }
 
 fn print_threads(status: &Status, now: u64) {

@@ -562,12 +562,9 @@ fn dry_run_decides_and_reports_but_changes_nothing() {
         .unwrap();
     // Running, and seeing the load (servers started after this find the ladder engaged).
     let loaded = wait_for(Duration::from_secs(5), || {
-        std::fs::read(dir.0.join("status.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .is_some_and(|s| {
-                s["pid"] == child.id() && s["load"]["runnable_per_cpu"].as_f64() >= Some(1.0)
-            })
+        status_of(&dir.0).is_some_and(|s| {
+            s["pid"] == child.id() && s["load"]["runnable_per_cpu"].as_f64() >= Some(1.0)
+        })
     });
     assert!(
         loaded.is_some(),
@@ -923,11 +920,7 @@ fn a_second_daemon_for_the_same_idle_group_refuses_whatever_its_run_directory() 
         .spawn()
         .unwrap();
     assert!(
-        wait_for(Duration::from_secs(10), || second
-            .0
-            .join("status.json")
-            .exists())
-        .is_some(),
+        wait_for(Duration::from_secs(10), || status_of(&second.0).is_some()).is_some(),
         "the dry run starts"
     );
     // SAFETY: ending our own child.
@@ -1925,6 +1918,292 @@ fn roles_give_fixed_staggered_priorities_and_are_restored() {
     assert!(shown.is_some(), "status says why: {st}");
     assert!(daemon.signal(libc::SIGTERM).success());
     assert_eq!((nice(pids[0]), nice(pids[1])), (0, 0), "restored on exit");
+}
+
+fn nice_of_process(pid: u32) -> i32 {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    t[t.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(16)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_reload_applies_services_roles_and_exceptions_and_a_bad_one_changes_nothing() {
+    let _g = serial();
+    let dir = TempDir::new("reload");
+    let tag = std::process::id() % 10_000;
+    let [role_a, role_b, ex, sv] = ["rl-a", "rl-b", "ex-", "sv-"].map(|n| format!("{n}{tag}"));
+    let common = format!(
+        "[batch]\ngroup = \"appease.t{tag}\"\nafter_ms = 1000\nscan_ms = 200\n\
+         [roles]\ntop_nice = -6\n\
+         [[role]]\napp = \"a\"\ncomm = \"{role_a}\"\nrank = 0\n"
+    );
+    let before = format!("{common}[[role]]\napp = \"a\"\ncomm = \"{role_b}\"\nrank = 1\n");
+    let cfg = dir.file("reload.toml", &before);
+    let home = cpu_cgroup(std::process::id()).unwrap();
+    let procs = Soakers(vec![
+        named_soaker(&role_a),
+        named_soaker(&role_b),
+        named_soaker(&ex),
+        named_soaker(&sv),
+    ]);
+    let [pa, pb, pe, ps] = [0, 1, 2, 3].map(|i| procs.0[i].id());
+    let daemon = Daemon::start(&dir.0, &cfg);
+    let batch = format!("/appease.t{tag}");
+    let set = wait_for(Duration::from_secs(10), || {
+        nice_of_process(pa) == -6
+            && nice_of_process(pb) == -5
+            && cpu_cgroup(pe).as_deref() == Some(batch.as_str())
+            && cpu_cgroup(ps).as_deref() == Some(batch.as_str())
+    });
+    assert!(
+        set.is_some(),
+        "roles set, soakers demoted: {}",
+        daemon.log_text()
+    );
+
+    // The new config: role B removed, a service for the soaker SV, and the soaker EX and
+    // role A's process made exceptions (both already managed).
+    let service = format!("r{tag}");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{common}[hands_off]\ncomms = [\"{ex}\", \"{role_a}\"]\n\
+             [[service]]\nname = \"{service}\"\ncomm = \"{sv}\"\n"
+        ),
+    )
+    .unwrap();
+    let out = appease(&dir.0, &["reload"]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for part in [
+        format!("applied: [[service]] {service} added"),
+        "applied: [hands_off]".into(),
+        "applied: [[role]]".into(),
+    ] {
+        assert!(said.contains(&part), "the reload says {part:?}: {said}");
+    }
+    let svc_group = format!("/appease.svc.{service}");
+    let applied = wait_for(Duration::from_secs(5), || {
+        nice_of_process(pa) == 0
+            && nice_of_process(pb) == 0
+            && cpu_cgroup(pe).as_deref() == Some(home.as_str())
+            && cpu_cgroup(ps).as_deref() == Some(svc_group.as_str())
+    });
+    assert!(
+        applied.is_some(),
+        "reload in full effect: nice {} {}, cgroups {:?} {:?}: {}",
+        nice_of_process(pa),
+        nice_of_process(pb),
+        cpu_cgroup(pe),
+        cpu_cgroup(ps),
+        daemon.log_text()
+    );
+    // And it stays so: the exception is not demoted again, the role not given back.
+    for _ in 0..10 {
+        thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            cpu_cgroup(pe).as_deref(),
+            Some(home.as_str()),
+            "an exception stays home"
+        );
+        assert_eq!((nice_of_process(pa), nice_of_process(pb)), (0, 0));
+    }
+
+    // A bad config: refused with one clear error, the running config kept.
+    std::fs::write(&cfg, format!("{common}[elevation]\ntick_ms = \"often\"\n")).unwrap();
+    let out = appease(&dir.0, &["reload"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "a bad reload fails");
+    assert!(
+        err.contains("keeps its last good config") && err.contains("line 12, column 11"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one error: {err}");
+    thread::sleep(Duration::from_millis(600));
+    assert_eq!(cpu_cgroup(ps).as_deref(), Some(svc_group.as_str()));
+    assert_eq!(cpu_cgroup(pe).as_deref(), Some(home.as_str()));
+    assert!(daemon.log_text().contains("keeping the last good config"));
+
+    drop(daemon);
+    for pid in [pa, pb, pe, ps] {
+        assert_eq!(
+            cpu_cgroup(pid).as_deref(),
+            Some(home.as_str()),
+            "all home after exit"
+        );
+        assert_eq!(nice_of_process(pid), 0);
+    }
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    assert!(
+        !cg.exists(&svc_group) && !cg.exists(&batch),
+        "groups removed"
+    );
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn the_control_socket_answers_root_and_its_group_only() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let _g = serial();
+    let dir = TempDir::new("control");
+    let cfg = dir.file(
+        "control.toml",
+        "[batch]\nenabled = false\n[control]\ngroup = \"nogroup\"\n",
+    );
+    let daemon = Daemon::start(&dir.0, &cfg);
+    let sock = std::fs::metadata(dir.0.join("control.sock")).unwrap();
+    assert_eq!(
+        (sock.permissions().mode() & 0o777, sock.uid(), sock.gid()),
+        (0o660, 0, 65534),
+        "the socket is root's and its group's"
+    );
+    let status_as = |ids: &[&str]| {
+        Command::new("setpriv")
+            .args(ids)
+            .args([BIN, "status"])
+            .env("APPEASE_RUN_DIR", &dir.0)
+            .output()
+            .expect("setpriv (util-linux) runs")
+    };
+    // A member of the group (uid nobody, gid nogroup): allowed.
+    let out = status_as(&["--reuid=65534", "--regid=65534", "--clear-groups"]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("appease daemon pid"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Neither root nor in the group: refused, and told why.
+    let out = status_as(&["--reuid=65534", "--regid=12345", "--clear-groups"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused");
+    assert!(
+        err.contains("permission denied") && err.contains("control socket"),
+        "{err}"
+    );
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=12345",
+            "--clear-groups",
+            BIN,
+            "reload",
+        ])
+        .env("APPEASE_RUN_DIR", &dir.0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "no reload either");
+    drop(daemon);
+    // No daemon: a clear word, not a hang or a stale answer.
+    let out = appease(&dir.0, &["status"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no appease daemon is running"),
+        "{err}"
+    );
+}
+
+/// GET http://ADDR/metrics: the body.
+fn scrape(addr: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    body.to_string()
+}
+
+/// A sample's value in a scrape.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn the_metrics_endpoint_passes_promtool_and_its_counters_move_under_load() {
+    let _g = serial();
+    let dir = TempDir::new("metrics");
+    let cfg = dir.file("test.toml", TEST_CONFIG);
+    let _soak = Soakers::start(2 * host_cpus());
+    let addr = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let daemon = Daemon::start_with(&dir.0, &cfg, &["--metrics", &addr], &[]);
+    let first = scrape(&addr);
+    let promtool = |text: &str| {
+        let mut child = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("promtool (Debian package prometheus; make test-deps installs it)");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+            "promtool check metrics: {}{}\n{text}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    promtool(&first);
+    let unix_requests = "appease_requests_total{family=\"unix\"}";
+    let inet_requests = "appease_requests_total{family=\"inet\"}";
+    let elevations = "appease_elevations_total{reason=\"unix-request\"}";
+    let (u0, i0) = (sample(&first, unix_requests), sample(&first, inet_requests));
+    // The load seen first (about one time constant of its average), then servers that
+    // receive requests under it, each after a pause (a request that wakes the daemon):
+    // the counters move.
+    let loaded = wait_for(Duration::from_secs(5), || {
+        sample(&scrape(&addr), "appease_load_runnable_per_cpu") >= 1.2
+    });
+    assert!(loaded.is_some(), "the load is seen: {}", daemon.log_text());
+    let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(60));
+    let tcp = Service::tcp(Duration::from_millis(1), Duration::from_millis(60));
+    let mut text = String::new();
+    let moved = wait_for(Duration::from_secs(5), || {
+        text = scrape(&addr);
+        sample(&text, unix_requests) > u0
+            && sample(&text, inet_requests) > i0
+            && text.contains(elevations)
+            && sample(&text, "appease_elevation_latency_seconds_count") > 0.0
+            // A gauge: set from the state published once a second.
+            && sample(&text, "appease_threads{class=\"latency\"}") >= 1.0
+    });
+    assert!(
+        moved.is_some(),
+        "counters move under load:\n{text}\n{}",
+        daemon.log_text()
+    );
+    promtool(&text);
+    drop((unix, tcp));
+    drop(daemon);
+    assert!(
+        TcpStream::connect(&addr).is_err(),
+        "the endpoint closes with the daemon"
+    );
 }
 
 #[test]

@@ -774,9 +774,17 @@ pub(crate) fn start_daemon(run: &mut Run, opts: &Options, cfg: &Path) -> Result<
         .context("starting appease daemon")?;
     let pid = child.id();
     run.daemon = Some(child);
+    // Up once its control socket answers with its state.
     wait_until(Duration::from_secs(10), || {
-        std::fs::read_to_string(run_dir.join("status.json"))
-            .is_ok_and(|s| s.contains(&format!("\"pid\": {pid}")))
+        Command::new(&opts.appease)
+            .args(["status", "--json"])
+            .env("APPEASE_RUN_DIR", &run_dir)
+            .stderr(Stdio::null())
+            .output()
+            .is_ok_and(|o| {
+                o.status.success()
+                    && String::from_utf8_lossy(&o.stdout).contains(&format!("\"pid\": {pid},"))
+            })
     })
     .with_context(|| {
         format!(

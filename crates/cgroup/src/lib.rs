@@ -39,6 +39,14 @@ pub enum CgroupError {
 }
 
 impl CgroupError {
+    /// The system call's error behind it, if one was.
+    pub fn os_error(&self) -> Option<&io::Error> {
+        match self {
+            CgroupError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
     /// The task or group vanished under us: log and skip, never fatal.
     pub fn is_gone(&self) -> bool {
         const ESRCH: i32 = 3;

@@ -43,6 +43,42 @@ pub struct Config {
     pub roles: RolesSection,
     #[serde(rename = "role")]
     pub role: Vec<Role>,
+    pub metrics: MetricsSection,
+    pub control: ControlSection,
+}
+
+/// Prometheus metrics at `http://LISTEN/metrics`; off unless an address is given.
+#[derive(Clone, Debug, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    #[serde(deserialize_with = "socket_addr")]
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+/// Who may use the control socket (`appease status`, `top`, `reload`): root, and the
+/// members of `group` when one is named.
+#[derive(Clone, Debug, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlSection {
+    #[serde(deserialize_with = "group")]
+    pub group: Option<String>,
+}
+
+fn socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<std::net::SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map(Some).map_err(|_| {
+        D::Error::custom(format!(
+            "{text:?} is not an address to listen on: give IP:PORT, e.g. \"127.0.0.1:9559\" or \"[::1]:9559\""
+        ))
+    })
+}
+
+fn group<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let name = String::deserialize(d)?;
+    match gid_of(&name) {
+        Some(_) => Ok(Some(name)),
+        None => Err(D::Error::custom(format!("no group {name:?} on this host"))),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -428,6 +464,21 @@ pub fn uid_of(name: &str) -> Option<u32> {
     })
 }
 
+/// The gid of a group name (or a number), from /etc/group.
+pub fn gid_of(name: &str) -> Option<u32> {
+    if let Ok(gid) = name.parse() {
+        return Some(gid);
+    }
+    let text = std::fs::read_to_string("/etc/group").ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.split(':');
+        if f.next()? != name {
+            return None;
+        }
+        f.nth(1)?.parse().ok()
+    })
+}
+
 impl Rule {
     /// The checks every matcher (rule, service, role) must pass.
     fn check(&self) -> Result<(), String> {
@@ -731,6 +782,22 @@ mod tests {
 
     fn err(text: &str) -> String {
         Config::parse(text, "test.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn metrics_and_control_take_an_address_and_an_existing_group() {
+        let c = Config::parse(
+            "[metrics]\nlisten = \"127.0.0.1:9559\"\n[control]\ngroup = \"root\"\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(c.metrics.listen, Some("127.0.0.1:9559".parse().unwrap()));
+        assert_eq!(c.control.group.as_deref(), Some("root"));
+        assert_eq!(gid_of("root"), Some(0));
+        let e = err("[metrics]\nlisten = \"localhost\"\n");
+        assert!(e.contains("line 2") && e.contains("IP:PORT"), "{e}");
+        let e = err("[control]\ngroup = \"no-such-group-here\"\n");
+        assert!(e.contains("no group \"no-such-group-here\""), "{e}");
     }
 
     #[test]

@@ -83,6 +83,8 @@ impl BatchManager {
 
     pub fn set_config(&mut self, cfg: &Config) {
         self.mode.set_params(cfg.quiet_after(), cfg.floor_params());
+        // Roles, services and exceptions of a new config apply at once.
+        self.scan_now();
     }
 
     pub fn view(&self) -> BatchView {
@@ -184,6 +186,7 @@ impl BatchManager {
         }
         place_services(&snap.services, actuator);
         apply_roles(&snap.roles, actuator);
+        actuator.release_roles(|pid| snap.roles.contains_key(&pid));
         self.roles = snap
             .roles
             .into_iter()
@@ -198,6 +201,15 @@ impl BatchManager {
                     log_failure(&e, d.root, "demote");
                     self.forget.push(d.root);
                 }
+            }
+        }
+        for (root, pid) in snap.releases {
+            match actuator.release_process(pid) {
+                Ok(true) => {
+                    tracing::info!(root, pid, "exempted by the config: out of the idle class")
+                }
+                Ok(false) => {}
+                Err(e) => log_failure(&e, root, "release a process of"),
             }
         }
         for (root, members) in snap.promotions {

@@ -2,8 +2,10 @@
 //! the pure policy; its decisions go to the actuator; everything is put back on exit.
 
 pub mod batch;
+pub mod control;
 pub mod host;
 pub mod lock;
+pub mod metrics;
 pub mod scanner;
 pub mod status;
 
@@ -95,12 +97,26 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         false => Some(RunLock::acquire_group(&opts.config.batch.group)?),
         true => None,
     };
-    Status::remove(&opts.run_dir); // a crashed daemon's, if any
     let leftovers = restore_leftovers(&opts.run_dir)?;
     if leftovers != RestoreReport::default() {
         tracing::warn!(?leftovers, "restored what a previous daemon left behind");
     }
     host::raise_nofile_limit();
+    // Before capabilities are dropped: giving the socket to a group takes CAP_CHOWN.
+    let shared = control::Shared::new(controls.reload.clone());
+    let gid = opts
+        .config
+        .control
+        .group
+        .as_deref()
+        .and_then(appease_config::gid_of);
+    let control = control::ControlServer::start(&opts.run_dir, gid, shared.clone())
+        .with_context(|| format!("starting the control socket in {}", opts.run_dir.display()))?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let _metrics_server = match opts.config.metrics.listen {
+        Some(addr) => Some(metrics::MetricsServer::start(addr, metrics.clone())?),
+        None => None,
+    };
 
     let mut storage = ProbeStorage::uninit();
     let probe_cfg = ProbeConfig {
@@ -197,14 +213,7 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     }
     // After the actuator has read the kernel's default slice from this thread.
     let priority = host::prioritize_self();
-    let status_writer = match status::StatusWriter::start(opts.run_dir.clone()) {
-        Ok(w) => w,
-        Err(e) => {
-            actuator.restore_all();
-            return Err(e).context("starting the status writer thread");
-        }
-    };
-    let mut daemon = Daemon::new(opts, probe, actuator, scanner, status_writer);
+    let mut daemon = Daemon::new(opts, probe, actuator, scanner, shared, metrics);
     daemon.layout = (&layout).into();
     tracing::info!(
         pid = std::process::id(),
@@ -222,9 +231,8 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     }));
     notify_systemd(&[sd_notify::NotifyState::Stopping]);
     let report = daemon.actuator.restore_all();
-    // No status written after it is removed.
-    daemon.status_writer.finish();
-    Status::remove(&daemon.opts.run_dir);
+    // No state served after the exit.
+    drop(control);
     let RestoreReport {
         restored,
         gone,
@@ -280,7 +288,10 @@ struct Daemon<'obj> {
     lost_seen: u64,
     /// systemd asked for watchdog pings (WatchdogSec=).
     watchdog: bool,
-    status_writer: status::StatusWriter,
+    /// Prometheus counters, moved as things happen (served only with --metrics).
+    metrics: Arc<metrics::Metrics>,
+    /// What the control socket serves, and its reload requests.
+    shared: control::Shared,
     /// /proc/loadavg and /proc/pressure/cpu, kept open (read again from the start).
     load_files: host::LoadFiles,
     layout: status::LayoutView,
@@ -292,7 +303,8 @@ impl<'obj> Daemon<'obj> {
         probe: Probe<'obj>,
         actuator: KernelActuator,
         scanner: Option<scanner::Scanner>,
-        status_writer: status::StatusWriter,
+        shared: control::Shared,
+        metrics: Arc<metrics::Metrics>,
     ) -> Self {
         let cpus = host::cpus();
         let shared_config = Arc::new(opts.config.clone());
@@ -318,7 +330,8 @@ impl<'obj> Daemon<'obj> {
             shared_config,
             lost_seen: 0,
             watchdog: sd_notify::watchdog_enabled(false, &mut 0),
-            status_writer,
+            shared,
+            metrics,
             load_files: host::LoadFiles::open(),
             layout: Default::default(),
         }
@@ -382,7 +395,7 @@ impl<'obj> Daemon<'obj> {
                 }
                 self.handle_arrived();
                 self.resync_after_lost_events();
-                self.write_status();
+                self.publish_status();
                 // The loop runs: systemd's watchdog (WatchdogSec=) hears it once a second.
                 if self.watchdog {
                     notify_systemd(&[sd_notify::NotifyState::Watchdog]);
@@ -470,38 +483,140 @@ impl<'obj> Daemon<'obj> {
         if let Ok(now) = sd_notify::NotifyState::monotonic_usec_now() {
             notify_systemd(&[sd_notify::NotifyState::Reloading, now]);
         }
-        self.load_config_again();
+        let report = self.load_config_again();
+        self.shared.reloaded(&report);
         notify_systemd(&[sd_notify::NotifyState::Ready]);
     }
 
-    fn load_config_again(&mut self) {
+    /// Reads the config file again and applies all of it but the keys only a restart
+    /// changes; an invalid file leaves the running config as it is.
+    fn load_config_again(&mut self) -> control::ReloadReport {
+        let mut report = control::ReloadReport {
+            config: self.config_origin(),
+            ..Default::default()
+        };
         let Some(path) = self.opts.config_path.clone() else {
             tracing::info!("reload requested; the embedded default config is unchanged");
-            return;
+            report.applied = true;
+            return report;
         };
-        match Config::load(&path) {
-            Ok(cfg) => {
-                self.policy.set_params(cfg.elevation_params());
-                self.actuator.set_exceptions(cfg.hands_off.comms.clone());
-                self.tick = Duration::from_millis(cfg.elevation.tick_ms);
-                if cfg.probe != self.opts.config.probe {
-                    tracing::warn!("[probe] settings take effect at the next start");
-                }
-                if cfg.batch.enabled != self.opts.config.batch.enabled
-                    || cfg.batch.group != self.opts.config.batch.group
-                {
-                    tracing::warn!("[batch] enabled and group take effect at the next start");
-                }
-                if let Some(b) = self.batch.as_mut() {
-                    b.set_config(&cfg);
-                }
-                self.shared_config = Arc::new(cfg.clone());
-                self.opts.config = cfg;
-                tracing::info!(config = %path.display(), "config reloaded");
-            }
+        let mut cfg = match Config::load(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|c| {
+                self.services_available(&c)?;
+                Ok(c)
+            }) {
+            Ok(cfg) => cfg,
             Err(e) => {
-                tracing::error!(error = %e, "config reload failed; keeping the last good config")
+                tracing::error!(error = %e, "config reload failed; keeping the last good config");
+                report.error = Some(e);
+                return report;
             }
+        };
+        let old = self.opts.config.clone();
+        // What only a restart changes keeps its running value, and is reported.
+        let mut restart_only = |name: &str, changed: bool| {
+            if changed {
+                report.needs_restart.push(name.to_string());
+            }
+        };
+        restart_only("[probe]", cfg.probe != old.probe);
+        restart_only("[batch] enabled", cfg.batch.enabled != old.batch.enabled);
+        restart_only("[batch] group", cfg.batch.group != old.batch.group);
+        restart_only("[metrics] listen", cfg.metrics != old.metrics);
+        restart_only("[control] group", cfg.control != old.control);
+        cfg.probe = old.probe.clone();
+        cfg.batch.enabled = old.batch.enabled;
+        cfg.batch.group = old.batch.group.clone();
+        cfg.metrics = old.metrics.clone();
+        cfg.control = old.control.clone();
+        if self.scanner.is_none() {
+            // Nothing scans processes: services and roles would never be applied.
+            restart_only("[[service]]", cfg.services != old.services);
+            restart_only("[[role]]", cfg.role != old.role || cfg.roles != old.roles);
+            cfg.services = old.services.clone();
+            cfg.role = old.role.clone();
+            cfg.roles = old.roles.clone();
+        }
+        let changed = &mut report.changed;
+        if cfg.elevation != old.elevation {
+            self.policy.set_params(cfg.elevation_params());
+            self.tick = Duration::from_millis(cfg.elevation.tick_ms);
+            changed.push("[elevation]".into());
+        }
+        if cfg.hands_off != old.hands_off {
+            self.actuator.set_exceptions(cfg.hands_off.comms.clone());
+            for tid in self.actuator.release_excepted_threads() {
+                self.policy.forget(tid);
+            }
+            let moved = self.actuator.release_excepted_processes();
+            changed.push(format!("[hands_off] (processes moved back: {moved})"));
+        }
+        for svc in &old.services {
+            if !cfg.services.iter().any(|s| s.name == svc.name) {
+                let r = self.actuator.remove_service_group(&svc.group_name());
+                changed.push(format!(
+                    "[[service]] {} removed ({} moved back)",
+                    svc.name, r.restored
+                ));
+            }
+        }
+        for svc in &cfg.services {
+            let before = old.services.iter().find(|s| s.name == svc.name);
+            if before == Some(svc) {
+                continue;
+            }
+            match self
+                .actuator
+                .set_service_group(&svc.group_name(), svc.weight)
+            {
+                Ok(_) if before.is_none() => {
+                    changed.push(format!("[[service]] {} added", svc.name))
+                }
+                Ok(_) => changed.push(format!("[[service]] {} changed", svc.name)),
+                Err(e) => report.failed.push(format!(
+                    "[[service]] {}: cannot set up its group: {e}",
+                    svc.name
+                )),
+            }
+        }
+        if cfg.role != old.role || cfg.roles != old.roles {
+            changed.push("[[role]]".into());
+        }
+        if cfg.rules != old.rules {
+            changed.push("[[rule]]".into());
+        }
+        if cfg.batch != old.batch {
+            changed.push("[batch]".into());
+        }
+        if let Some(b) = self.batch.as_mut() {
+            b.set_config(&cfg);
+        }
+        self.shared_config = Arc::new(cfg.clone());
+        self.opts.config = cfg;
+        report.applied = true;
+        tracing::info!(
+            config = %path.display(),
+            changed = ?report.changed,
+            "config reloaded"
+        );
+        if !report.needs_restart.is_empty() {
+            tracing::warn!(keys = ?report.needs_restart, "changed keys keep their running value until a restart");
+        }
+        for f in &report.failed {
+            tracing::warn!(failed = %f, "part of the reloaded config could not be applied");
+        }
+        report
+    }
+
+    /// Service groups are not built for a cgroup-v2 host under systemd (see `run`).
+    fn services_available(&self, cfg: &Config) -> Result<(), String> {
+        match cfg.services.first() {
+            Some(svc) if self.layout.systemd && self.layout.kind == "cgroup-v2-systemd" => Err(format!(
+                "service {:?}: latency service groups are not available on a cgroup v2 host under systemd yet",
+                svc.name
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -520,6 +635,12 @@ impl<'obj> Daemon<'obj> {
                 proc_comm,
                 ..
             } => {
+                self.metrics.request(match family {
+                    Family::Unix => "unix",
+                    Family::Inet => "inet",
+                    Family::Inet6 => "inet6",
+                    Family::Other(_) => "other",
+                });
                 let process = (pid, proc_start_ns / self.clock_tick_ns);
                 if let Some(b) = self.batch.as_mut() {
                     b.on_request(process, ts_ns, &self.opts.config, &mut self.actuator);
@@ -547,6 +668,7 @@ impl<'obj> Daemon<'obj> {
                     if self.apply(d) {
                         let us = monotonic_ns().saturating_sub(ts_ns) / 1000;
                         let h = if woke {
+                            self.metrics.elevation_latency(us);
                             &mut self.latency_us
                         } else {
                             &mut self.deferred_latency_us
@@ -595,6 +717,10 @@ impl<'obj> Daemon<'obj> {
     /// Applies one decision; true when the kernel state now matches it.
     fn apply(&mut self, d: Decision) -> bool {
         let restoring = matches!(d, Decision::Restore { .. });
+        let counted = match &d {
+            Decision::Elevate { reason, .. } => (false, reason.as_str()),
+            Decision::Restore { reason, .. } => (true, reason.as_str()),
+        };
         let (tid, result) = match d {
             Decision::Elevate {
                 pid,
@@ -612,7 +738,13 @@ impl<'obj> Daemon<'obj> {
             }
         };
         match result {
-            Ok(()) => true,
+            Ok(()) => {
+                match counted {
+                    (false, reason) => self.metrics.elevated(reason),
+                    (true, reason) => self.metrics.restored(reason),
+                }
+                true
+            }
             Err(ActError::Gone { tid }) => {
                 tracing::debug!(tid, "thread gone");
                 self.policy.forget(tid);
@@ -651,7 +783,8 @@ impl<'obj> Daemon<'obj> {
         }
     }
 
-    fn write_status(&self) {
+    /// The state the control socket and the metrics endpoint serve, once a second.
+    fn publish_status(&self) {
         let load = self.load.current();
         let params = self.policy.params();
         let idx = load.ladder_index(params.min_psi_pct);
@@ -689,7 +822,7 @@ impl<'obj> Daemon<'obj> {
                 request_events: c.requests,
                 lost_events: c.lost,
             },
-            actuator: self.actuator.counters.into(),
+            actuator: self.actuator.counters.clone().into(),
             elevation_latency_us: latency_view(&self.latency_us),
             deferred_elevation_latency_us: latency_view(&self.deferred_latency_us),
             watched: self.policy.tracked(),
@@ -698,7 +831,8 @@ impl<'obj> Daemon<'obj> {
             batch: self.batch.as_ref().map(|b| b.view()),
             layout: self.layout.clone(),
         };
-        self.status_writer.write(status);
+        self.metrics.update(&status);
+        self.shared.publish(Arc::new(status));
     }
 }
 
@@ -722,7 +856,7 @@ fn latency_view(h: &Histogram<u64>) -> LatencyView {
     }
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

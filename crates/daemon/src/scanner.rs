@@ -42,6 +42,8 @@ pub struct Snapshot {
     pub demotions: Vec<Demotion>,
     /// Demoted trees to move back: (root, members).
     pub promotions: Vec<(u32, Vec<u32>)>,
+    /// Processes of demoted trees the config now exempts: (root, pid).
+    pub releases: Vec<(u32, u32)>,
     /// Each configured service's processes: (main pid, group, the pid and its children).
     pub services: Vec<(u32, String, Vec<u32>)>,
     /// Role processes: pid -> (fixed nice, label, its start).
@@ -333,6 +335,7 @@ impl Worker {
                     why: format!("{why}: {cpus:.2} CPUs, no requests"),
                 }),
                 BatchDecision::Promote { root, members } => snap.promotions.push((root, members)),
+                BatchDecision::Release { root, pid } => snap.releases.push((root, pid)),
             }
         }
         snap.demoted = self.classifier.demoted_members();
@@ -398,8 +401,8 @@ fn clock_tick() -> Duration {
 
 type Roles = HashMap<u32, (i32, String)>;
 
-/// Classes forced by the config's rules, services and roles; each service's processes
-/// (pid -> group); each role process's fixed nice and label.
+/// Classes forced by the config's rules, services, roles and exceptions; each service's
+/// processes (pid -> group); each role process's fixed nice and label.
 fn classify_by_config(
     cfg: &Config,
     procs: &[ProcSample],
@@ -407,10 +410,19 @@ fn classify_by_config(
     uids: &HashMap<u32, u32>,
 ) -> (HashMap<u32, Class>, HashMap<u32, String>, Roles) {
     let (mut forced, mut services, mut roles) = (HashMap::new(), HashMap::new(), HashMap::new());
-    if cfg.rules.is_empty() && cfg.services.is_empty() && cfg.role.is_empty() {
+    if cfg.rules.is_empty()
+        && cfg.services.is_empty()
+        && cfg.role.is_empty()
+        && cfg.hands_off.comms.is_empty()
+    {
         return (forced, services, roles);
     }
     for p in procs.iter().filter(|p| !p.kernel_thread) {
+        // hands_off: never batch, never placed, never given a role.
+        if cfg.hands_off.comms.contains(&p.comm) {
+            forced.insert(p.pid, Class::Normal);
+            continue;
+        }
         let cgroup = cgroups.get(&p.pid).map(String::as_str);
         let uid = uids.get(&p.pid).copied();
         if let Some(c) = cfg.forced_class(&p.comm, cgroup, uid) {

@@ -1,13 +1,8 @@
-//! The daemon's status, written atomically to the run directory for `appease status`.
-
-use std::fs;
-use std::io;
-use std::path::Path;
+//! The daemon's state as `appease status`, `appease top` and the metrics endpoint see it,
+//! published once a second through the control socket.
 
 use appease_actuator::{ActCounters, ManagedView, MovedView};
 use serde::{Deserialize, Serialize};
-
-pub const FILE: &str = "status.json";
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Status {
@@ -92,6 +87,9 @@ pub struct ActuatorView {
     pub gone: u64,
     pub hands_off: u64,
     pub failures: u64,
+    /// Failures by what refused (errno name, "journal", "systemd").
+    #[serde(default)]
+    pub failures_by_cause: std::collections::BTreeMap<String, u64>,
     #[serde(default)]
     pub demotions: u64,
     #[serde(default)]
@@ -106,6 +104,7 @@ impl From<ActCounters> for ActuatorView {
             gone: c.gone,
             hands_off: c.hands_off,
             failures: c.failures,
+            failures_by_cause: c.failures_by_cause,
             demotions: c.demotions,
             promotions: c.promotions,
         }
@@ -151,73 +150,5 @@ impl ThreadStatus {
             why: m.why,
             since: m.since,
         }
-    }
-}
-
-impl Status {
-    pub fn write(&self, dir: &Path) -> io::Result<()> {
-        let tmp = dir.join(format!("{FILE}.tmp"));
-        fs::write(
-            &tmp,
-            serde_json::to_vec_pretty(self).map_err(io::Error::other)?,
-        )?;
-        fs::rename(tmp, dir.join(FILE))
-    }
-
-    pub fn read(dir: &Path) -> io::Result<Self> {
-        let bytes = fs::read(dir.join(FILE))?;
-        serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-    }
-
-    pub fn remove(dir: &Path) {
-        let _missing_is_fine = fs::remove_file(dir.join(FILE));
-    }
-}
-
-/// Writes status files on a thread of its own: serialising and writing a file take the
-/// event loop, which must stay free for elevations, a millisecond.
-pub struct StatusWriter {
-    tx: Option<std::sync::mpsc::SyncSender<Status>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl StatusWriter {
-    pub fn start(dir: std::path::PathBuf) -> io::Result<Self> {
-        // One waiting at most: a writer behind drops a status, never the loop.
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Status>(1);
-        let thread = std::thread::Builder::new()
-            .name("appease-status".into())
-            .spawn(move || {
-                for status in rx {
-                    if let Err(e) = status.write(&dir) {
-                        tracing::warn!(error = %e, "could not write the status file");
-                    }
-                }
-            })?;
-        Ok(StatusWriter {
-            tx: Some(tx),
-            thread: Some(thread),
-        })
-    }
-
-    /// Hands `status` over; skipped while the previous one is still being written.
-    pub fn write(&self, status: Status) {
-        if let Some(tx) = &self.tx {
-            let _behind_or_gone = tx.try_send(status);
-        }
-    }
-
-    /// Waits until every status handed over is written (before the file is removed).
-    pub fn finish(&mut self) {
-        self.tx.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for StatusWriter {
-    fn drop(&mut self) {
-        self.finish();
     }
 }

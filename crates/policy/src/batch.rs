@@ -69,6 +69,9 @@ pub enum BatchDecision {
     },
     /// Move the tree under `root` back where its processes came from.
     Promote { root: u32, members: Vec<u32> },
+    /// Move one process of the demoted tree under `root` back: the config now exempts it
+    /// (a service, a role, an exception or a rule a reload added); the rest stays.
+    Release { root: u32, pid: u32 },
 }
 
 /// Names that are never batch and that a tree never climbs past.
@@ -125,6 +128,8 @@ pub fn protected(p: &ProcSample) -> bool {
 #[derive(Clone, Debug)]
 struct Demoted {
     start: u64,
+    /// Members the config exempts, moved back already.
+    released: HashSet<u32>,
     at: Nanos,
     members: HashSet<u32>,
 }
@@ -225,9 +230,6 @@ impl BatchClassifier {
                 .sum::<f64>()
         };
         let tree_asked = |root: u32| subtree(root).into_iter().any(&recently_asked);
-        let exempt = |p: &ProcSample| {
-            protected(p) || matches!(forced(p), Some(Class::Latency | Class::Normal))
-        };
         // A parent with an idle, long-lived child besides the busy branch (a server
         // waiting for traffic beside a batch job) supervises mixed work: the batch tree
         // ends below it. A make's children are busy, or too young to tell.
@@ -246,7 +248,9 @@ impl BatchClassifier {
         };
 
         let mut out = Vec::new();
-
+        let exempt = |p: &ProcSample| {
+            protected(p) || matches!(forced(p), Some(Class::Latency | Class::Normal))
+        };
         // Promotion: a demoted tree in which a process received a request since.
         let mut promote = Vec::new();
         for (&root, d) in &mut self.demoted {
@@ -255,6 +259,21 @@ impl BatchClassifier {
                 d.members.extend(subtree(root));
             }
             d.members.retain(|pid| by_pid.contains_key(pid));
+            d.released.retain(|pid| by_pid.contains_key(pid));
+            // Members the config exempts (a reload made them a service, a role, an
+            // exception; one forked in the tree) leave it, once; the rest stays demoted.
+            let exempted: Vec<u32> = d
+                .members
+                .iter()
+                .copied()
+                .filter(|pid| exempt(by_pid[pid]))
+                .collect();
+            for pid in exempted {
+                d.members.remove(&pid);
+                if d.released.insert(pid) {
+                    out.push(BatchDecision::Release { root, pid });
+                }
+            }
             let asked = d
                 .members
                 .iter()
@@ -342,13 +361,17 @@ impl BatchClassifier {
                 .min()
                 .unwrap_or(now);
             if why == "rule" || now.saturating_sub(since) >= after {
-                let members = subtree(root);
+                // What the config exempts stays where it is, inside a batch tree too.
+                let (released, members): (Vec<u32>, Vec<u32>) = subtree(root)
+                    .into_iter()
+                    .partition(|pid| by_pid.get(pid).is_some_and(|p| exempt(p)));
                 self.demoted.insert(
                     root,
                     Demoted {
                         start,
                         at: now,
                         members: members.iter().copied().collect(),
+                        released: released.into_iter().collect(),
                     },
                 );
                 out.push(BatchDecision::Demote {
@@ -607,6 +630,42 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_member_the_config_exempts_later_leaves_its_tree_alone() {
+        let mut c = BatchClassifier::new(params());
+        // script 30 -> worker 31, worker 32, each a CPU.
+        let procs = |t: u64| {
+            let t = t as f64;
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(30, 1, "script", 0.01 * t),
+                p(31, 30, "worker", 0.9 * t),
+                p(32, 30, "indexer", 0.9 * t),
+            ]
+        };
+        let mut d = vec![];
+        for t in 0..5 {
+            d.extend(c.on_scan(t * S, &procs(t), none, |_| None));
+        }
+        assert!(
+            matches!(&d[..], [BatchDecision::Demote { root: 30, members, .. }] if members == &[30, 31, 32]),
+            "{d:?}"
+        );
+        // A reload makes the indexer an exception (or a service): it alone comes back,
+        // once, and the tree stays demoted.
+        let exempt = |p: &ProcSample| (p.comm == "indexer").then_some(Class::Normal);
+        let mut d = vec![];
+        for t in 5..10 {
+            d.extend(c.on_scan(t * S, &procs(t), none, exempt));
+        }
+        assert!(
+            matches!(&d[..], [BatchDecision::Release { root: 30, pid: 32 }]),
+            "{d:?}"
+        );
+        assert_eq!(c.tree_of(31), Some(30));
+        assert_eq!(c.tree_of(32), None);
     }
 
     #[test]

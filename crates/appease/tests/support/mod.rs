@@ -143,6 +143,11 @@ impl Daemon {
 
     /// With these environment variables too (a test build's FAILPOINTS, for one).
     pub fn start_with_env(run_dir: &Path, config: &Path, env: &[(&str, &str)]) -> Self {
+        Self::start_with(run_dir, config, &[], env)
+    }
+
+    /// With these arguments to `appease daemon` and environment variables too.
+    pub fn start_with(run_dir: &Path, config: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let log = run_dir.join(format!(
             "daemon-{}.log",
             Instant::now().elapsed().as_nanos()
@@ -150,6 +155,7 @@ impl Daemon {
         let child = Command::new(BIN)
             .args(["daemon", "--log", "debug", "--config"])
             .arg(config)
+            .args(args)
             .env("APPEASE_RUN_DIR", run_dir)
             .envs(env.iter().copied())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -162,10 +168,7 @@ impl Daemon {
         };
         let pid = d.child.as_ref().unwrap().id();
         let ready = wait_for(Duration::from_secs(10), || {
-            std::fs::read(d.run_dir.join("status.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .is_some_and(|v| v["pid"] == pid)
+            status_of(&d.run_dir).is_some_and(|v| v["pid"] == pid)
         });
         assert!(ready.is_some(), "daemon did not start: {}", d.log_text());
         d
@@ -206,6 +209,15 @@ impl Drop for Daemon {
             self.signal(libc::SIGTERM);
         }
     }
+}
+
+/// The running daemon's state (`appease status --json`), if one answers.
+pub fn status_of(run_dir: &Path) -> Option<serde_json::Value> {
+    let out = appease(run_dir, &["status", "--json"]);
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
 }
 
 /// Runs `appease ARGS` against a run directory.
