@@ -454,22 +454,17 @@ fn services<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Service>, D::Error> {
 
 /// The uid of a user name, from /etc/passwd.
 pub fn uid_of(name: &str) -> Option<u32> {
-    let text = std::fs::read_to_string("/etc/passwd").ok()?;
-    text.lines().find_map(|l| {
-        let mut f = l.split(':');
-        if f.next()? != name {
-            return None;
-        }
-        f.nth(1)?.parse().ok()
-    })
+    id_in("/etc/passwd", name)
 }
 
 /// The gid of a group name (or a number), from /etc/group.
 pub fn gid_of(name: &str) -> Option<u32> {
-    if let Ok(gid) = name.parse() {
-        return Some(gid);
-    }
-    let text = std::fs::read_to_string("/etc/group").ok()?;
+    name.parse().ok().or_else(|| id_in("/etc/group", name))
+}
+
+/// The third field of `name`'s line in a passwd-format file.
+fn id_in(file: &str, name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(file).ok()?;
     text.lines().find_map(|l| {
         let mut f = l.split(':');
         if f.next()? != name {

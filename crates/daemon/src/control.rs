@@ -110,14 +110,41 @@ pub struct ControlServer {
     thread: Option<JoinHandle<()>>,
 }
 
-impl ControlServer {
+/// The socket, bound and given to its owners (before capabilities are dropped: giving it
+/// to a group takes CAP_CHOWN), not served yet (a thread started then would keep them).
+pub struct BoundSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    group: Option<u32>,
+}
+
+impl BoundSocket {
     /// Binds `dir/control.sock` (the run lock is held: any socket there is a dead
     /// daemon's) for root and `group`.
-    pub fn start(dir: &Path, group: Option<u32>, shared: Shared) -> io::Result<Self> {
+    pub fn bind(dir: &Path, group: Option<u32>) -> io::Result<Self> {
         let path = dir.join(SOCKET);
         let _stale = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
-        restrict(dir, &path, group)?;
+        if let Err(e) = restrict(dir, &path, group) {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+        Ok(BoundSocket {
+            listener,
+            path,
+            group,
+        })
+    }
+}
+
+impl ControlServer {
+    /// Answers on `socket` from a thread of its own.
+    pub fn start(socket: BoundSocket, shared: Shared) -> io::Result<Self> {
+        let BoundSocket {
+            listener,
+            path,
+            group,
+        } = socket;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = stop.clone();
@@ -391,7 +418,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let flag = Arc::new(AtomicBool::new(false));
         let shared = Shared::new(flag.clone());
-        let mut server = ControlServer::start(&dir, None, shared.clone()).unwrap();
+        let socket = BoundSocket::bind(&dir, None).unwrap();
+        let mut server = ControlServer::start(socket, shared.clone()).unwrap();
         // Before the first status: a clear "starting".
         match request(&dir, Request::Status) {
             Err(ClientError::Refused(m)) => assert!(m.contains("starting"), "{m}"),

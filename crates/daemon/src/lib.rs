@@ -27,6 +27,8 @@ pub use lock::RunLock;
 
 /// Load is sampled this often; it is smoothed over a second anyway.
 const LOAD_SAMPLE_NS: u64 = 100_000_000;
+/// The name of appease's own processes (the daemon, and its commands as clients).
+const OWN_COMM: &str = "appease";
 /// Tick period while nothing is elevated (forgetting idle threads only).
 const IDLE_TICK_NS: u64 = 100_000_000;
 use status::{LatencyView, LoadView, ProbeView, Status, ThreadStatus};
@@ -103,20 +105,14 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     }
     host::raise_nofile_limit();
     // Before capabilities are dropped: giving the socket to a group takes CAP_CHOWN.
-    let shared = control::Shared::new(controls.reload.clone());
     let gid = opts
         .config
         .control
         .group
         .as_deref()
         .and_then(appease_config::gid_of);
-    let control = control::ControlServer::start(&opts.run_dir, gid, shared.clone())
-        .with_context(|| format!("starting the control socket in {}", opts.run_dir.display()))?;
-    let metrics = Arc::new(metrics::Metrics::new());
-    let _metrics_server = match opts.config.metrics.listen {
-        Some(addr) => Some(metrics::MetricsServer::start(addr, metrics.clone())?),
-        None => None,
-    };
+    let socket = control::BoundSocket::bind(&opts.run_dir, gid)
+        .with_context(|| format!("making the control socket in {}", opts.run_dir.display()))?;
 
     let mut storage = ProbeStorage::uninit();
     let probe_cfg = ProbeConfig {
@@ -131,6 +127,15 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         Ok(kept) => tracing::info!(?kept, "dropped every other capability"),
         Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
     }
+    // Threads started from here on inherit only the capabilities kept.
+    let shared = control::Shared::new(controls.reload.clone());
+    let control = control::ControlServer::start(socket, shared.clone())
+        .context("starting the control socket's thread")?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let _metrics_server = match opts.config.metrics.listen {
+        Some(addr) => Some(metrics::MetricsServer::start(addr, metrics.clone())?),
+        None => None,
+    };
     let scans = opts.config.batch.enabled
         || !opts.config.services.is_empty()
         || !opts.config.role.is_empty();
@@ -635,6 +640,11 @@ impl<'obj> Daemon<'obj> {
                 proc_comm,
                 ..
             } => {
+                // appease's own commands (status, reload) read the daemon's replies from
+                // its control socket: not a customer's request.
+                if proc_comm == OWN_COMM {
+                    return;
+                }
                 self.metrics.request(match family {
                     Family::Unix => "unix",
                     Family::Inet => "inet",

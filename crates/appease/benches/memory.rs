@@ -1,0 +1,164 @@
+//! The daemon's memory over a long run (needs root): its resident set after the first
+//! 100,000 requests, and again after 1,000,000 requests and 100,000 short-lived
+//! processes that each received one request (so that each was elevated, journaled and
+//! forgotten). Under 2 soakers per CPU, with the default config but 10 ms fades, so that
+//! the servers are elevated afresh again and again.
+//!
+//! Run: `cargo bench -p appease --bench memory` (`APPEASE_BENCH_REQUESTS` and
+//! `APPEASE_BENCH_SHORT_LIVED` change the 1,000,000 and the 100,000).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::{host_cpus, Daemon, Soakers, TempDir};
+
+const CONFIG: &str = r#"
+[[elevation.ladder]]
+from_runnable_per_cpu = 0.0
+unix_nice = 0
+inet_nice = 0
+decay_ms = 0
+[[elevation.ladder]]
+from_runnable_per_cpu = 1.0
+unix_nice = -8
+inet_nice = -5
+decay_ms = 10
+"#;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// VmRSS of `pid`, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// Echo pairs over UNIX sockets, `conns` server threads, clients as fast as they go.
+fn requests(
+    conns: usize,
+    done: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> Vec<thread::JoinHandle<()>> {
+    let mut threads = Vec::new();
+    for _ in 0..conns {
+        let (mut c, mut s) = UnixStream::pair().unwrap();
+        threads.push(thread::spawn(move || {
+            let mut b = [0u8; 1];
+            while s.read(&mut b).map(|n| n == 1).unwrap_or(false) {
+                if s.write_all(&b).is_err() {
+                    break;
+                }
+            }
+        }));
+        let (done, stop) = (done.clone(), stop.clone());
+        threads.push(thread::spawn(move || {
+            let mut b = [0u8; 1];
+            while !stop.load(Ordering::Relaxed) {
+                if c.write_all(b"q").is_err() || c.read_exact(&mut b).is_err() {
+                    break;
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+                // A gap of the probe's quiet period: most reads are a request event.
+                thread::sleep(Duration::from_millis(21));
+            }
+        }));
+    }
+    threads
+}
+
+/// One short-lived process: `head -c1` reading one byte from a UNIX socket (a request).
+fn short_lived() {
+    let (mut ours, theirs) = UnixStream::pair().unwrap();
+    let mut child = Command::new("head")
+        .args(["-c1"])
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("head (coreutils) runs");
+    ours.write_all(b"q").unwrap();
+    child.wait().unwrap();
+}
+
+fn main() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("memory bench: needs root (BPF, priorities)");
+        std::process::exit(1);
+    }
+    let total = env_or("APPEASE_BENCH_REQUESTS", 1_000_000);
+    let processes = env_or("APPEASE_BENCH_SHORT_LIVED", 100_000);
+    let dir = TempDir::new("memory");
+    let cfg = dir.file("memory.toml", CONFIG);
+    let _soak = Soakers::start(2 * host_cpus());
+    let daemon = Daemon::start(&dir.0, &cfg);
+    let pid = daemon.pid();
+    thread::sleep(Duration::from_millis(1500));
+    let (done, stop) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let threads = requests(512, done.clone(), stop.clone());
+    let started = Instant::now();
+    while done.load(Ordering::Relaxed) < total / 10 {
+        thread::sleep(Duration::from_millis(100));
+    }
+    let first = rss_kib(pid);
+    let events0 = daemon.status_json()["probe"]["request_events"]
+        .as_u64()
+        .unwrap_or(0);
+    println!(
+        "after {} requests ({:.0} s): daemon RSS {first} KiB",
+        done.load(Ordering::Relaxed),
+        started.elapsed().as_secs_f64()
+    );
+    let spawners: Vec<_> = (0..2)
+        .map(|_| {
+            let n = processes / 2;
+            thread::spawn(move || (0..n).for_each(|_| short_lived()))
+        })
+        .collect();
+    let mut last = Instant::now();
+    for s in spawners {
+        s.join().unwrap();
+    }
+    while done.load(Ordering::Relaxed) < total {
+        thread::sleep(Duration::from_millis(100));
+        if last.elapsed() > Duration::from_secs(30) {
+            eprintln!("  {} requests so far", done.load(Ordering::Relaxed));
+            last = Instant::now();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let st = daemon.status_json();
+    let end = rss_kib(pid);
+    for t in threads {
+        let _ = t.join();
+    }
+    let events = st["probe"]["request_events"].as_u64().unwrap_or(0);
+    println!(
+        "after {} requests and {processes} short-lived processes ({:.0} s, {} request events, {} changes): \
+         daemon RSS {end} KiB, {:+.1} % of the first figure",
+        done.load(Ordering::Relaxed),
+        started.elapsed().as_secs_f64(),
+        events.saturating_sub(events0),
+        st["actuator"]["changes"],
+        (end as f64 / first as f64 - 1.0) * 100.0
+    );
+}
