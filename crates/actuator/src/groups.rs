@@ -220,9 +220,19 @@ impl KernelActuator {
     }
 
     /// Creates a latency service's group with its weight (at daemon start, so that an
-    /// unusable path is an error before anything else changes).
+    /// unusable path is an error before anything else changes), or gives an existing one
+    /// a new weight (a reload changed it).
     pub fn ensure_service_group(&mut self, name: &str, weight: u32) -> Result<String, ActError> {
-        self.ensure_group(name, false, weight)
+        let path = self.ensure_group(name, false, weight)?;
+        let dry = self.dry_run;
+        let g = self.groups_mut()?;
+        if g.made.get(&path) != Some(&(false, weight)) {
+            if !dry {
+                g.cg.set_weight(&path, weight).map_err(cg_err)?;
+            }
+            g.made.insert(path.clone(), (false, weight));
+        }
+        Ok(path)
     }
 
     /// Moves the processes of a tree into the idle group (created on first use).
@@ -497,21 +507,6 @@ impl KernelActuator {
             }
         }
         back
-    }
-
-    /// Sets an existing service group's weight (a reload changed it); creates the group
-    /// if it is new.
-    pub fn set_service_group(&mut self, name: &str, weight: u32) -> Result<String, ActError> {
-        let path = self.ensure_group(name, false, weight)?;
-        let dry = self.dry_run;
-        let g = self.groups_mut()?;
-        if g.made.get(&path) != Some(&(false, weight)) {
-            if !dry {
-                g.cg.set_weight(&path, weight).map_err(cg_err)?;
-            }
-            g.made.insert(path.clone(), (false, weight));
-        }
-        Ok(path)
     }
 
     /// A service removed from the config: its processes go back where they came from and

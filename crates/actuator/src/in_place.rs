@@ -311,9 +311,6 @@ impl KernelActuator {
         }
     }
 
-    /// A demoted tree is promoted: every thread of it that was idled in place goes back,
-    /// and so do the threads of `members` that inherited SCHED_IDLE from it. Returns how
-    /// many threads went back.
     /// One process's threads out of SCHED_IDLE (the config now exempts it).
     pub(crate) fn unidle_process(&mut self, pid: u32) -> usize {
         let mut report = RestoreReport::default();
@@ -329,6 +326,9 @@ impl KernelActuator {
         report.restored as usize
     }
 
+    /// A demoted tree is promoted: every thread of it that was idled in place goes back,
+    /// and so do the threads of `members` that inherited SCHED_IDLE from it. Returns how
+    /// many threads went back.
     pub(crate) fn unidle_tree(&mut self, root: u32, members: &[u32]) -> usize {
         let mut report = RestoreReport::default();
         let origs: HashMap<u32, Sched> = self

@@ -11,118 +11,11 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::sync::atomic::Ordering;
+use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{host_cpus, Daemon, Sleepers, Soakers, TempDir};
-
-/// The default ladder with 10 ms fades, so each server is elevated afresh many times.
-const LATENCY_CONFIG: &str = r#"
-[[elevation.ladder]]
-from_runnable_per_cpu = 0.0
-unix_nice = 0
-inet_nice = 0
-decay_ms = 0
-[[elevation.ladder]]
-from_runnable_per_cpu = 1.0
-unix_nice = -3
-inet_nice = -2
-decay_ms = 10
-[[elevation.ladder]]
-from_runnable_per_cpu = 2.0
-unix_nice = -8
-inet_nice = -5
-decay_ms = 10
-"#;
-
-trait Conn: Read + Write + Send {}
-impl<T: Read + Write + Send> Conn for T {}
-
-/// Echo servers (one thread per connection) and paced clients.
-struct Load {
-    stop: Arc<AtomicBool>,
-    done: Arc<AtomicU64>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Load {
-    /// `conns` connections (half UNIX, half TCP), `clients` threads sharing them,
-    /// `rate` requests/s in total, sent on a fixed schedule (late sends go at once).
-    fn start(conns: usize, clients: usize, rate: f64) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicU64::new(0));
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut threads = Vec::new();
-        let mut client_ends: Vec<Box<dyn Conn>> = Vec::new();
-        for i in 0..conns {
-            let (c, mut s): (Box<dyn Conn>, Box<dyn Conn>) = if i % 2 == 0 {
-                let (a, b) = UnixStream::pair().unwrap();
-                (Box::new(a), Box::new(b))
-            } else {
-                let a = TcpStream::connect(addr).unwrap();
-                a.set_nodelay(true).unwrap();
-                let (b, _) = listener.accept().unwrap();
-                b.set_nodelay(true).unwrap();
-                (Box::new(a), Box::new(b))
-            };
-            client_ends.push(c);
-            threads.push(thread::spawn(move || {
-                let mut b = [0u8; 1];
-                while s.read(&mut b).map(|n| n == 1).unwrap_or(false) {
-                    if s.write_all(&b).is_err() {
-                        break;
-                    }
-                }
-            }));
-        }
-        let per_client = conns / clients;
-        for _ in 0..clients {
-            let mut mine: Vec<Box<dyn Conn>> = client_ends.drain(..per_client).collect();
-            let (stop, done) = (stop.clone(), done.clone());
-            let period = Duration::from_secs_f64(clients as f64 / rate);
-            threads.push(thread::spawn(move || {
-                let mut b = [0u8; 1];
-                let mut due = Instant::now();
-                let mut i = 0usize;
-                while !stop.load(Ordering::Relaxed) {
-                    let now = Instant::now();
-                    if now < due {
-                        thread::sleep(due - now);
-                    }
-                    due += period;
-                    let n = mine.len();
-                    let c = &mut mine[i % n];
-                    i += 1;
-                    if c.write_all(b"q").is_err() || c.read_exact(&mut b).is_err() {
-                        break;
-                    }
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-                // Dropping the client ends closes the servers' loops.
-            }));
-        }
-        Load {
-            stop,
-            done,
-            threads,
-        }
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
+use support::{env_or, host_cpus, Daemon, Load, Sleepers, Soakers, TempDir, LATENCY_CONFIG};
 
 /// CPU time of the daemon's (only) thread in seconds, from schedstat (ns resolution).
 fn cpu_seconds(pid: u32) -> f64 {
@@ -147,14 +40,8 @@ fn main() {
 
     // 1. Latency from read to elevation, under 2 soakers per CPU: on this host as it is,
     //    then with many more processes, all read by the scan every second.
-    let crowd: usize = std::env::var("APPEASE_BENCH_PROCESSES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
-    let repeat: usize = std::env::var("APPEASE_BENCH_REPEAT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+    let crowd = env_or("APPEASE_BENCH_PROCESSES", 10_000) as usize;
+    let repeat = env_or("APPEASE_BENCH_REPEAT", 1) as usize;
     let cfg = dir.file("latency.toml", LATENCY_CONFIG);
     let mut p99s: Vec<(usize, u64)> = Vec::new();
     for extra in std::iter::repeat_n([0, crowd], repeat).flatten() {

@@ -1886,15 +1886,7 @@ fn roles_give_fixed_staggered_priorities_and_are_restored() {
     );
     let procs = Soakers(vec![named_soaker(&a), named_soaker(&b)]);
     let pids: Vec<u32> = procs.0.iter().map(|c| c.id()).collect();
-    let nice = |pid: u32| -> i32 {
-        let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        t[t.rfind(')').unwrap() + 1..]
-            .split_whitespace()
-            .nth(16)
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let nice = nice_of_process;
     let mut daemon = Daemon::start(&dir.0, &cfg);
     let set = wait_for(Duration::from_secs(3), || {
         nice(pids[0]) == -6 && nice(pids[1]) == -5

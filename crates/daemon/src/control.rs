@@ -36,9 +36,16 @@ pub enum Request {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Reply {
-    Status { status: Box<Status> },
-    Reload { report: ReloadReport },
-    Error { message: String },
+    /// The state as the loop published it: shared, not copied, to be serialised.
+    Status {
+        status: Arc<Status>,
+    },
+    Reload {
+        report: ReloadReport,
+    },
+    Error {
+        message: String,
+    },
 }
 
 /// What a reload did: applied or refused (the last good config stays), what changed,
@@ -199,6 +206,9 @@ fn serve(listener: UnixListener, group: Option<u32>, shared: Shared, stop: Arc<A
             return;
         }
         let Ok(mut conn) = conn else { continue };
+        // A peer that sends or reads nothing holds the socket this long at most.
+        let _ = conn.set_read_timeout(Some(PEER_TIMEOUT));
+        let _ = conn.set_write_timeout(Some(PEER_TIMEOUT));
         let reply = match peer(&conn) {
             Ok(p) if allowed(&p, group) => answer(&mut conn, &shared),
             Ok(p) => {
@@ -222,8 +232,6 @@ fn serve(listener: UnixListener, group: Option<u32>, shared: Shared, stop: Arc<A
 }
 
 fn answer(conn: &mut UnixStream, shared: &Shared) -> Reply {
-    let _ = conn.set_read_timeout(Some(PEER_TIMEOUT));
-    let _ = conn.set_write_timeout(Some(PEER_TIMEOUT));
     let mut line = String::new();
     if let Err(e) = BufReader::new(&*conn).read_line(&mut line) {
         return Reply::Error {
@@ -232,9 +240,7 @@ fn answer(conn: &mut UnixStream, shared: &Shared) -> Reply {
     }
     match serde_json::from_str::<Request>(&line) {
         Ok(Request::Status) => match shared.latest() {
-            Some(s) => Reply::Status {
-                status: Box::new((*s).clone()),
-            },
+            Some(status) => Reply::Status { status },
             None => Reply::Error {
                 message: "the daemon is starting: no state yet, try again in a second".into(),
             },
@@ -372,7 +378,8 @@ pub fn status(dir: &Path) -> Result<(Status, Option<u64>), ClientError> {
     match request(dir, Request::Status)? {
         Reply::Status { status } => {
             let age = crate::unix_now().saturating_sub(status.updated);
-            Ok((*status, (age > STALE_AFTER_S).then_some(age)))
+            let status = Arc::try_unwrap(status).unwrap_or_else(|s| (*s).clone());
+            Ok((status, (age > STALE_AFTER_S).then_some(age)))
         }
         other => Err(ClientError::Refused(format!("unexpected reply {other:?}"))),
     }

@@ -167,16 +167,8 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         effects = %layout.effects(),
         "host layout"
     );
-    if layout.systemd && layout.kind == appease_cgroup::LayoutKind::CgroupV2Systemd {
-        if let Some(svc) = opts.config.services.first() {
-            bail!(
-                "service {:?}: latency service groups are not available on a cgroup v2 host \
-                 under systemd yet (systemd owns the cgroup tree; service groups through its \
-                 D-Bus API are not built); remove the [[service]] entries or run on cgroup v1",
-                svc.name
-            );
-        }
-    }
+    let layout_view = status::LayoutView::from(&layout);
+    services_available(&opts.config, &layout_view).map_err(anyhow::Error::msg)?;
     let wants_groups = opts.config.batch.enabled || !opts.config.services.is_empty();
     if wants_groups {
         match appease_cgroup::Cgroups::detect() {
@@ -219,7 +211,7 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     // After the actuator has read the kernel's default slice from this thread.
     let priority = host::prioritize_self();
     let mut daemon = Daemon::new(opts, probe, actuator, scanner, shared, metrics);
-    daemon.layout = (&layout).into();
+    daemon.layout = layout_view;
     tracing::info!(
         pid = std::process::id(),
         priority,
@@ -507,10 +499,8 @@ impl<'obj> Daemon<'obj> {
         };
         let mut cfg = match Config::load(&path)
             .map_err(|e| e.to_string())
-            .and_then(|c| {
-                self.services_available(&c)?;
-                Ok(c)
-            }) {
+            .and_then(|c| services_available(&c, &self.layout).map(|()| c))
+        {
             Ok(cfg) => cfg,
             Err(e) => {
                 tracing::error!(error = %e, "config reload failed; keeping the last good config");
@@ -573,7 +563,7 @@ impl<'obj> Daemon<'obj> {
             }
             match self
                 .actuator
-                .set_service_group(&svc.group_name(), svc.weight)
+                .ensure_service_group(&svc.group_name(), svc.weight)
             {
                 Ok(_) if before.is_none() => {
                     changed.push(format!("[[service]] {} added", svc.name))
@@ -614,17 +604,6 @@ impl<'obj> Daemon<'obj> {
         report
     }
 
-    /// Service groups are not built for a cgroup-v2 host under systemd (see `run`).
-    fn services_available(&self, cfg: &Config) -> Result<(), String> {
-        match cfg.services.first() {
-            Some(svc) if self.layout.systemd && self.layout.kind == "cgroup-v2-systemd" => Err(format!(
-                "service {:?}: latency service groups are not available on a cgroup v2 host under systemd yet",
-                svc.name
-            )),
-            _ => Ok(()),
-        }
-    }
-
     fn on_event(&mut self, e: Event) {
         match e {
             Event::Request {
@@ -645,12 +624,7 @@ impl<'obj> Daemon<'obj> {
                 if proc_comm == OWN_COMM {
                     return;
                 }
-                self.metrics.request(match family {
-                    Family::Unix => "unix",
-                    Family::Inet => "inet",
-                    Family::Inet6 => "inet6",
-                    Family::Other(_) => "other",
-                });
+                self.metrics.request(family);
                 let process = (pid, proc_start_ns / self.clock_tick_ns);
                 if let Some(b) = self.batch.as_mut() {
                     b.on_request(process, ts_ns, &self.opts.config, &mut self.actuator);
@@ -728,8 +702,8 @@ impl<'obj> Daemon<'obj> {
     fn apply(&mut self, d: Decision) -> bool {
         let restoring = matches!(d, Decision::Restore { .. });
         let counted = match &d {
-            Decision::Elevate { reason, .. } => (false, reason.as_str()),
-            Decision::Restore { reason, .. } => (true, reason.as_str()),
+            Decision::Elevate { reason, .. } => (false, *reason),
+            Decision::Restore { reason, .. } => (true, *reason),
         };
         let (tid, result) = match d {
             Decision::Elevate {
@@ -843,6 +817,21 @@ impl<'obj> Daemon<'obj> {
         };
         self.metrics.update(&status);
         self.shared.publish(Arc::new(status));
+    }
+}
+
+/// Latency service groups are not built for a cgroup v2 host under systemd: a config
+/// with services is refused there, at start and on reload.
+fn services_available(cfg: &Config, layout: &status::LayoutView) -> Result<(), String> {
+    let v2_systemd = appease_cgroup::LayoutKind::CgroupV2Systemd.name();
+    match cfg.services.first() {
+        Some(svc) if layout.systemd && layout.kind == v2_systemd => Err(format!(
+            "service {:?}: latency service groups are not available on a cgroup v2 host \
+             under systemd yet (systemd owns the cgroup tree; service groups through its \
+             D-Bus API are not built); remove the [[service]] entries or run on cgroup v1",
+            svc.name
+        )),
+        _ => Ok(()),
     }
 }
 

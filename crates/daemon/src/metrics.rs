@@ -14,6 +14,9 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
+use appease_policy::Reason;
+use appease_probe::Family;
+
 use crate::status::Status;
 
 /// Read -> elevation latency buckets, seconds: 10 µs to 100 ms.
@@ -21,11 +24,25 @@ const LATENCY_BUCKETS: &[f64] = &[
     10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3,
 ];
 
+/// Socket families as the requests counter labels them, in [`family_index`] order.
+const FAMILIES: [&str; 4] = ["unix", "inet", "inet6", "other"];
+
+fn family_index(f: Family) -> usize {
+    match f {
+        Family::Unix => 0,
+        Family::Inet => 1,
+        Family::Inet6 => 2,
+        Family::Other(_) => 3,
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
-    requests: IntCounterVec,
-    elevations: IntCounterVec,
-    restores: IntCounterVec,
+    /// The labelled counters the request path moves, resolved once: an atomic add each,
+    /// no label lookup (indexed by [`family_index`] and `Reason as usize`).
+    requests: Vec<IntCounter>,
+    elevations: Vec<IntCounter>,
+    restores: Vec<IntCounter>,
     latency: Histogram,
     socket_reads: IntCounter,
     lost_events: IntCounter,
@@ -54,23 +71,35 @@ fn gauge_vec(name: &str, help: &str, label: &str) -> IntGaugeVec {
 
 impl Metrics {
     pub fn new() -> Self {
+        let requests = counter_vec(
+            "requests_total",
+            "Request reads the probe reported, by socket family.",
+            "family",
+        );
+        let elevations = counter_vec(
+            "elevations_total",
+            "Priority raises applied to request-receiving threads (and their fading steps), by reason.",
+            "reason",
+        );
+        let restores = counter_vec(
+            "restores_total",
+            "Threads given their own priority back, by reason.",
+            "reason",
+        );
+        let by_reason = |v: &IntCounterVec| -> Vec<IntCounter> {
+            Reason::ALL
+                .iter()
+                .map(|r| v.with_label_values(&[r.as_str()]))
+                .collect()
+        };
         let m = Metrics {
             registry: Registry::new_custom(Some("appease".into()), None).expect("valid prefix"),
-            requests: counter_vec(
-                "requests_total",
-                "Request reads the probe reported, by socket family.",
-                "family",
-            ),
-            elevations: counter_vec(
-                "elevations_total",
-                "Priority raises applied to request-receiving threads (and their fading steps), by reason.",
-                "reason",
-            ),
-            restores: counter_vec(
-                "restores_total",
-                "Threads given their own priority back, by reason.",
-                "reason",
-            ),
+            requests: FAMILIES
+                .iter()
+                .map(|f| requests.with_label_values(&[f]))
+                .collect(),
+            elevations: by_reason(&elevations),
+            restores: by_reason(&restores),
             latency: Histogram::with_opts(
                 HistogramOpts::new(
                     "elevation_latency_seconds",
@@ -157,9 +186,9 @@ impl Metrics {
         };
         let r = &m.registry;
         let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
-            Box::new(m.requests.clone()),
-            Box::new(m.elevations.clone()),
-            Box::new(m.restores.clone()),
+            Box::new(requests),
+            Box::new(elevations),
+            Box::new(restores),
             Box::new(m.latency.clone()),
             Box::new(m.socket_reads.clone()),
             Box::new(m.lost_events.clone()),
@@ -181,9 +210,6 @@ impl Metrics {
             r.register(c).expect("each metric registered once");
         }
         // Every label value known up front: a series at 0 rather than none at all.
-        for family in ["unix", "inet", "inet6"] {
-            m.requests.with_label_values(&[family]);
-        }
         for class in ["latency", "role"] {
             m.threads.with_label_values(&[class]);
         }
@@ -193,17 +219,17 @@ impl Metrics {
         m
     }
 
-    /// A request read, by socket family (unix, inet, inet6, other).
-    pub fn request(&self, family: &str) {
-        self.requests.with_label_values(&[family]).inc();
+    /// A request read, by socket family.
+    pub fn request(&self, family: Family) {
+        self.requests[family_index(family)].inc();
     }
 
-    pub fn elevated(&self, reason: &str) {
-        self.elevations.with_label_values(&[reason]).inc();
+    pub fn elevated(&self, reason: Reason) {
+        self.elevations[reason as usize].inc();
     }
 
-    pub fn restored(&self, reason: &str) {
-        self.restores.with_label_values(&[reason]).inc();
+    pub fn restored(&self, reason: Reason) {
+        self.restores[reason as usize].inc();
     }
 
     pub fn elevation_latency(&self, us: u64) {
@@ -327,11 +353,11 @@ mod tests {
     #[test]
     fn counters_follow_the_state_and_never_go_back() {
         let m = Metrics::new();
-        m.request("unix");
-        m.request("inet");
-        m.request("inet");
-        m.elevated("unix-request");
-        m.restored("faded");
+        m.request(Family::Unix);
+        m.request(Family::Inet);
+        m.request(Family::Inet);
+        m.elevated(Reason::UnixRequest);
+        m.restored(Reason::Faded);
         m.elevation_latency(40);
         let mut st = Status::default();
         st.probe.socket_reads = 7;

@@ -62,6 +62,16 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in declaration order (`reason as usize` indexes it).
+    pub const ALL: [Reason; 6] = [
+        Reason::UnixRequest,
+        Reason::NetworkRequest,
+        Reason::Decay,
+        Reason::Faded,
+        Reason::BudgetExhausted,
+        Reason::Forgotten,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::UnixRequest => "unix-request",

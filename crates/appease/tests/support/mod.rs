@@ -2,9 +2,14 @@
 //! daemon under test, timing helpers. Everything started here is ended by its pid.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::thread;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_appease");
@@ -231,4 +236,116 @@ pub fn appease(run_dir: &Path, args: &[&str]) -> Output {
 
 pub fn host_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The default ladder with 10 ms fades, so each server is elevated afresh many times.
+/// A number from the environment (a benchmark's size), or `default`.
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+pub const LATENCY_CONFIG: &str = r#"
+[[elevation.ladder]]
+from_runnable_per_cpu = 0.0
+unix_nice = 0
+inet_nice = 0
+decay_ms = 0
+[[elevation.ladder]]
+from_runnable_per_cpu = 1.0
+unix_nice = -3
+inet_nice = -2
+decay_ms = 10
+[[elevation.ladder]]
+from_runnable_per_cpu = 2.0
+unix_nice = -8
+inet_nice = -5
+decay_ms = 10
+"#;
+
+trait Conn: Read + Write + Send {}
+impl<T: Read + Write + Send> Conn for T {}
+
+/// Echo servers (one thread per connection) and paced clients.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    /// Requests answered so far.
+    pub done: Arc<AtomicU64>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    /// `conns` connections (half UNIX, half TCP), `clients` threads sharing them,
+    /// `rate` requests/s in total, sent on a fixed schedule (late sends go at once).
+    pub fn start(conns: usize, clients: usize, rate: f64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut threads = Vec::new();
+        let mut client_ends: Vec<Box<dyn Conn>> = Vec::new();
+        for i in 0..conns {
+            let (c, mut s): (Box<dyn Conn>, Box<dyn Conn>) = if i % 2 == 0 {
+                let (a, b) = UnixStream::pair().unwrap();
+                (Box::new(a), Box::new(b))
+            } else {
+                let a = TcpStream::connect(addr).unwrap();
+                a.set_nodelay(true).unwrap();
+                let (b, _) = listener.accept().unwrap();
+                b.set_nodelay(true).unwrap();
+                (Box::new(a), Box::new(b))
+            };
+            client_ends.push(c);
+            threads.push(thread::spawn(move || {
+                let mut b = [0u8; 1];
+                while s.read(&mut b).map(|n| n == 1).unwrap_or(false) {
+                    if s.write_all(&b).is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+        let per_client = conns / clients;
+        for _ in 0..clients {
+            let mut mine: Vec<Box<dyn Conn>> = client_ends.drain(..per_client).collect();
+            let (stop, done) = (stop.clone(), done.clone());
+            let period = Duration::from_secs_f64(clients as f64 / rate);
+            threads.push(thread::spawn(move || {
+                let mut b = [0u8; 1];
+                let mut due = Instant::now();
+                let mut i = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let now = Instant::now();
+                    if now < due {
+                        thread::sleep(due - now);
+                    }
+                    due += period;
+                    let n = mine.len();
+                    let c = &mut mine[i % n];
+                    i += 1;
+                    if c.write_all(b"q").is_err() || c.read_exact(&mut b).is_err() {
+                        break;
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                // Dropping the client ends closes the servers' loops.
+            }));
+        }
+        Load {
+            stop,
+            done,
+            threads,
+        }
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
