@@ -99,6 +99,7 @@ chaos: test-deps
 bench: bench-deps build
 	$(CARGO) bench --locked -p appease-probe --bench read_cost
 	$(CARGO) bench --locked -p appease --bench daemon
+	$(CARGO) bench --locked -p appease --bench memory
 	./target/release/appease bench synthetic --repeat 3 --out bench-out/synthetic-r3
 	./target/release/appease bench web --out bench-out/web
 	./target/release/appease bench db --repeat 3 --out bench-out/db-r3
