@@ -11,6 +11,7 @@ use appease_cgroup::Cgroups;
 
 use crate::groups::MovedView;
 use crate::journal::{JournalState, Record};
+use crate::trail::{audit, Change};
 use crate::{ActError, KernelActuator, RestoreReport};
 
 pub(crate) struct IdleGroup {
@@ -93,6 +94,15 @@ impl KernelActuator {
             }
             tracing::warn!(group, why = %g.why, "someone made the group non-idle again: applied again");
             cg.set_idle(group, true)?;
+            audit!(
+                self.trail,
+                Change::Group,
+                group,
+                tree = g.root,
+                from = "cpu.idle=0",
+                to = "cpu.idle=1",
+                why = g.why.as_str()
+            );
             return Ok(true);
         }
         let (idle, weight) = (cg.idle(group)?, cg.weight_raw(group)?);
@@ -113,12 +123,16 @@ impl KernelActuator {
                 return Err(e.into());
             }
         }
-        tracing::info!(
+        let from = format!("cpu.idle=0, weight {weight}");
+        audit!(
+            self.trail,
+            Change::Group,
             group,
-            ?root,
+            tree = root,
+            from,
+            to = "cpu.idle=1",
             why,
-            dry_run = self.dry_run,
-            "made a group idle in place"
+            dry_run = self.dry_run.then_some(true)
         );
         self.idle_groups.insert(
             group.to_string(),
@@ -251,11 +265,8 @@ impl KernelActuator {
                     }
                 }
             } else if ours {
-                tracing::info!(
-                    parent,
-                    "something else runs in the containers' parent: no longer idle"
-                );
-                self.unidle_group(&parent, &mut RestoreReport::default());
+                let why = "something else runs in the containers' parent";
+                self.unidle_group(&parent, why, &mut RestoreReport::default());
                 changed += 1;
             }
         }
@@ -320,8 +331,7 @@ impl KernelActuator {
             .collect();
         let mut report = RestoreReport::default();
         for group in ended {
-            tracing::info!(group, "the demoted tree ended: the group is no longer idle");
-            self.unidle_group(&group, &mut report);
+            self.unidle_group(&group, "the demoted tree ended", &mut report);
         }
     }
 
@@ -342,7 +352,7 @@ impl KernelActuator {
         }
     }
 
-    fn unidle_group(&mut self, path: &str, report: &mut RestoreReport) {
+    fn unidle_group(&mut self, path: &str, why: &str, report: &mut RestoreReport) {
         let Some(g) = self.idle_groups.remove(path) else {
             return;
         };
@@ -351,7 +361,19 @@ impl KernelActuator {
         };
         if !self.dry_run {
             match put_back(&cg, path, g.idle, &g.weight) {
-                Ok(()) => report.restored += 1,
+                Ok(()) => {
+                    report.restored += 1;
+                    let to = format!("cpu.idle={}, weight {}", u8::from(g.idle), g.weight);
+                    audit!(
+                        self.trail,
+                        Change::Group,
+                        group = path,
+                        tree = g.root,
+                        from = "cpu.idle=1",
+                        to,
+                        why
+                    );
+                }
                 Err(_) if !cg.exists(path) => report.gone += 1,
                 Err(e) => {
                     tracing::warn!(path, error = %e, "could not put the group's idle flag and weight back");
@@ -371,7 +393,7 @@ impl KernelActuator {
         let paths: Vec<String> = crate::keys_where(&self.idle_groups, |g| g.root == Some(root));
         let mut report = RestoreReport::default();
         for p in &paths {
-            self.unidle_group(p, &mut report);
+            self.unidle_group(p, "promoted out of the idle class", &mut report);
         }
         (report.restored + report.gone) as usize
     }
@@ -379,7 +401,7 @@ impl KernelActuator {
     pub(crate) fn restore_idle_groups(&mut self, report: &mut RestoreReport) {
         let paths: Vec<String> = crate::keys_where(&self.idle_groups, |_| true);
         for p in paths {
-            self.unidle_group(&p, report);
+            self.unidle_group(&p, "appease stops", report);
         }
     }
 

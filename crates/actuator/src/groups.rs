@@ -10,6 +10,7 @@ use appease_cgroup::{CgroupError, Cgroups};
 use serde::{Deserialize, Serialize};
 
 use crate::journal::{JournalState, Record, TaskKey};
+use crate::trail::{audit, Change};
 use crate::{sys, ActError, KernelActuator, RestoreReport};
 
 /// appease's top-level groups (the idle group, one per latency service) and what it
@@ -386,6 +387,22 @@ impl KernelActuator {
                     continue;
                 }
             }
+            let change = if class == "batch" {
+                Change::Demote
+            } else {
+                Change::Place
+            };
+            audit!(
+                self.trail,
+                change,
+                pid,
+                comm = stat.comm.as_str(),
+                tree = root,
+                from,
+                to = group,
+                why,
+                dry_run = dry.then_some(true)
+            );
             self.groups_mut()?.moved.insert(
                 pid,
                 Moved {
@@ -425,7 +442,8 @@ impl KernelActuator {
             if g.moved.get(&pid).is_some_and(|m| m.to != group) {
                 continue; // in another of appease's groups
             }
-            back += self.move_back(pid, &group, &fallback)? as usize;
+            back +=
+                self.move_back(pid, &group, &fallback, "promoted out of the idle class")? as usize;
         }
         let unidled = self.unidle_tree(root, members)
             + self.unidle_units_of(root)
@@ -437,7 +455,13 @@ impl KernelActuator {
 
     /// Moves `pid` out of appease's `group`, back to the group it came from (`fallback`
     /// for a process appease did not move itself: one born there). True if it moved.
-    fn move_back(&mut self, pid: u32, group: &str, fallback: &str) -> Result<bool, ActError> {
+    fn move_back(
+        &mut self,
+        pid: u32,
+        group: &str,
+        fallback: &str,
+        why: &str,
+    ) -> Result<bool, ActError> {
         let dry = self.dry_run;
         let g = self.groups_mut()?;
         let rec = g.moved.remove(&pid);
@@ -458,7 +482,17 @@ impl KernelActuator {
         // Someone else moved it since: leave it where it is.
         if g.cg.group_of(pid).ok().as_deref() == Some(group) {
             match g.cg.move_process(pid, &dest) {
-                Ok(()) => back = true,
+                Ok(()) => {
+                    back = true;
+                    audit!(
+                        self.trail,
+                        Change::MoveBack,
+                        pid,
+                        from = group,
+                        to = dest,
+                        why
+                    );
+                }
                 Err(e) if e.is_gone() => {}
                 Err(e) => {
                     self.counters.fail_errno(e.os_error());
@@ -484,7 +518,8 @@ impl KernelActuator {
             .get(&pid)
             .map_or_else(|| g.batch_path(), |m| m.to.clone());
         let fallback = destination(pid, |p| g.moved.get(&p).map(|m| m.from.clone()));
-        Ok(self.move_back(pid, &group, &fallback)? || unidled)
+        let why = "exempted by the config (hands_off)";
+        Ok(self.move_back(pid, &group, &fallback, why)? || unidled)
     }
 
     /// Processes in appease's groups whose name is now an exception go back where they
@@ -501,7 +536,7 @@ impl KernelActuator {
             .collect();
         let mut back = 0;
         for (pid, group) in excepted {
-            match self.move_back(pid, &group, "/") {
+            match self.move_back(pid, &group, "/", "now an exception (hands_off)") {
                 Ok(moved) => back += moved as usize,
                 Err(e) => tracing::warn!(pid, error = %e, "could not release an exception"),
             }
@@ -521,7 +556,11 @@ impl KernelActuator {
         {
             return report;
         }
-        self.dissolve(&path, &mut report);
+        self.dissolve(
+            &path,
+            "its service was removed from the config",
+            &mut report,
+        );
         report
     }
 
@@ -537,7 +576,7 @@ impl KernelActuator {
         }
         let created: Vec<String> = g.created.iter().rev().cloned().collect();
         for group in created {
-            self.dissolve(&group, report);
+            self.dissolve(&group, "appease stops", report);
         }
         let g = self.groups.as_mut().expect("checked");
         let keys: Vec<TaskKey> = g.moved.drain().map(|(_, m)| m.key).collect();
@@ -548,7 +587,7 @@ impl KernelActuator {
 
     /// Moves every process in `group` (one of appease's) back where it came from, and
     /// removes the group.
-    fn dissolve(&mut self, group: &str, report: &mut RestoreReport) {
+    fn dissolve(&mut self, group: &str, why: &str, report: &mut RestoreReport) {
         let Some(g) = self.groups.as_mut() else {
             return;
         };
@@ -565,8 +604,12 @@ impl KernelActuator {
                         .filter(|m| sys::task_stat(p, p).is_ok_and(|s| s.start == m.key.start))
                         .map(|m| m.from.clone())
                 };
-                match g.cg.move_process(pid, &destination(pid, origin)) {
-                    Ok(()) => report.restored += 1,
+                let to = destination(pid, origin);
+                match g.cg.move_process(pid, &to) {
+                    Ok(()) => {
+                        report.restored += 1;
+                        audit!(self.trail, Change::MoveBack, pid, from = group, to, why);
+                    }
                     Err(e) if e.is_gone() => report.gone += 1,
                     Err(e) => {
                         tracing::warn!(pid, error = %e, "could not move process back");
@@ -618,7 +661,7 @@ impl KernelActuator {
     /// `Some(weight)` lifts the batch group's cpu.idle and sets the weight (quiet mode,
     /// starvation floor); `None` makes the group idle again. Returns false when there is
     /// no batch group yet (it is created idle on the first demotion) or in a dry run.
-    pub fn set_batch_weight(&mut self, weight: Option<u32>) -> Result<bool, ActError> {
+    pub fn set_batch_weight(&mut self, weight: Option<u32>, why: &str) -> Result<bool, ActError> {
         let Some(g) = &self.groups else {
             return Ok(false);
         };
@@ -626,6 +669,13 @@ impl KernelActuator {
         if self.dry_run || !g.created.contains(&p) {
             return Ok(false);
         }
+        // As the kernel has it (cpu.shares on v1, cpu.weight on v2).
+        let mode_now = || match (g.cg.idle(&p), g.cg.weight_raw(&p)) {
+            (Ok(true), _) => "cpu.idle=1".to_string(),
+            (Ok(false), Ok(w)) => format!("cpu.idle=0, weight {w}"),
+            _ => "unknown".to_string(),
+        };
+        let from = mode_now();
         // The kernel refuses a weight on an idle group: idle flag off first, and the
         // weight back before the flag goes on again.
         let set = match weight {
@@ -639,7 +689,11 @@ impl KernelActuator {
             }
         };
         match set {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                let to = mode_now();
+                audit!(self.trail, Change::BatchMode, group = p, from, to, why);
+                Ok(true)
+            }
             Err(e) if !g.cg.exists(&p) => {
                 tracing::debug!(error = %e, "batch group gone");
                 self.forget_vanished(&p)?;

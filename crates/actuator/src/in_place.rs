@@ -12,6 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::journal::{JournalState, Record, TaskKey};
 use crate::sys::{self, Sched};
 use crate::systemd::{self, UnitControl, WEIGHT_IDLE};
+use crate::trail::{audit, Change};
 use crate::{groups::MovedView, Actuator, KernelActuator, RestoreReport};
 
 /// A thread appease put in SCHED_IDLE where it is.
@@ -75,6 +76,16 @@ fn slice_arg(orig: &Sched, base_slice_ns: u64) -> u64 {
         0
     } else {
         orig.slice_ns
+    }
+}
+
+/// A scheduling policy as the audit trail says it.
+fn policy_text(policy: u32) -> &'static str {
+    match policy {
+        sys::SCHED_NORMAL => "SCHED_OTHER",
+        sys::SCHED_BATCH => "SCHED_BATCH",
+        sys::SCHED_IDLE => "SCHED_IDLE",
+        _ => "another policy",
     }
 }
 
@@ -271,6 +282,20 @@ impl KernelActuator {
                     continue;
                 }
             }
+            if now.policy != sys::SCHED_IDLE {
+                audit!(
+                    self.trail,
+                    Change::Idle,
+                    pid,
+                    tid,
+                    comm = stat.comm.as_str(),
+                    tree = root,
+                    from = policy_text(now.policy),
+                    to = "SCHED_IDLE",
+                    why,
+                    dry_run = self.dry_run.then_some(true)
+                );
+            }
             self.idled.insert(
                 tid,
                 Idled {
@@ -289,11 +314,12 @@ impl KernelActuator {
         n
     }
 
-    fn unidle(&mut self, tid: u32, report: &mut RestoreReport) {
+    fn unidle(&mut self, tid: u32, why: &str, report: &mut RestoreReport) {
         let Some(i) = self.idled.remove(&tid) else {
             return;
         };
         let same = sys::task_stat(i.key.pid, tid).is_ok_and(|s| s.start == i.key.start);
+        let restored = report.restored;
         let done = if self.dry_run {
             true
         } else if same {
@@ -302,6 +328,19 @@ impl KernelActuator {
             report.gone += 1;
             true
         };
+        if report.restored > restored || (self.dry_run && same) {
+            audit!(
+                self.trail,
+                Change::Unidle,
+                pid = i.key.pid,
+                tid,
+                comm = i.comm.as_str(),
+                from = "SCHED_IDLE",
+                to = policy_text(i.orig.policy),
+                why,
+                dry_run = self.dry_run.then_some(true)
+            );
+        }
         if done {
             // The thread may be elevated again from now on.
             self.left_alone.remove(&tid);
@@ -321,7 +360,7 @@ impl KernelActuator {
             .map(|(&t, _)| t)
             .collect();
         for tid in tids {
-            self.unidle(tid, &mut report);
+            self.unidle(tid, "exempted by the config (hands_off)", &mut report);
         }
         report.restored as usize
     }
@@ -347,7 +386,7 @@ impl KernelActuator {
             .map(|(&t, _)| t)
             .collect();
         for tid in tids {
-            self.unidle(tid, &mut report);
+            self.unidle(tid, "promoted out of the idle class", &mut report);
         }
         if !self.dry_run {
             let idled = &self.idled;
@@ -377,7 +416,7 @@ impl KernelActuator {
             .collect();
         let tids: Vec<u32> = self.idled.keys().copied().collect();
         for tid in tids {
-            self.unidle(tid, report);
+            self.unidle(tid, "appease stops", report);
         }
         if !self.dry_run {
             let idled = &self.idled;
@@ -486,13 +525,16 @@ impl KernelActuator {
                 return false;
             }
         }
-        tracing::info!(
-            root,
+        audit!(
+            self.trail,
+            Change::Unit,
+            tree = root,
             unit,
             cgroup,
+            from = format!("CPUWeight={orig}"),
+            to = "CPUWeight=idle",
             why,
-            dry_run = self.dry_run,
-            "demoted a whole unit in place (CPUWeight=idle through systemd)"
+            dry_run = self.dry_run.then_some(true)
         );
         self.idle_units.insert(
             unit,
@@ -511,14 +553,26 @@ impl KernelActuator {
     }
 
     /// Gives a unit back its CPUWeight and runtime drop-in.
-    fn unidle_unit(&mut self, unit: &str, report: &mut RestoreReport) {
+    fn unidle_unit(&mut self, unit: &str, why: &str, report: &mut RestoreReport) {
         let Some(u) = self.idle_units.remove(unit) else {
             return;
         };
         if !self.dry_run {
             let units = self.groups.as_ref().and_then(|g| g.units.as_deref());
             match units.map(|c| c.set_cpu_weight(unit, u.orig)) {
-                Some(Ok(())) => report.restored += 1,
+                Some(Ok(())) => {
+                    report.restored += 1;
+                    let to = format!("CPUWeight={}", u.orig);
+                    audit!(
+                        self.trail,
+                        Change::Unit,
+                        tree = u.root,
+                        unit,
+                        from = "CPUWeight=idle",
+                        to,
+                        why
+                    );
+                }
                 Some(Err(e)) if units.is_some_and(|c| c.unit_gone(unit)) => {
                     tracing::debug!(unit, error = %e, "unit gone");
                     report.gone += 1;
@@ -547,7 +601,7 @@ impl KernelActuator {
         let units: Vec<String> = crate::keys_where(&self.idle_units, |u| u.root == root);
         let mut report = RestoreReport::default();
         for unit in &units {
-            self.unidle_unit(unit, &mut report);
+            self.unidle_unit(unit, "promoted out of the idle class", &mut report);
         }
         (report.restored + report.gone) as usize
     }
@@ -563,11 +617,7 @@ impl KernelActuator {
         });
         let mut report = RestoreReport::default();
         for unit in ended {
-            tracing::info!(
-                unit,
-                "the demoted tree ended: the unit gets its CPUWeight back"
-            );
-            self.unidle_unit(&unit, &mut report);
+            self.unidle_unit(&unit, "the demoted tree ended", &mut report);
         }
         let gone: Vec<u32> = self
             .idled
@@ -589,7 +639,7 @@ impl KernelActuator {
     pub(crate) fn restore_units(&mut self, report: &mut RestoreReport) {
         let units: Vec<String> = crate::keys_where(&self.idle_units, |_| true);
         for unit in units {
-            self.unidle_unit(&unit, report);
+            self.unidle_unit(&unit, "appease stops", report);
         }
     }
 

@@ -9,6 +9,7 @@ mod in_place;
 pub mod journal;
 pub mod sys;
 pub mod systemd;
+pub mod trail;
 
 use std::collections::HashMap;
 use std::io;
@@ -22,6 +23,7 @@ use serde::Serialize;
 pub use groups::{Groups, MovedView};
 pub use journal::{Journal, JournalState, Pending, PendingMove, Record, TaskKey};
 use sys::Sched;
+use trail::{audit, Change, Trail};
 
 /// Why appease leaves a thread alone.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -75,6 +77,16 @@ pub struct ManagedView {
     pub why: String,
     /// Seconds since the epoch when appease first changed the thread.
     pub since: u64,
+}
+
+/// A thread's fair-class settings as the audit trail says them (slice 0: the kernel's
+/// default).
+fn sched_text(nice: i32, slice_ns: u64, base_slice_ns: u64) -> String {
+    if slice_ns == 0 || slice_ns == base_slice_ns {
+        format!("nice {nice}")
+    } else {
+        format!("nice {nice}, slice {} us", slice_ns / 1000)
+    }
 }
 
 /// What putting threads back achieved.
@@ -181,6 +193,8 @@ pub struct KernelActuator {
     /// The next first contact's thread as the probe saw it (`expect`).
     expected: Option<Identity>,
     pub counters: ActCounters,
+    /// The budgets of the audit trail (one line per change, storms held back).
+    pub trail: Trail,
 }
 
 /// A thread as the probe's event describes it: what a first contact would otherwise
@@ -214,6 +228,7 @@ impl KernelActuator {
             idle_groups: HashMap::new(),
             expected: None,
             counters: ActCounters::default(),
+            trail: Trail::default(),
         })
     }
 
@@ -517,12 +532,29 @@ impl KernelActuator {
         if nice == m.applied_nice && slice_ns == m.applied_slice_ns {
             return Ok(());
         }
+        let base = self.base_slice_ns;
+        let from = sched_text(m.applied_nice, m.applied_slice_ns, base);
         self.set(tid, nice, slice_ns)?;
         self.counters.changes += 1;
         let m = self.managed.get_mut(&tid).expect("present");
         m.why = why.to_string();
         m.role = matches!(target, Target::Fixed(_));
-        tracing::debug!(pid, tid, comm = %m.comm, nice, original = m.orig.nice, why, dry_run = self.dry_run, "set nice");
+        let change = if m.role {
+            Change::Role
+        } else {
+            Change::Elevate
+        };
+        audit!(
+            self.trail,
+            change,
+            pid,
+            tid,
+            comm = m.comm.as_str(),
+            from,
+            to = sched_text(nice, slice_ns, base),
+            why,
+            dry_run = self.dry_run.then_some(true)
+        );
         Ok(())
     }
 }
@@ -551,12 +583,24 @@ impl Actuator for KernelActuator {
         }
         let m = &self.managed[&tid];
         let (orig, key) = (m.orig, m.key);
+        let base = self.base_slice_ns;
+        let from = sched_text(m.applied_nice, m.applied_slice_ns, base);
         let slice = self.original_slice_arg(&orig);
         self.set(tid, orig.nice, slice)?;
-        self.managed.remove(&tid);
+        let m = self.managed.remove(&tid).expect("present");
         self.journal(Record::Release { key })?;
         self.counters.restores += 1;
-        tracing::debug!(tid, nice = orig.nice, why, "restore");
+        audit!(
+            self.trail,
+            Change::Restore,
+            pid = key.pid,
+            tid,
+            comm = m.comm.as_str(),
+            from,
+            to = sched_text(orig.nice, slice, base),
+            why,
+            dry_run = self.dry_run.then_some(true)
+        );
         Ok(())
     }
 

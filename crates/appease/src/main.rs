@@ -3,6 +3,7 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -10,6 +11,7 @@ use clap::{Parser, Subcommand};
 mod roles_cmd;
 mod sim_cmd;
 mod status_cmd;
+mod top_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -57,6 +59,18 @@ enum Command {
         /// One JSON object instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// A live view of what the running daemon changed and why (q quits, s sorts, f filters).
+    Top {
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0, value_parser = parse_interval)]
+        interval: f64,
+        /// The column rows are ordered by at start.
+        #[arg(long, value_enum, default_value_t = top_cmd::SortKey::Cpu)]
+        sort: top_cmd::SortKey,
+        /// Only rows of this class at start: latency, role, batch, service or all.
+        #[arg(long)]
+        class: Option<String>,
     },
     /// Check a config file and exit (0: valid).
     CheckConfig { file: PathBuf },
@@ -261,8 +275,11 @@ enum Worker {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log, cli.log_format);
-    match run(cli.command) {
+    let log_writer = init_logging(&cli.log, cli.log_format);
+    let result = run(cli.command);
+    // What is still queued is written before the error, if any.
+    drop(log_writer);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // A reader that went away (`appease manpage | head`): nothing left to say.
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
@@ -274,6 +291,14 @@ fn main() -> ExitCode {
     }
 }
 
+/// A refresh interval: a positive number of seconds, at least a tenth of one.
+fn parse_interval(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => Ok(s),
+        _ => Err(format!("{text:?}: seconds between 0.1 and 3600")),
+    }
+}
+
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>()
@@ -281,12 +306,16 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-fn init_logging(filter: &str, format: LogFormat) {
+/// Logs go to stderr through a background writer: a slow reader (journald under load, a
+/// terminal scrolled back) never blocks the event loop; lines are dropped instead, when
+/// more than its queue holds wait.
+fn init_logging(filter: &str, format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         // Colour only on a terminal: journald and log files get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
@@ -297,6 +326,7 @@ fn init_logging(filter: &str, format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().with_ansi(false).init(),
     }
+    guard
 }
 
 fn run(cmd: Command) -> Result<()> {
@@ -326,6 +356,16 @@ fn run(cmd: Command) -> Result<()> {
                 .context("writing the man page")
         }
         Command::Status { json } => status_cmd::show(&appease_daemon::run_dir(), json),
+        Command::Top {
+            interval,
+            sort,
+            class,
+        } => top_cmd::run(
+            &appease_daemon::run_dir(),
+            Duration::from_secs_f64(interval),
+            sort,
+            class,
+        ),
         Command::Bench(args) => bench(args),
         Command::Sim {
             command:

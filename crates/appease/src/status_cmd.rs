@@ -164,16 +164,20 @@ fn print_threads(status: &Status, now: u64) {
     }
 }
 
+/// The idle group's mode, said plainly.
+pub fn mode_text(mode: Option<appease_policy::group_mode::GroupMode>) -> &'static str {
+    use appease_policy::group_mode::GroupMode;
+    match mode {
+        Some(GroupMode::Idle) | None => "idle (cpu.idle = 1)",
+        Some(GroupMode::Quiet) => "quiet (no requests lately: a normal weighted group)",
+        Some(GroupMode::Floor) => "floor (starved: small weight)",
+    }
+}
+
 fn print_processes(status: &Status, now: u64) {
     let a = &status.actuator;
     if let Some(b) = &status.batch {
-        let mode = match b.mode {
-            Some(appease_policy::group_mode::GroupMode::Idle) | None => "idle (cpu.idle = 1)",
-            Some(appease_policy::group_mode::GroupMode::Quiet) => {
-                "quiet (no requests lately: a normal weighted group)"
-            }
-            Some(appease_policy::group_mode::GroupMode::Floor) => "floor (starved: small weight)",
-        };
+        let mode = mode_text(b.mode);
         println!(
             "batch group: {mode}; {:.1} % of all CPUs over the last scan; starvation floor engaged {} time(s){}",
             b.share_pct,

@@ -2198,6 +2198,210 @@ fn the_metrics_endpoint_passes_promtool_and_its_counters_move_under_load() {
     );
 }
 
+/// The daemon's audit lines (JSON logs): the `fields` of each.
+fn audit_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| v["fields"].clone())
+        .filter(|f| f["change"].is_string())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn every_change_and_its_undoing_is_one_audit_line_and_a_storm_is_held_back() {
+    let _g = serial();
+    let dir = TempDir::new("audit");
+    let group = format!("appease-e2e-audit{}", std::process::id());
+    let cfg = dir.file(
+        "audit.toml",
+        &format!("{}{LATENCY_CONFIG}", batch_config(&group)),
+    );
+    let soakers = Soakers(vec![forking_soaker(), forking_soaker(), forking_soaker()]);
+    let soaker = soakers.0[0].id();
+    let home = cpu_cgroup(soaker).unwrap();
+    let mut daemon = Daemon::start_with(&dir.0, &cfg, &["--log-format", "json"], &[]);
+    let gpath = format!("/{group}");
+    let demoted = wait_for(Duration::from_secs(8), || {
+        cpu_cgroup(soaker).as_deref() == Some(gpath.as_str())
+    });
+    assert!(demoted.is_some(), "demoted: {}", daemon.log_text());
+    // One server whose thread is watched, then a storm of elevations and fades (10 ms a
+    // level) on 16 connections.
+    let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(60));
+    let tid = unix.server_tid;
+    let storm = Load::start(16, 4, 2000.0);
+    let began = std::time::Instant::now();
+    let mut lines = Vec::new();
+    let seen = wait_for(Duration::from_secs(8), || {
+        lines = audit_lines(&daemon.full_log());
+        let elevated = lines.iter().any(|l| {
+            l["change"] == "elevate"
+                && l["tid"] == tid
+                && l["from"] == "nice 0"
+                && l["to"].as_str().is_some_and(|t| t.starts_with("nice -"))
+                && l["why"] == "unix-request"
+        });
+        let held = lines
+            .iter()
+            .any(|l| l["change"] == "elevate" && l["held"].as_u64() > Some(0));
+        elevated && held
+    });
+    let elapsed = began.elapsed().as_secs_f64() + 1.0;
+    assert!(
+        seen.is_some(),
+        "the server's elevation is audited and the storm held back: {lines:#?}"
+    );
+    assert!(storm.done.load(Ordering::Relaxed) > 1000, "the storm ran");
+    // The burst (50) and 10 lines a second after it: what the trail promises.
+    let elevate_lines = lines
+        .iter()
+        .filter(|l| l["change"] == "elevate" && l["held"].is_null())
+        .count();
+    assert!(
+        elevate_lines as f64 <= 50.0 + 10.0 * (elapsed + 3.0),
+        "{elevate_lines} elevate lines in {elapsed:.1} s"
+    );
+    let demote = lines
+        .iter()
+        .find(|l| l["change"] == "demote" && l["pid"] == soaker)
+        .unwrap_or_else(|| panic!("the demotion is audited: {lines:#?}"));
+    assert_eq!(demote["from"], home.as_str());
+    assert_eq!(demote["to"], gpath.as_str());
+    assert!(
+        demote["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("no requests")),
+        "{demote}"
+    );
+    drop(storm);
+    // Stopping undoes everything, each undoing audited with its reason.
+    assert!(daemon.signal(libc::SIGTERM).success());
+    let lines = audit_lines(&daemon.full_log());
+    assert!(
+        lines.iter().any(|l| l["change"] == "move-back"
+            && l["pid"] == soaker
+            && l["from"] == gpath.as_str()
+            && l["to"] == home.as_str()
+            && l["why"] == "appease stops"),
+        "{lines:#?}"
+    );
+    // Elevations faded out and put back (at shutdown too, unless the storm spent the
+    // budget: then the count of what was held is said).
+    assert!(
+        lines.iter().any(|l| l["change"] == "restore"
+            && l["from"].as_str().is_some_and(|f| f.starts_with("nice -"))
+            && l["to"] == "nice 0"
+            && l["why"].is_string()),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["change"] == "restore" && l["held"].as_u64() > Some(0)),
+        "{lines:#?}"
+    );
+    assert_eq!(cpu_cgroup(soaker).as_deref(), Some(home.as_str()));
+    drop(unix);
+}
+
+/// A private tmux server for one test, ended (with what runs in it) on drop.
+struct Tmux(String);
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        Command::new("tmux")
+            .args(["-L", &self.0])
+            .args(args)
+            .output()
+            .expect("tmux (Debian package tmux; make test-deps installs it)")
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p"]).stdout).into_owned()
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _already_gone = self.run(&["kill-server"]);
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn top_shows_an_elevated_server_and_a_demoted_soaker_sorts_filters_and_quits_on_q() {
+    let _g = serial();
+    let (dir, gpath, soakers, daemon) = demoted_soaker("top", LATENCY_CONFIG);
+    let soaker = soakers.0[0].id();
+    // Load enough for the ladder, and a server that receives requests under it.
+    let _load = Soakers::start(2 * host_cpus());
+    let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(20));
+    let tid = unix.server_tid.to_string();
+    let tmux = Tmux(format!("appease-e2e-top{}", std::process::id()));
+    let rc = dir.0.join("top.rc");
+    let started = tmux.run(&[
+        "new-session",
+        "-d",
+        "-x",
+        "160",
+        "-y",
+        "40",
+        "-e",
+        &format!("APPEASE_RUN_DIR={}", dir.0.display()),
+        &format!("{BIN} top --interval 0.3; echo $? > {}", rc.display()),
+    ]);
+    assert!(started.status.success(), "{started:?}");
+    let row_of = |screen: &str, id: &str| {
+        screen
+            .lines()
+            .find(|l| l.split_whitespace().take(2).any(|w| w == id))
+            .map(str::to_string)
+    };
+    let mut screen = String::new();
+    let shown = wait_for(Duration::from_secs(8), || {
+        screen = tmux.screen();
+        let server = row_of(&screen, &tid);
+        let batch = row_of(&screen, &soaker.to_string());
+        server.is_some_and(|l| l.contains("latency") && l.contains("request"))
+            && batch.is_some_and(|l| l.contains("batch") && l.contains(&gpath))
+            && screen.contains("runnable/CPU")
+            && screen.contains("batch group idle")
+    });
+    assert!(
+        shown.is_some(),
+        "the server elevated and the soaker demoted, with the load at the top:\n{screen}\n{}",
+        daemon.log_text()
+    );
+    // CPU use is measured between refreshes: the soaker's is a number.
+    let cpu_shown = wait_for(Duration::from_secs(3), || {
+        screen = tmux.screen();
+        row_of(&screen, &soaker.to_string()).is_some_and(|l| {
+            l.split_whitespace()
+                .nth(5)
+                .is_some_and(|c| c.parse::<f64>().is_ok())
+        })
+    });
+    assert!(cpu_shown.is_some(), "{screen}");
+    // f: only latency-class rows; s: the next sort key.
+    tmux.run(&["send-keys", "f", "s"]);
+    let filtered = wait_for(Duration::from_secs(3), || {
+        screen = tmux.screen();
+        screen.contains("class (latency)")
+            && screen.contains("sort (pid)")
+            && row_of(&screen, &soaker.to_string()).is_none()
+            && row_of(&screen, &tid).is_some()
+    });
+    assert!(filtered.is_some(), "{screen}");
+    // q: the view ends with status 0 and the terminal is its shell's again.
+    tmux.run(&["send-keys", "q"]);
+    let ended = wait_for(Duration::from_secs(3), || {
+        std::fs::read_to_string(&rc).is_ok_and(|t| t.trim() == "0")
+    });
+    assert!(ended.is_some(), "q quits: {}", tmux.screen());
+    drop(unix);
+}
+
 #[test]
 fn model_contention_json_has_the_contract_keys() {
     let run = json_of;

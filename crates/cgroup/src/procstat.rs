@@ -16,6 +16,9 @@ pub struct ProcStat {
     /// utime + stime + cutime + cstime: this process's CPU time and its reaped
     /// children's, in clock ticks.
     pub cpu_ticks: u64,
+    /// utime + stime: this task's own CPU time (a thread's, from its task stat), in
+    /// clock ticks.
+    pub run_ticks: u64,
     pub nice: i32,
     /// Start time in clock ticks after boot: with the PID, the process's identity.
     pub start: u64,
@@ -36,6 +39,7 @@ impl ProcStat {
             tty_nr: field(7)?.parse().ok()?,
             flags: num(9)?,
             cpu_ticks: num(14)? + num(15)? + num(16)? + num(17)?,
+            run_ticks: num(14)? + num(15)?,
             nice: field(19)?.parse().ok()?,
             start: num(22)?,
             policy: field(41)?.parse().ok()?,

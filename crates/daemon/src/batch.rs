@@ -138,12 +138,14 @@ impl BatchManager {
             GroupMode::Quiet => Some(cfg.batch.quiet_weight),
             GroupMode::Floor => Some(cfg.batch.floor_weight),
         };
-        match actuator.set_batch_weight(weight) {
+        let why = match want {
+            GroupMode::Idle => "mode idle: requests arrive",
+            GroupMode::Quiet => "mode quiet: no requests lately",
+            GroupMode::Floor => "mode floor: batch work starved",
+        };
+        match actuator.set_batch_weight(weight, why) {
             Ok(false) => {} // no group yet: it is created idle; applied on a later pass
-            Ok(true) => {
-                tracing::info!(from = ?self.applied, to = ?want, ?weight, "batch group mode");
-                self.applied = want;
-            }
+            Ok(true) => self.applied = want,
             Err(e) => {
                 tracing::warn!(error = %e, to = ?want, "could not change the batch group's mode")
             }

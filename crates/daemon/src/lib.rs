@@ -228,6 +228,7 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     }));
     notify_systemd(&[sd_notify::NotifyState::Stopping]);
     let report = daemon.actuator.restore_all();
+    daemon.actuator.trail.report_held();
     // No state served after the exit.
     drop(control);
     let RestoreReport {
@@ -393,6 +394,7 @@ impl<'obj> Daemon<'obj> {
                 self.handle_arrived();
                 self.resync_after_lost_events();
                 self.publish_status();
+                self.actuator.trail.report_held();
                 // The loop runs: systemd's watchdog (WatchdogSec=) hears it once a second.
                 if self.watchdog {
                     notify_systemd(&[sd_notify::NotifyState::Watchdog]);

@@ -186,6 +186,11 @@ impl Daemon {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
+    /// The whole log.
+    pub fn full_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     pub fn signal(&mut self, sig: i32) -> std::process::ExitStatus {
         let mut c = self.child.take().unwrap();
         // SAFETY: signalling our own child by pid.
