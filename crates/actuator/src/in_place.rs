@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::journal::{JournalState, Record, TaskKey};
-use crate::sys::{self, Sched};
+use crate::sys::{self, Kernel, Sched};
 use crate::systemd::{self, UnitControl, WEIGHT_IDLE};
 use crate::trail::{audit, Change};
 use crate::{groups::MovedView, Actuator, KernelActuator, RestoreReport};
@@ -49,20 +49,16 @@ pub(crate) fn process_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-fn ppid_of(pid: u32) -> Option<u32> {
-    appease_cgroup::stat_ppid(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
-}
-
 /// What a thread of `pid` that is in SCHED_IDLE without a record of its own inherited
 /// from appease: the original state of the nearest process up its ancestry (itself
 /// first) that has a recorded thread, if any.
-fn inherited(pid: u32, orig_of: impl Fn(u32) -> Option<Sched>) -> Option<Sched> {
+fn inherited(k: &dyn Kernel, pid: u32, orig_of: impl Fn(u32) -> Option<Sched>) -> Option<Sched> {
     let mut cur = pid;
     for _ in 0..64 {
         if let Some(o) = orig_of(cur) {
             return Some(o);
         }
-        match ppid_of(cur) {
+        match k.ppid(cur) {
             Some(p) if p > 1 && p != cur => cur = p,
             _ => return None,
         }
@@ -92,13 +88,14 @@ fn policy_text(policy: u32) -> &'static str {
 /// Puts a thread back from SCHED_IDLE to `orig`, if it is still in SCHED_IDLE (else
 /// someone changed it since: left alone).
 fn put_back(
+    k: &dyn Kernel,
     pid: u32,
     tid: u32,
     orig: &Sched,
     base_slice_ns: u64,
     report: &mut RestoreReport,
 ) -> bool {
-    match sys::task_stat(pid, tid) {
+    match k.task_stat(pid, tid) {
         Err(_) => {
             report.gone += 1;
             return true;
@@ -115,7 +112,7 @@ fn put_back(
         Ok(_) => {}
     }
     let slice = slice_arg(orig, base_slice_ns);
-    match sys::sched_set_policy(tid, orig.policy, orig.nice, slice, orig.reset_on_fork) {
+    match k.sched_set_policy(tid, orig.policy, orig.nice, slice, orig.reset_on_fork) {
         Ok(()) => {
             report.restored += 1;
             true
@@ -137,6 +134,7 @@ fn put_back(
 /// these processes (a tree's current members: one whose recorded ancestor has exited and
 /// left it to PID 1 gets `fallback`, the tree's original); None walks every process.
 fn put_back_inherited(
+    k: &dyn Kernel,
     only: Option<&[u32]>,
     fallback: Option<Sched>,
     orig_of: impl Fn(u32) -> Option<Sched>,
@@ -148,29 +146,28 @@ fn put_back_inherited(
     let pids = match only {
         Some(p) => p,
         None => {
-            all = std::fs::read_dir("/proc")
-                .map(|d| {
-                    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                        .collect()
-                })
-                .unwrap_or_default();
+            all = k.processes();
             &all
         }
     };
     for &pid in pids {
-        let threads: Vec<u32> = sys::threads_of(pid)
+        let threads: Vec<u32> = k
+            .threads_of(pid)
             .into_iter()
             .filter(|&tid| !recorded(tid))
-            .filter(|&tid| sys::task_stat(pid, tid).is_ok_and(|s| s.policy == sys::SCHED_IDLE))
+            .filter(|&tid| {
+                k.task_stat(pid, tid)
+                    .is_ok_and(|s| s.policy == sys::SCHED_IDLE)
+            })
             .collect();
         if threads.is_empty() {
             continue;
         }
-        let Some(orig) = inherited(pid, &orig_of).or(fallback) else {
+        let Some(orig) = inherited(k, pid, &orig_of).or(fallback) else {
             continue; // idle by someone else's choice
         };
         for tid in threads {
-            put_back(pid, tid, &orig, base_slice_ns, report);
+            put_back(k, pid, tid, &orig, base_slice_ns, report);
         }
     }
 }
@@ -182,7 +179,11 @@ impl KernelActuator {
             .get(&pid)
             .filter(|i| i.key.pid == pid)
             .or_else(|| self.idled.values().find(|i| i.key.pid == pid))
-            .filter(|i| sys::task_stat(pid, i.key.tid).is_ok_and(|s| s.start == i.key.start))
+            .filter(|i| {
+                self.kernel
+                    .task_stat(pid, i.key.tid)
+                    .is_ok_and(|s| s.start == i.key.start)
+            })
             .map(|i| i.orig)
     }
 
@@ -219,16 +220,18 @@ impl KernelActuator {
         if pid == self.self_pid {
             return 0;
         }
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if self.exceptions.iter().any(|c| c == comm.trim_end()) {
+        let comm = self.kernel.comm(pid).unwrap_or_default();
+        if self.exceptions.contains(&comm) {
             return 0;
         }
-        let inherited_orig = self
-            .idled_orig(pid)
-            .or_else(|| ppid_of(pid).and_then(|pp| inherited(pp, |p| self.idled_orig(p))));
+        let k = &*self.kernel;
+        let inherited_orig = self.idled_orig(pid).or_else(|| {
+            k.ppid(pid)
+                .and_then(|pp| inherited(k, pp, |p| self.idled_orig(p)))
+        });
         let mut n = 0;
-        for tid in sys::threads_of(pid) {
-            let Ok(stat) = sys::task_stat(pid, tid) else {
+        for tid in self.kernel.threads_of(pid) {
+            let Ok(stat) = self.kernel.task_stat(pid, tid) else {
                 continue;
             };
             if stat.kernel_thread
@@ -243,7 +246,7 @@ impl KernelActuator {
             if self.managed.contains_key(&tid) {
                 let _reported_by_restore = Actuator::restore(self, tid, "demoted in place");
             }
-            let Ok(now) = sys::sched_getattr(tid) else {
+            let Ok(now) = self.kernel.sched_getattr(tid) else {
                 continue;
             };
             let orig = match now.policy {
@@ -266,9 +269,13 @@ impl KernelActuator {
                     tracing::warn!(tid, "journal write failed: thread not demoted");
                     continue;
                 }
-                if let Err(e) =
-                    sys::sched_set_policy(tid, sys::SCHED_IDLE, now.nice, 0, now.reset_on_fork)
-                {
+                if let Err(e) = self.kernel.sched_set_policy(
+                    tid,
+                    sys::SCHED_IDLE,
+                    now.nice,
+                    0,
+                    now.reset_on_fork,
+                ) {
                     let _logged_by_journal = self.journal(Record::Unidle { key });
                     if !sys::is_esrch(&e) {
                         self.counters.fail_errno(Some(&e));
@@ -318,12 +325,22 @@ impl KernelActuator {
         let Some(i) = self.idled.remove(&tid) else {
             return;
         };
-        let same = sys::task_stat(i.key.pid, tid).is_ok_and(|s| s.start == i.key.start);
+        let same = self
+            .kernel
+            .task_stat(i.key.pid, tid)
+            .is_ok_and(|s| s.start == i.key.start);
         let restored = report.restored;
         let done = if self.dry_run {
             true
         } else if same {
-            put_back(i.key.pid, tid, &i.orig, self.base_slice_ns, report)
+            put_back(
+                &*self.kernel,
+                i.key.pid,
+                tid,
+                &i.orig,
+                self.base_slice_ns,
+                report,
+            )
         } else {
             report.gone += 1;
             true
@@ -392,6 +409,7 @@ impl KernelActuator {
             let idled = &self.idled;
             let fallback = origs.get(&root).or_else(|| origs.values().next()).copied();
             put_back_inherited(
+                &*self.kernel,
                 Some(members),
                 fallback,
                 |p| origs.get(&p).copied(),
@@ -411,7 +429,11 @@ impl KernelActuator {
         let origs: HashMap<u32, Sched> = self
             .idled
             .values()
-            .filter(|i| sys::task_stat(i.key.pid, i.key.tid).is_ok_and(|s| s.start == i.key.start))
+            .filter(|i| {
+                self.kernel
+                    .task_stat(i.key.pid, i.key.tid)
+                    .is_ok_and(|s| s.start == i.key.start)
+            })
             .map(|i| (i.key.pid, i.orig))
             .collect();
         let tids: Vec<u32> = self.idled.keys().copied().collect();
@@ -421,6 +443,7 @@ impl KernelActuator {
         if !self.dry_run {
             let idled = &self.idled;
             put_back_inherited(
+                &*self.kernel,
                 None,
                 None,
                 |p| origs.get(&p).copied(),
@@ -623,7 +646,9 @@ impl KernelActuator {
             .idled
             .iter()
             .filter(|(&tid, i)| {
-                sys::task_stat(i.key.pid, tid).map_or(true, |s| s.start != i.key.start)
+                self.kernel
+                    .task_stat(i.key.pid, tid)
+                    .map_or(true, |s| s.start != i.key.start)
             })
             .map(|(&t, _)| t)
             .collect();
@@ -690,6 +715,7 @@ impl KernelActuator {
 /// inherited it since, back to their original state. Returns the records that close
 /// what was undone.
 pub(crate) fn restore_journal_in_place(
+    k: &dyn Kernel,
     state: &JournalState,
     base_slice_ns: u64,
     report: &mut RestoreReport,
@@ -698,7 +724,7 @@ pub(crate) fn restore_journal_in_place(
     if state.idled.is_empty() {
         return done;
     }
-    let alive = |k: &TaskKey| sys::task_stat(k.pid, k.tid).is_ok_and(|s| s.start == k.start);
+    let alive = |t: &TaskKey| k.task_stat(t.pid, t.tid).is_ok_and(|s| s.start == t.start);
     let origs: HashMap<u32, Sched> = state
         .idled
         .iter()
@@ -707,7 +733,7 @@ pub(crate) fn restore_journal_in_place(
         .collect();
     for (key, orig) in &state.idled {
         let ok = if alive(key) {
-            put_back(key.pid, key.tid, orig, base_slice_ns, report)
+            put_back(k, key.pid, key.tid, orig, base_slice_ns, report)
         } else {
             report.gone += 1;
             true
@@ -717,6 +743,7 @@ pub(crate) fn restore_journal_in_place(
         }
     }
     put_back_inherited(
+        k,
         None,
         None,
         |p| origs.get(&p).copied(),

@@ -175,6 +175,8 @@ impl ActCounters {
 
 /// Changes the real kernel's state (or, in dry-run mode, only says what it would do).
 pub struct KernelActuator {
+    /// The kernel it changes (the real one but in this crate's unit tests).
+    kernel: Box<dyn sys::Kernel>,
     journal: Option<Journal>,
     managed: HashMap<u32, Managed>,
     left_alone: HashMap<u32, (u64, HandsOff)>,
@@ -212,9 +214,19 @@ pub struct Identity {
 impl KernelActuator {
     /// `journal` is None in dry-run mode.
     pub fn new(journal: Option<Journal>, exceptions: Vec<String>) -> io::Result<Self> {
+        Self::with_kernel(Box::new(sys::Host), journal, exceptions)
+    }
+
+    /// The same over another kernel (the unit tests' fake).
+    fn with_kernel(
+        kernel: Box<dyn sys::Kernel>,
+        journal: Option<Journal>,
+        exceptions: Vec<String>,
+    ) -> io::Result<Self> {
         // This thread's slice was never set by anyone: it is the kernel's default.
-        let base_slice_ns = sys::sched_getattr(0)?.slice_ns;
+        let base_slice_ns = kernel.sched_getattr(0)?.slice_ns;
         Ok(KernelActuator {
+            kernel,
             dry_run: journal.is_none(),
             journal,
             managed: HashMap::new(),
@@ -283,12 +295,15 @@ impl KernelActuator {
             }
         };
         // Open the pidfd first: the stat read after it then describes the same thread.
-        let pidfd = sys::pidfd_open_thread(tid).ok();
+        let pidfd = self.kernel.pidfd_open_thread(tid);
         let expected = self.expected.take().filter(|e| e.tid == tid);
         let (start, comm, proc_comm, kernel_thread) = match expected {
             Some(e) => (e.start, e.comm, Some(e.proc_comm), false),
             None => {
-                let stat = sys::task_stat(pid, tid).map_err(|e| gone(e, "read /proc stat"))?;
+                let stat = self
+                    .kernel
+                    .task_stat(pid, tid)
+                    .map_err(|e| gone(e, "read /proc stat"))?;
                 (stat.start, stat.comm, None, stat.kernel_thread)
             }
         };
@@ -301,16 +316,16 @@ impl KernelActuator {
             }
             self.left_alone.remove(&tid);
         }
-        let orig = sys::sched_getattr(tid).map_err(|e| gone(e, "sched_getattr"))?;
+        let orig = self
+            .kernel
+            .sched_getattr(tid)
+            .map_err(|e| gone(e, "sched_getattr"))?;
         // The process's name, for the exceptions: a thread's own is in its stat, and the
         // main thread's is the process's.
         let proc_comm = match proc_comm {
             Some(c) => c,
             None if pid == tid || self.exceptions.is_empty() => comm.clone(),
-            None => {
-                let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-                c.trim_end().to_string()
-            }
+            None => self.kernel.comm(pid).unwrap_or_default(),
         };
         let refusal = if kernel_thread {
             Some(HandsOff::KernelThread)
@@ -360,12 +375,15 @@ impl KernelActuator {
         let m = self.managed.get(&tid).expect("caller checked");
         let alive = match &m.pidfd {
             Some(fd) => sys::pidfd_alive(fd),
-            None => sys::task_stat(m.key.pid, tid).is_ok_and(|s| s.start == m.key.start),
+            None => self
+                .kernel
+                .task_stat(m.key.pid, tid)
+                .is_ok_and(|s| s.start == m.key.start),
         };
         if !alive {
             return Err(ActError::Gone { tid });
         }
-        let now = match sys::sched_getattr(tid) {
+        let now = match self.kernel.sched_getattr(tid) {
             Ok(s) => s,
             Err(e) if sys::is_esrch(&e) => return Err(ActError::Gone { tid }),
             Err(source) => {
@@ -428,7 +446,7 @@ impl KernelActuator {
             if let Some(m) = self.managed.get_mut(&tid) {
                 m.unjournaled = false;
             }
-            if let Err(e) = sys::sched_set_fair(tid, nice, slice_ns, rof) {
+            if let Err(e) = self.kernel.sched_set_fair(tid, nice, slice_ns, rof) {
                 if sys::is_esrch(&e) {
                     return Err(self.drop_gone(tid));
                 }
@@ -461,11 +479,10 @@ impl KernelActuator {
     /// back; returns them (the policy forgets them).
     pub fn release_excepted_threads(&mut self) -> Vec<u32> {
         let excepted = |m: &Managed| {
-            let proc_comm =
-                || std::fs::read_to_string(format!("/proc/{}/comm", m.key.pid)).unwrap_or_default();
+            let proc_comm = || self.kernel.comm(m.key.pid).unwrap_or_default();
             self.exceptions
                 .iter()
-                .any(|c| *c == m.comm || *c == proc_comm().trim_end())
+                .any(|c| *c == m.comm || *c == proc_comm())
         };
         let tids: Vec<u32> = self
             .managed
@@ -533,11 +550,14 @@ impl KernelActuator {
             return Ok(());
         }
         let base = self.base_slice_ns;
-        let from = sched_text(m.applied_nice, m.applied_slice_ns, base);
+        // Formatted only if the trail admits the line (most are held back in a storm).
+        let (from_nice, from_slice_ns) = (m.applied_nice, m.applied_slice_ns);
         self.set(tid, nice, slice_ns)?;
         self.counters.changes += 1;
         let m = self.managed.get_mut(&tid).expect("present");
-        m.why = why.to_string();
+        if m.why != why {
+            m.why = why.to_string();
+        }
         m.role = matches!(target, Target::Fixed(_));
         let change = if m.role {
             Change::Role
@@ -550,7 +570,7 @@ impl KernelActuator {
             pid,
             tid,
             comm = m.comm.as_str(),
-            from,
+            from = sched_text(from_nice, from_slice_ns, base),
             to = sched_text(nice, slice_ns, base),
             why,
             dry_run = self.dry_run.then_some(true)
@@ -584,7 +604,6 @@ impl Actuator for KernelActuator {
         let m = &self.managed[&tid];
         let (orig, key) = (m.orig, m.key);
         let base = self.base_slice_ns;
-        let from = sched_text(m.applied_nice, m.applied_slice_ns, base);
         let slice = self.original_slice_arg(&orig);
         self.set(tid, orig.nice, slice)?;
         let m = self.managed.remove(&tid).expect("present");
@@ -596,7 +615,7 @@ impl Actuator for KernelActuator {
             pid = key.pid,
             tid,
             comm = m.comm.as_str(),
-            from,
+            from = sched_text(m.applied_nice, m.applied_slice_ns, base),
             to = sched_text(orig.nice, slice, base),
             why,
             dry_run = self.dry_run.then_some(true)
@@ -708,6 +727,10 @@ fn keys_where<V>(map: &HashMap<String, V>, keep: impl Fn(&V) -> bool) -> Vec<Str
 /// Undoes what a journal in `dir` records (after a crash): each thread that is still the
 /// same thread and still has a nice appease gave it goes back to its original state.
 pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
+    restore_journal_with(dir, &sys::Host)
+}
+
+fn restore_journal_with(dir: &Path, k: &dyn sys::Kernel) -> io::Result<RestoreReport> {
     let corrupt = journal::read_pending(dir)?.corrupt;
     if !corrupt.is_empty() {
         // What those lines recorded is lost: the journal is kept as it was for a look,
@@ -716,13 +739,15 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
         tracing::error!(lines = ?corrupt, kept = %kept.display(), "journal lines could not be read: what they recorded cannot be undone; the journal is kept");
     }
     let mut journal = Journal::open(dir)?;
-    let base_slice_ns = sys::sched_getattr(0)?.slice_ns;
+    let base_slice_ns = k.sched_getattr(0)?.slice_ns;
     let mut report = RestoreReport::default();
     let pending: Vec<Pending> = journal.state().threads.values().cloned().collect();
     for p in pending {
-        let same = sys::task_stat(p.key.pid, p.key.tid).is_ok_and(|s| s.start == p.key.start);
+        let same = k
+            .task_stat(p.key.pid, p.key.tid)
+            .is_ok_and(|s| s.start == p.key.start);
         let now = if same {
-            sys::sched_getattr(p.key.tid).ok()
+            k.sched_getattr(p.key.tid).ok()
         } else {
             None
         };
@@ -742,7 +767,7 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
                 } else {
                     p.orig.slice_ns
                 };
-                match sys::sched_set_fair(p.key.tid, p.orig.nice, slice, p.orig.reset_on_fork) {
+                match k.sched_set_fair(p.key.tid, p.orig.nice, slice, p.orig.reset_on_fork) {
                     Ok(()) => report.restored += 1,
                     Err(e) if sys::is_esrch(&e) => report.gone += 1,
                     Err(e) => {
@@ -759,7 +784,7 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
     for rec in groups::restore_journal_groups(&state, &mut report) {
         journal.append(&rec)?;
     }
-    for rec in in_place::restore_journal_in_place(&state, base_slice_ns, &mut report) {
+    for rec in in_place::restore_journal_in_place(k, &state, base_slice_ns, &mut report) {
         journal.append(&rec)?;
     }
     for rec in in_place::restore_journal_units(&state, &mut report) {
@@ -771,4 +796,317 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
     journal.remove_if_empty()?;
     report.failed += corrupt.len() as u32;
     Ok(report)
+}
+
+#[cfg(test)]
+mod testing;
+
+/// The actuator over a fake kernel: what it changes, what it refuses to touch, and that
+/// the journal alone can always undo it.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::{SCHED_BATCH, SCHED_FIFO, SCHED_IDLE};
+    use crate::testing::{fair, FakeKernel, TempDir, BASE_SLICE_NS};
+
+    const MS: u64 = 1_000_000;
+
+    fn actuator(k: &FakeKernel, dir: &TempDir, exceptions: &[&str]) -> KernelActuator {
+        k.watch_journal(&dir.0);
+        let journal = Journal::open(&dir.0).unwrap();
+        let ex = exceptions.iter().map(|s| s.to_string()).collect();
+        KernelActuator::with_kernel(Box::new(k.clone()), Some(journal), ex).unwrap()
+    }
+
+    fn custom(nice: i32, slice_ns: u64) -> Sched {
+        Sched {
+            policy: SCHED_BATCH,
+            nice,
+            slice_ns,
+            reset_on_fork: true,
+        }
+    }
+
+    #[test]
+    fn an_elevation_is_journaled_first_and_restore_gives_back_nice_slice_policy_and_flags() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("elevate"));
+        k.spawn(100, 101, "worker", custom(5, 4 * MS));
+        let mut a = actuator(&k, &dir, &[]);
+        let slice = Some(Duration::from_millis(1));
+        a.elevate(100, 101, 3, slice, "unix-request").unwrap();
+        assert_eq!(
+            k.sched(101),
+            Sched {
+                nice: 2,
+                slice_ns: MS,
+                ..custom(5, 4 * MS)
+            }
+        );
+        // A deeper elevation, then the same one again: the second is no change at all.
+        a.elevate(100, 101, 6, slice, "unix-request").unwrap();
+        let before = k.changes();
+        a.elevate(100, 101, 6, slice, "unix-request").unwrap();
+        assert_eq!(
+            k.changes(),
+            before,
+            "an unchanged target makes no system call"
+        );
+        assert_eq!(k.sched(101).nice, -1);
+        let pending = journal::read_pending(&dir.0).unwrap();
+        assert_eq!(pending.threads.len(), 1);
+        assert_eq!(
+            pending.threads.values().next().unwrap().orig,
+            custom(5, 4 * MS)
+        );
+        Actuator::restore(&mut a, 101, "faded").unwrap();
+        assert_eq!(k.sched(101), custom(5, 4 * MS));
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
+        assert_eq!(k.unjournaled(), Vec::<String>::new());
+        assert_eq!((a.counters.changes, a.counters.restores), (2, 1));
+    }
+
+    #[test]
+    fn a_default_slice_goes_back_as_the_default_not_as_a_number() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("slice"));
+        k.spawn(100, 100, "srv", fair(0));
+        let mut a = actuator(&k, &dir, &[]);
+        a.elevate(100, 100, 4, Some(Duration::from_millis(1)), "inet-request")
+            .unwrap();
+        assert_eq!(a.managed()[0].slice_ns, MS);
+        a.restore_all();
+        assert_eq!(k.sched(100), fair(0));
+        assert_eq!(k.sched(100).slice_ns, BASE_SLICE_NS);
+    }
+
+    #[test]
+    fn a_thread_someone_else_reniced_is_left_as_they_set_it_and_not_taken_again() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("other"));
+        k.spawn(100, 100, "srv", fair(0));
+        let mut a = actuator(&k, &dir, &[]);
+        a.elevate(100, 100, 5, None, "unix-request").unwrap();
+        k.renice_by_other(100, 10);
+        let err = Actuator::restore(&mut a, 100, "faded").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ActError::HandsOff {
+                    why: HandsOff::ChangedByOther {
+                        expected: -5,
+                        found: 10
+                    },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(k.sched(100).nice, 10, "their choice stands");
+        let again = a.elevate(100, 100, 5, None, "unix-request").unwrap_err();
+        assert!(matches!(again, ActError::HandsOff { .. }), "{again:?}");
+        assert_eq!(k.sched(100).nice, 10);
+        assert!(a.managed().is_empty());
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_recycled_tid_is_never_touched() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("recycled"));
+        k.spawn(100, 100, "srv", fair(0));
+        let mut a = actuator(&k, &dir, &[]);
+        a.elevate(100, 100, 5, None, "unix-request").unwrap();
+        // The thread ends and its id goes to a new thread at nice -5 by its own choice.
+        k.exit(100);
+        k.spawn(100, 100, "other", fair(-5));
+        let before = k.changes();
+        assert!(matches!(
+            Actuator::restore(&mut a, 100, "faded"),
+            Err(ActError::Gone { tid: 100 })
+        ));
+        assert_eq!(Actuator::audit(&mut a), Vec::<u32>::new());
+        let report = a.restore_all();
+        assert_eq!(k.changes(), before, "the new thread was not touched");
+        assert_eq!(k.sched(100), fair(-5));
+        assert_eq!((report.restored, report.failed), (0, 0));
+        assert_eq!(a.counters.gone, 1);
+    }
+
+    #[test]
+    fn real_time_idle_kernel_threads_itself_and_exceptions_are_left_alone() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("handsoff"));
+        let rt = Sched {
+            policy: SCHED_FIFO,
+            ..fair(0)
+        };
+        let idle = Sched {
+            policy: SCHED_IDLE,
+            ..fair(0)
+        };
+        k.spawn(10, 10, "audio", rt);
+        k.spawn(11, 11, "indexer", idle);
+        k.kernel_thread(12, "kworker/0:1");
+        k.spawn(13, 13, "backup", fair(0));
+        k.spawn(13, 14, "gzip-worker", fair(0));
+        let me = std::process::id();
+        k.spawn(me, me, "appease", fair(0));
+        let mut a = actuator(&k, &dir, &["backup"]);
+        let why = |r: Result<(), ActError>| match r {
+            Err(ActError::HandsOff { why, .. }) => why,
+            other => panic!("expected hands off, got {other:?}"),
+        };
+        assert_eq!(
+            why(a.elevate(10, 10, 5, None, "r")),
+            HandsOff::Policy { policy: SCHED_FIFO }
+        );
+        assert_eq!(
+            why(a.elevate(11, 11, 5, None, "r")),
+            HandsOff::Policy { policy: SCHED_IDLE }
+        );
+        assert_eq!(why(a.elevate(12, 12, 5, None, "r")), HandsOff::KernelThread);
+        // The exception names the process: its threads of other names are spared too.
+        let backup = HandsOff::Exception {
+            comm: "backup".into(),
+        };
+        assert_eq!(why(a.elevate(13, 14, 5, None, "r")), backup);
+        assert_eq!(why(a.fix_nice(13, 13, 10, "role")), backup);
+        assert_eq!(why(a.elevate(me, me, 5, None, "r")), HandsOff::Itself);
+        assert_eq!(k.changes(), 0);
+        assert_eq!(a.counters.hands_off, 6);
+    }
+
+    #[test]
+    fn a_refused_change_is_counted_by_errno_and_leaves_nothing_to_undo_wrongly() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("refused"));
+        k.spawn(100, 100, "srv", fair(0));
+        k.refuse(100, libc::EPERM);
+        let mut a = actuator(&k, &dir, &[]);
+        let err = a.elevate(100, 100, 5, None, "unix-request").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ActError::Sys {
+                    op: "sched_setattr",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(a.counters.failures_by_cause.get("EPERM"), Some(&1));
+        assert_eq!(k.sched(100), fair(0));
+        // The journal says it was about to change: a restore from it leaves it as it is.
+        std::mem::forget(a);
+        k.allow(100);
+        let report = restore_journal_with(&dir.0, &k).unwrap();
+        assert_eq!(report.failed, 0);
+        assert_eq!(k.sched(100), fair(0));
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn dry_run_decides_but_changes_nothing() {
+        let k = FakeKernel::new();
+        k.spawn(100, 100, "srv", fair(0));
+        let mut a = KernelActuator::with_kernel(Box::new(k.clone()), None, vec![]).unwrap();
+        a.elevate(100, 100, 5, None, "unix-request").unwrap();
+        a.fix_nice(100, 100, 10, "role").unwrap();
+        assert_eq!(
+            a.managed()[0].nice,
+            10,
+            "what it would have done is reported"
+        );
+        a.idle_in_place(100, &[(100, "/".into(), "cpu-bound".into())], "cpu-bound");
+        assert!(
+            a.managed().is_empty(),
+            "demoted: its priority went back first"
+        );
+        a.restore_all();
+        assert_eq!(k.changes(), 0);
+        assert_eq!(k.sched(100), fair(0));
+    }
+
+    #[test]
+    fn after_a_crash_the_journal_alone_puts_back_what_appease_changed_and_nothing_else() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("crash"));
+        k.spawn(100, 100, "srv", fair(0));
+        k.spawn(100, 101, "srv-worker", custom(3, 5 * MS));
+        k.spawn(200, 200, "encoder", fair(0));
+        k.spawn(300, 300, "make", custom(2, BASE_SLICE_NS));
+        k.spawn(300, 301, "make", custom(2, BASE_SLICE_NS));
+        let mut a = actuator(&k, &dir, &[]);
+        a.elevate(100, 100, 5, Some(Duration::from_millis(1)), "r")
+            .unwrap();
+        a.elevate(100, 101, 2, None, "r").unwrap();
+        a.fix_nice(200, 200, 10, "role").unwrap();
+        let procs = [(300, "/".to_string(), "cpu-bound".to_string())];
+        assert_eq!(a.idle_in_place(300, &procs, "cpu-bound"), 1);
+        assert_eq!(k.sched(301).policy, SCHED_IDLE);
+        // A child born idle from the demoted tree, and an admin's renice meanwhile.
+        k.spawn_child(
+            300,
+            310,
+            310,
+            "cc1",
+            Sched {
+                policy: SCHED_IDLE,
+                ..custom(2, BASE_SLICE_NS)
+            },
+        );
+        k.renice_by_other(200, 15);
+        assert_eq!(k.unjournaled(), Vec::<String>::new());
+        // The daemon dies: nothing is put back by it.
+        std::mem::forget(a);
+        let report = restore_journal_with(&dir.0, &k).unwrap();
+        assert_eq!(k.sched(100), fair(0));
+        assert_eq!(k.sched(101), custom(3, 5 * MS));
+        assert_eq!(k.sched(200).nice, 15, "the admin's choice stands");
+        assert_eq!(k.sched(300), custom(2, BASE_SLICE_NS));
+        assert_eq!(k.sched(301), custom(2, BASE_SLICE_NS));
+        assert_eq!(
+            k.sched(310),
+            custom(2, BASE_SLICE_NS),
+            "the child goes back as its parent"
+        );
+        assert_eq!(
+            (report.restored, report.left_alone, report.failed),
+            (5, 1, 0)
+        );
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_tree_idled_in_place_goes_back_at_exit_with_the_children_born_idle_since() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("inplace"));
+        k.spawn(300, 300, "make", custom(2, BASE_SLICE_NS));
+        let mut a = actuator(&k, &dir, &[]);
+        let procs = [(300, "/".to_string(), "cpu-bound".to_string())];
+        a.idle_in_place(300, &procs, "cpu-bound");
+        k.spawn_child(
+            300,
+            310,
+            310,
+            "cc1",
+            Sched {
+                policy: SCHED_IDLE,
+                ..custom(2, BASE_SLICE_NS)
+            },
+        );
+        k.spawn_child(
+            1,
+            400,
+            400,
+            "chosen-idle",
+            Sched {
+                policy: SCHED_IDLE,
+                ..fair(0)
+            },
+        );
+        let report = a.restore_all();
+        assert_eq!(k.sched(300), custom(2, BASE_SLICE_NS));
+        assert_eq!(k.sched(310), custom(2, BASE_SLICE_NS));
+        assert_eq!(
+            k.sched(400).policy,
+            SCHED_IDLE,
+            "idle by its own choice: not ours"
+        );
+        assert_eq!((report.restored, report.failed), (2, 0));
+        assert_eq!(k.unjournaled(), Vec::<String>::new());
+    }
 }

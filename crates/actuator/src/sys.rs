@@ -158,6 +158,88 @@ pub fn pidfd_alive(fd: &OwnedFd) -> bool {
     r == 0
 }
 
+/// What the actuator asks of the kernel: `Host` is the real one; the actuator's unit
+/// tests drive a fake through the same calls.
+pub trait Kernel: Send {
+    fn sched_getattr(&self, tid: u32) -> io::Result<Sched>;
+    fn sched_set_fair(
+        &self,
+        tid: u32,
+        nice: i32,
+        slice_ns: u64,
+        reset_on_fork: bool,
+    ) -> io::Result<()>;
+    fn sched_set_policy(
+        &self,
+        tid: u32,
+        policy: u32,
+        nice: i32,
+        slice_ns: u64,
+        reset_on_fork: bool,
+    ) -> io::Result<()>;
+    fn task_stat(&self, pid: u32, tid: u32) -> io::Result<TaskStat>;
+    fn threads_of(&self, pid: u32) -> Vec<u32>;
+    /// None where pidfds are unavailable: liveness then comes from `task_stat`.
+    fn pidfd_open_thread(&self, tid: u32) -> Option<OwnedFd>;
+    /// A process's name (its main thread's), None once it is gone.
+    fn comm(&self, pid: u32) -> Option<String>;
+    fn ppid(&self, pid: u32) -> Option<u32>;
+    /// Every process on the host.
+    fn processes(&self) -> Vec<u32>;
+}
+
+/// The running kernel: system calls and /proc.
+pub struct Host;
+
+impl Kernel for Host {
+    fn sched_getattr(&self, tid: u32) -> io::Result<Sched> {
+        sched_getattr(tid)
+    }
+    fn sched_set_fair(
+        &self,
+        tid: u32,
+        nice: i32,
+        slice_ns: u64,
+        reset_on_fork: bool,
+    ) -> io::Result<()> {
+        sched_set_fair(tid, nice, slice_ns, reset_on_fork)
+    }
+    fn sched_set_policy(
+        &self,
+        tid: u32,
+        policy: u32,
+        nice: i32,
+        slice_ns: u64,
+        reset_on_fork: bool,
+    ) -> io::Result<()> {
+        sched_set_policy(tid, policy, nice, slice_ns, reset_on_fork)
+    }
+    fn task_stat(&self, pid: u32, tid: u32) -> io::Result<TaskStat> {
+        task_stat(pid, tid)
+    }
+    fn threads_of(&self, pid: u32) -> Vec<u32> {
+        threads_of(pid)
+    }
+    fn pidfd_open_thread(&self, tid: u32) -> Option<OwnedFd> {
+        pidfd_open_thread(tid).ok()
+    }
+    fn comm(&self, pid: u32) -> Option<String> {
+        let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        Some(c.trim_end().to_string())
+    }
+    fn ppid(&self, pid: u32) -> Option<u32> {
+        appease_cgroup::stat_ppid(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    }
+    fn processes(&self) -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 /// Fields of /proc/PID/task/TID/stat that decide whether and how appease may touch a thread.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskStat {

@@ -31,18 +31,24 @@ fn cgroups_of(c: &Container) -> Vec<(u32, String)> {
     out
 }
 
-/// CPUs a container used over `span` (cpuacct of its group).
+/// CPUs a container used over `span`: its processes' CPU time from /proc, which reads
+/// the same on cgroup v1 and v2 (cpuacct exists only on v1).
 fn cpus_used(c: &Container, span: Duration) -> f64 {
-    let usage = || -> u64 {
-        std::fs::read_to_string(format!("/sys/fs/cgroup/cpuacct{}/cpuacct.usage", c.group()))
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    let usage_ns = || -> u64 {
+        let ticks: u64 = cg
+            .processes_below(&c.group())
             .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
+            .into_iter()
+            .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+            .filter_map(|t| appease_cgroup::ProcStat::parse(&t))
+            .map(|s| s.run_ticks)
+            .sum();
+        ticks * appease_cgroup::clock_tick_ns()
     };
-    let before = usage();
+    let before = usage_ns();
     thread::sleep(span);
-    (usage() - before) as f64 / span.as_nanos() as f64
+    (usage_ns() - before) as f64 / span.as_nanos() as f64
 }
 
 /// On a failed test: ends appease's container, then restores from its journal.

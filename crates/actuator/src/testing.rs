@@ -1,0 +1,289 @@
+//! A kernel for the actuator's unit tests: threads with a scheduling state that the
+//! tests create, end, recycle and change behind the actuator's back, and that check,
+//! at each change, that the journal already says how to undo it.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::journal;
+use crate::sys::{Kernel, Sched, TaskStat, SCHED_IDLE, SCHED_NORMAL};
+
+/// The kernel's default slice in the fake (this host's value does not matter).
+pub const BASE_SLICE_NS: u64 = 2_800_000;
+
+#[derive(Clone, Debug)]
+pub struct Task {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    pub start: u64,
+    pub kernel_thread: bool,
+    pub sched: Sched,
+}
+
+#[derive(Default)]
+struct State {
+    tasks: BTreeMap<u32, Task>,
+    next_start: u64,
+    /// Threads whose every change is refused with this errno.
+    refuse: BTreeMap<u32, i32>,
+    /// Where the actuator's journal is: each change is checked against it.
+    journal: Option<PathBuf>,
+    /// Changes the journal did not record before they were made.
+    unjournaled: Vec<String>,
+    changes: u64,
+}
+
+/// Shared: the test keeps a handle while the actuator owns another.
+#[derive(Clone, Default)]
+pub struct FakeKernel(Arc<Mutex<State>>);
+
+pub fn fair(nice: i32) -> Sched {
+    Sched {
+        policy: SCHED_NORMAL,
+        nice,
+        slice_ns: BASE_SLICE_NS,
+        reset_on_fork: false,
+    }
+}
+
+impl FakeKernel {
+    pub fn new() -> Self {
+        let k = FakeKernel::default();
+        k.state().next_start = 1000;
+        // The caller's own thread (`sched_getattr(0)`): the default slice.
+        k.spawn(0, 0, "self", fair(0));
+        k
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.0.lock().expect("no test panicked holding it")
+    }
+
+    /// Checks every later change against the journal in `dir`.
+    pub fn watch_journal(&self, dir: &Path) {
+        self.state().journal = Some(dir.to_path_buf());
+    }
+
+    /// A new thread `tid` of process `pid` (its main thread if equal), child of PID 1.
+    pub fn spawn(&self, pid: u32, tid: u32, comm: &str, sched: Sched) -> u64 {
+        self.spawn_child(1, pid, tid, comm, sched)
+    }
+
+    pub fn spawn_child(&self, ppid: u32, pid: u32, tid: u32, comm: &str, sched: Sched) -> u64 {
+        let mut s = self.state();
+        s.next_start += 1;
+        let start = s.next_start;
+        s.tasks.insert(
+            tid,
+            Task {
+                pid,
+                ppid,
+                comm: comm.to_string(),
+                start,
+                kernel_thread: false,
+                sched,
+            },
+        );
+        start
+    }
+
+    pub fn kernel_thread(&self, tid: u32, comm: &str) {
+        self.spawn(tid, tid, comm, fair(0));
+        self.state()
+            .tasks
+            .get_mut(&tid)
+            .expect("just made")
+            .kernel_thread = true;
+    }
+
+    pub fn exit(&self, tid: u32) {
+        self.state().tasks.remove(&tid);
+    }
+
+    pub fn sched(&self, tid: u32) -> Sched {
+        self.state().tasks[&tid].sched
+    }
+
+    /// Someone else (the owner, an admin) sets the thread's nice.
+    pub fn renice_by_other(&self, tid: u32, nice: i32) {
+        self.state().tasks.get_mut(&tid).expect("exists").sched.nice = nice;
+    }
+
+    pub fn refuse(&self, tid: u32, errno: i32) {
+        self.state().refuse.insert(tid, errno);
+    }
+
+    pub fn allow(&self, tid: u32) {
+        self.state().refuse.remove(&tid);
+    }
+
+    /// Changes made that the journal did not hold first.
+    pub fn unjournaled(&self) -> Vec<String> {
+        self.state().unjournaled.clone()
+    }
+
+    /// How many changes the kernel accepted.
+    pub fn changes(&self) -> u64 {
+        self.state().changes
+    }
+
+    /// Applies `to` to `tid` as the kernel would, after checking the journal.
+    fn change(&self, tid: u32, to: impl FnOnce(&mut Sched)) -> io::Result<()> {
+        let mut s = self.state();
+        if let Some(&errno) = s.refuse.get(&tid) {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
+        let Some(task) = s.tasks.get(&tid).cloned() else {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        };
+        let mut next = task.sched;
+        to(&mut next);
+        if next.slice_ns == 0 {
+            next.slice_ns = BASE_SLICE_NS;
+        }
+        if let Some(dir) = s.journal.clone() {
+            if !journal_covers(&dir, tid, &task, &next) {
+                s.unjournaled
+                    .push(format!("tid {tid}: {:?} -> {next:?}", task.sched));
+            }
+        }
+        s.tasks.get_mut(&tid).expect("checked").sched = next;
+        s.changes += 1;
+        Ok(())
+    }
+}
+
+/// Whether the journal in `dir` says how to undo `task` going to `next`: a change that
+/// takes a thread away from its original needs the original recorded first (and, for a
+/// nice, that nice among appease's); taking a thread out of SCHED_IDLE (putting back
+/// what was idled, recorded or inherited) needs nothing.
+fn journal_covers(dir: &Path, tid: u32, task: &Task, next: &Sched) -> bool {
+    let Ok(state) = journal::read_pending(dir) else {
+        return false;
+    };
+    let key = |k: &journal::TaskKey| k.tid == tid && k.start == task.start;
+    if next.policy == SCHED_IDLE {
+        return state.idled.keys().any(key);
+    }
+    match state.threads.values().find(|p| key(&p.key)) {
+        Some(p) => next.nice == p.orig.nice || p.ours.contains(&next.nice),
+        None => task.sched.policy == SCHED_IDLE,
+    }
+}
+
+fn stat_of(t: &Task) -> TaskStat {
+    TaskStat {
+        comm: t.comm.clone(),
+        kernel_thread: t.kernel_thread,
+        nice: t.sched.nice,
+        start: t.start,
+        policy: t.sched.policy,
+    }
+}
+
+fn gone() -> io::Error {
+    io::Error::from_raw_os_error(libc::ESRCH)
+}
+
+impl Kernel for FakeKernel {
+    fn sched_getattr(&self, tid: u32) -> io::Result<Sched> {
+        self.state()
+            .tasks
+            .get(&tid)
+            .map(|t| t.sched)
+            .ok_or_else(gone)
+    }
+
+    fn sched_set_fair(
+        &self,
+        tid: u32,
+        nice: i32,
+        slice_ns: u64,
+        reset_on_fork: bool,
+    ) -> io::Result<()> {
+        self.change(tid, |s| {
+            s.nice = nice;
+            s.slice_ns = slice_ns;
+            s.reset_on_fork = reset_on_fork;
+        })
+    }
+
+    fn sched_set_policy(
+        &self,
+        tid: u32,
+        policy: u32,
+        nice: i32,
+        slice_ns: u64,
+        reset_on_fork: bool,
+    ) -> io::Result<()> {
+        self.change(tid, |s| {
+            *s = Sched {
+                policy,
+                nice,
+                slice_ns,
+                reset_on_fork,
+            }
+        })
+    }
+
+    fn task_stat(&self, pid: u32, tid: u32) -> io::Result<TaskStat> {
+        let s = self.state();
+        let t = s
+            .tasks
+            .get(&tid)
+            .filter(|t| t.pid == pid)
+            .ok_or_else(gone)?;
+        Ok(stat_of(t))
+    }
+
+    fn threads_of(&self, pid: u32) -> Vec<u32> {
+        let s = self.state();
+        s.tasks
+            .iter()
+            .filter(|(_, t)| t.pid == pid)
+            .map(|(&tid, _)| tid)
+            .collect()
+    }
+
+    fn pidfd_open_thread(&self, _tid: u32) -> Option<OwnedFd> {
+        None // liveness then comes from the start time, which the fake controls
+    }
+
+    fn comm(&self, pid: u32) -> Option<String> {
+        self.state().tasks.get(&pid).map(|t| t.comm.clone())
+    }
+
+    fn ppid(&self, pid: u32) -> Option<u32> {
+        self.state().tasks.get(&pid).map(|t| t.ppid)
+    }
+
+    fn processes(&self) -> Vec<u32> {
+        let s = self.state();
+        let mut pids: Vec<u32> = s.tasks.values().map(|t| t.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+}
+
+/// A fresh directory under the system's temporary directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("appease-act-{tag}-{}", std::process::id()));
+        let _fresh = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("temp dir");
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _best_effort = std::fs::remove_dir_all(&self.0);
+    }
+}
