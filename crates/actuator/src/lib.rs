@@ -142,6 +142,8 @@ struct Managed {
     since: u64,
     /// Set to a role's fixed nice (not elevated by requests).
     role: bool,
+    /// Set below its own nice (a long request).
+    sunk: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -358,6 +360,7 @@ impl KernelActuator {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             role: false,
+            sunk: false,
         })
     }
 
@@ -472,6 +475,8 @@ enum Target {
     Levels(u32),
     /// Exactly this nice (a role's fixed priority).
     Fixed(i32),
+    /// This many levels below its original nice (a long request).
+    Below(u32),
 }
 
 impl KernelActuator {
@@ -520,6 +525,12 @@ impl KernelActuator {
         self.apply_nice(pid, tid, Target::Fixed(nice), None, why)
     }
 
+    /// Sets a thread `levels` nice levels below its original nice with its original
+    /// slice (a long request), recorded and restored like an elevation.
+    pub fn sink(&mut self, pid: u32, tid: u32, levels: u32, why: &str) -> Result<(), ActError> {
+        self.apply_nice(pid, tid, Target::Below(levels), None, why)
+    }
+
     fn apply_nice(
         &mut self,
         pid: u32,
@@ -541,6 +552,8 @@ impl KernelActuator {
         let nice = match target {
             Target::Levels(levels) => elevated_nice(m.orig.nice, levels),
             Target::Fixed(nice) => nice.clamp(appease_policy::NICE_MIN, appease_policy::NICE_MAX),
+            Target::Below(levels) => (m.orig.nice + levels.min(40) as i32)
+                .clamp(appease_policy::NICE_MIN, appease_policy::NICE_MAX),
         };
         let slice_ns = match slice {
             Some(s) => s.as_nanos() as u64,
@@ -559,10 +572,11 @@ impl KernelActuator {
             m.why = why.to_string();
         }
         m.role = matches!(target, Target::Fixed(_));
-        let change = if m.role {
-            Change::Role
-        } else {
-            Change::Elevate
+        m.sunk = matches!(target, Target::Below(_));
+        let change = match target {
+            Target::Fixed(_) => Change::Role,
+            Target::Below(_) => Change::Sink,
+            Target::Levels(_) => Change::Elevate,
         };
         audit!(
             self.trail,
@@ -604,6 +618,8 @@ impl Actuator for KernelActuator {
         let m = &self.managed[&tid];
         let (orig, key) = (m.orig, m.key);
         let base = self.base_slice_ns;
+        // What it has now, for the audit line (`set` records the new state).
+        let (from_nice, from_slice_ns) = (m.applied_nice, m.applied_slice_ns);
         let slice = self.original_slice_arg(&orig);
         self.set(tid, orig.nice, slice)?;
         let m = self.managed.remove(&tid).expect("present");
@@ -615,7 +631,7 @@ impl Actuator for KernelActuator {
             pid = key.pid,
             tid,
             comm = m.comm.as_str(),
-            from = sched_text(m.applied_nice, m.applied_slice_ns, base),
+            from = sched_text(from_nice, from_slice_ns, base),
             to = sched_text(orig.nice, slice, base),
             why,
             dry_run = self.dry_run.then_some(true)
@@ -690,7 +706,11 @@ impl Actuator for KernelActuator {
                 pid: m.key.pid,
                 tid: m.key.tid,
                 comm: m.comm.clone(),
-                class: if m.role { "role" } else { "latency" },
+                class: match (m.role, m.sunk) {
+                    (true, _) => "role",
+                    (false, true) => "sunk",
+                    (false, false) => "latency",
+                },
                 nice: m.applied_nice,
                 original_nice: m.orig.nice,
                 slice_ns: m.applied_slice_ns,

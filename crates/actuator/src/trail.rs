@@ -23,6 +23,8 @@ pub enum Change {
     Elevate,
     /// A thread given a role's fixed nice.
     Role,
+    /// A thread set below its own nice: a long request.
+    Sink,
     /// A thread's nice and slice put back.
     Restore,
     /// A process moved into the idle group.
@@ -44,9 +46,10 @@ pub enum Change {
 }
 
 impl Change {
-    const ALL: [Change; 11] = [
+    const ALL: [Change; 12] = [
         Change::Elevate,
         Change::Role,
+        Change::Sink,
         Change::Restore,
         Change::Demote,
         Change::Place,
@@ -62,6 +65,7 @@ impl Change {
         match self {
             Change::Elevate => "elevate",
             Change::Role => "role",
+            Change::Sink => "sink",
             Change::Restore => "restore",
             Change::Demote => "demote",
             Change::Place => "place",

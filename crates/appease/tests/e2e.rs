@@ -241,6 +241,52 @@ fn servers_are_elevated_under_load_unix_more_and_fade_back() {
 
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_long_request_sinks_below_its_own_nice_and_its_next_request_brings_it_back() {
+    let _g = serial();
+    let (_dir, _cfg, _soak, mut daemon) = loaded("sink", 4);
+    // One process, one cgroup: a thread serving short requests (2 ms each, every 20 ms)
+    // and one whose requests each compute 300 ms (the default sinks past 50 ms).
+    let short = Service::unix(Duration::from_millis(2), Duration::from_millis(20));
+    let long = Service::unix(Duration::from_millis(300), Duration::from_millis(50));
+    let (s, l) = (short.server_tid, long.server_tid);
+    assert!(
+        wait_for(Duration::from_secs(3), || nice_of(l) == 10).is_some(),
+        "the long request sinks 10 levels below nice 0: {}",
+        daemon.log_text()
+    );
+    assert_eq!(
+        nice_of(s),
+        -8,
+        "the short requests' thread keeps its elevation"
+    );
+    let mut st = daemon.status_json();
+    let shown = wait_for(Duration::from_secs(3), || {
+        st = daemon.status_json();
+        st["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["tid"] == l && t["class"] == "sunk" && t["nice"] == 10)
+    });
+    assert!(shown.is_some(), "status shows it sunk: {st}");
+    // Its next request brings it back (elevated), and it sinks again as it computes.
+    assert!(
+        wait_for(Duration::from_secs(10), || nice_of(l) == -8).is_some(),
+        "surfaced at its next request: {}",
+        daemon.log_text()
+    );
+    assert!(wait_for(Duration::from_secs(5), || nice_of(l) == 10).is_some());
+    drop((short, long));
+    assert!(daemon.signal(libc::SIGTERM).success());
+    let log = daemon.full_log();
+    assert!(
+        log.contains("long-request"),
+        "the audit trail says why: {log}"
+    );
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn an_elevation_does_not_wait_for_a_scan_under_way() {
     let _g = serial();
     let dir = TempDir::new("slow-scan");
@@ -812,6 +858,145 @@ fn soakers_go_to_the_idle_group_with_their_children_servers_never_and_all_come_b
         unsafe { libc::kill(k as i32, libc::SIGKILL) };
     }
     soakers.0.iter_mut().for_each(|c| drop(c.kill()));
+}
+
+/// A shell script in a session of its own (no terminal, its own process group), ended
+/// with every process of that group.
+struct Script(std::process::Child);
+
+impl Script {
+    fn start(text: &str) -> Self {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", text]).stdout(Stdio::null());
+        // SAFETY: setsid is async-signal-safe and touches only the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        Script(cmd.spawn().unwrap())
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Its processes now: the script and every descendant.
+    fn tree(&self) -> Vec<u32> {
+        let mut out = vec![self.pid()];
+        let mut i = 0;
+        while i < out.len() {
+            out.extend(children_of(out[i]));
+            i += 1;
+        }
+        out
+    }
+}
+
+impl Drop for Script {
+    fn drop(&mut self) {
+        // SAFETY: the process group this script leads (setsid above).
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_script_with_a_sleep_and_busy_children_is_one_tree_and_its_later_children_are_born_in_it() {
+    let _g = serial();
+    let dir = TempDir::new("script");
+    let group = format!("appease-e2e-{}", std::process::id());
+    let cfg = dir.file("batch.toml", &batch_config(&group));
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    // The idle helper is older than `after_ms` when the compressors start: an idle,
+    // long-lived child, which once made the script a supervisor of mixed work.
+    let script = Script::start(
+        "trap 'sleep 61 &' USR1; sleep 600 & sleep 2.5; \
+         sh -c 'while :; do :; done' & sh -c 'while :; do :; done' & \
+         while :; do wait; done",
+    );
+    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    let mut tree = vec![];
+    let took = wait_for(Duration::from_secs(10), || {
+        tree = script.tree();
+        tree.len() == 4 && tree.iter().all(|&p| in_group(p))
+    });
+    assert!(
+        took.is_some(),
+        "the script, its sleep and both loops in the idle group: {:?}\n{}",
+        tree.iter().map(|&p| (p, cpu_cgroup(p))).collect::<Vec<_>>(),
+        daemon.log_text()
+    );
+    let st = daemon.status_json();
+    let roots: Vec<u64> = st["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["tree"].as_u64())
+        .collect();
+    assert!(
+        roots.iter().all(|&r| r == script.pid() as u64),
+        "one tree, rooted at the script: {st}"
+    );
+    // A child the script starts later is born in the group.
+    // SAFETY: signalling the script we started.
+    unsafe { libc::kill(script.pid() as i32, libc::SIGUSR1) };
+    let mut later = None;
+    wait_for(Duration::from_secs(3), || {
+        later = script.tree().into_iter().find(|p| !tree.contains(p));
+        later.is_some()
+    })
+    .expect("the script started a child");
+    assert!(in_group(later.unwrap()), "born in the idle group");
+    assert!(daemon.signal(libc::SIGTERM).success());
+    assert!(
+        script.tree().iter().all(|&p| !in_group(p)),
+        "all back after the daemon stops"
+    );
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_parent_of_a_listening_server_and_a_batch_job_still_splits_them() {
+    let _g = serial();
+    let dir = TempDir::new("split");
+    let group = format!("appease-e2e-{}", std::process::id());
+    let cfg = dir.file("batch.toml", &batch_config(&group));
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    // A server that listens and never receives a request, and a soaker, under one script.
+    let script = Script::start(&format!(
+        "{BIN} bench-worker server --cpu-ms 1 --name split-server & \
+         {BIN} bench-worker soak --name split-soak & wait"
+    ));
+    let named = |name: &str| {
+        script.tree().into_iter().find(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .unwrap_or_default()
+                .trim()
+                == name
+        })
+    };
+    let (mut server, mut soak) = (None, None);
+    wait_for(Duration::from_secs(5), || {
+        (server, soak) = (named("split-server"), named("split-soak"));
+        server.is_some() && soak.is_some()
+    })
+    .expect("both started");
+    let (server, soak) = (server.unwrap(), soak.unwrap());
+    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    assert!(
+        wait_for(Duration::from_secs(8), || in_group(soak)).is_some(),
+        "the soaker demoted: {}",
+        daemon.log_text()
+    );
+    thread::sleep(Duration::from_millis(600));
+    assert!(!in_group(server), "the listening server stays");
+    assert!(!in_group(script.pid()), "their parent stays");
+    assert!(daemon.signal(libc::SIGTERM).success());
+    assert!(!in_group(soak));
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use appease_policy::batch::{BatchParams, Class};
-use appease_policy::{Budget, ElevationParams, Ladder, Step};
+use appease_policy::{Budget, ElevationParams, Ladder, Sink, Step};
 use serde::de::{Deserializer, Error as _};
 use serde::Deserialize;
 
@@ -250,8 +250,30 @@ pub struct ElevationSection {
     #[serde(deserialize_with = "positive_ms")]
     pub forget_after_ms: u64,
     pub budget: BudgetSection,
+    pub sink: SinkSection,
     #[serde(deserialize_with = "ladder")]
     pub ladder: Ladder,
+}
+
+/// Long requests: a thread that computes this long after its last request read sinks
+/// below its own nice until its next request.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SinkSection {
+    /// CPU time since the last request read (0: long requests never sink).
+    #[serde(deserialize_with = "optional_ms")]
+    pub after_cpu_ms: u64,
+    /// Nice levels below the thread's own nice.
+    #[serde(deserialize_with = "sink_levels")]
+    pub levels: u32,
+}
+
+fn sink_levels<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    checked(
+        d,
+        |v| (1..=39).contains(v),
+        |v| format!("{v} nice levels is outside 1..=39"),
+    )
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -569,6 +591,15 @@ impl Default for BudgetSection {
     }
 }
 
+impl Default for SinkSection {
+    fn default() -> Self {
+        SinkSection {
+            after_cpu_ms: 50,
+            levels: 10,
+        }
+    }
+}
+
 impl Default for ElevationSection {
     fn default() -> Self {
         let step = |from, unix_nice, inet_nice, ms| Step {
@@ -584,6 +615,7 @@ impl Default for ElevationSection {
             slice_us: 500,
             forget_after_ms: 10_000,
             budget: BudgetSection::default(),
+            sink: SinkSection::default(),
             ladder: Ladder::new(vec![
                 step(0.0, 0, 0, 0),
                 step(1.0, -3, -2, 100),
@@ -624,13 +656,12 @@ impl Config {
             .expect("the embedded default config is valid")
     }
 
-    /// The classifier's parameters; `clock_tick` is the host's (USER_HZ).
-    pub fn batch_params(&self, clock_tick: Duration) -> BatchParams {
+    /// The classifier's parameters.
+    pub fn batch_params(&self) -> BatchParams {
         BatchParams {
             min_cpus: self.batch.min_cpus,
             after: Duration::from_millis(self.batch.after_ms),
             request_memory: Duration::from_millis(self.batch.request_memory_ms),
-            clock_tick,
         }
     }
 
@@ -728,6 +759,10 @@ impl Config {
             },
             slice: (e.slice_us > 0).then(|| Duration::from_micros(e.slice_us)),
             forget_after: Duration::from_millis(e.forget_after_ms),
+            sink: (e.sink.after_cpu_ms > 0).then(|| Sink {
+                after_cpu: Duration::from_millis(e.sink.after_cpu_ms),
+                levels: e.sink.levels,
+            }),
         }
     }
 }

@@ -204,6 +204,83 @@ pub fn scan_processes() -> Vec<ProcSample> {
     .collect()
 }
 
+/// The processes (pid, start in clock ticks) that hold a listening socket now: TCP
+/// sockets in the LISTEN state and UNIX sockets accepting connections, of every network
+/// namespace. Read once at start, before capabilities are dropped (a process's open
+/// files are readable only with CAP_SYS_PTRACE); the probe sees every later listen()
+/// and accept().
+pub fn listening_processes() -> std::collections::HashSet<(u32, u64)> {
+    use std::collections::{HashMap, HashSet};
+    let mut by_netns: HashMap<String, HashSet<u64>> = HashMap::new();
+    let mut out = HashSet::new();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        let Ok(ns) = fs::read_link(format!("/proc/{pid}/ns/net")) else {
+            continue; // a kernel thread, or gone
+        };
+        let inodes = by_netns
+            .entry(ns.to_string_lossy().into_owned())
+            .or_insert_with(|| {
+                let read = |f: &str| fs::read_to_string(format!("/proc/{pid}/net/{f}"));
+                let mut set = HashSet::new();
+                for f in ["tcp", "tcp6"] {
+                    set.extend(read(f).map_or_else(|_| Vec::new(), |t| tcp_listening(&t)));
+                }
+                set.extend(read("unix").map_or_else(|_| Vec::new(), |t| unix_listening(&t)));
+                set
+            });
+        if inodes.is_empty() {
+            continue;
+        }
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        let listens = fds
+            .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+            .any(|l| socket_inode(&l.to_string_lossy()).is_some_and(|i| inodes.contains(&i)));
+        if listens {
+            if let Some(p) = scan_process(pid) {
+                out.insert((pid, p.start));
+            }
+        }
+    }
+    out
+}
+
+/// Inodes of the listening sockets in a /proc/net/tcp or tcp6 table (state 0A).
+pub fn tcp_listening(text: &str) -> Vec<u64> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(3) == Some(&"0A")).then(|| f.get(9)?.parse().ok())?
+        })
+        .collect()
+}
+
+/// Inodes of the UNIX sockets accepting connections in /proc/net/unix (flag
+/// __SO_ACCEPTCON, 0x10000).
+pub fn unix_listening(text: &str) -> Vec<u64> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let flags = u32::from_str_radix(f.get(3)?, 16).ok()?;
+            (flags & 0x10000 != 0).then(|| f.get(6)?.parse().ok())?
+        })
+        .collect()
+}
+
+/// The inode of a `socket:[N]` file descriptor link.
+fn socket_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
 /// One process, from /proc/PID/stat.
 pub fn scan_process(pid: u32) -> Option<ProcSample> {
     read_process(pid, appease_cgroup::clock_tick_ns(), uptime_ns())
@@ -242,6 +319,8 @@ pub fn parse_proc_stat(text: &str, tick_ns: u64) -> Option<ProcSample> {
         ppid: s.ppid,
         kernel_thread: s.kernel_thread(),
         has_tty: s.tty_nr != 0,
+        // Not in /proc's stat: the probe's task iterator tells it.
+        listens: false,
         comm: s.comm,
         start: s.start,
         cpu_ns: s.cpu_ticks * tick_ns,
@@ -308,6 +387,40 @@ pub fn parse_status_uid(text: &str) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn listening_sockets_are_read_from_the_net_tables() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:9C40 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 4343 1 0000000000000000 20 4 30 10 -1";
+        assert_eq!(tcp_listening(tcp), vec![4242]);
+        let unix = "Num       RefCount Protocol Flags    Type St Inode Path
+0000000000000000: 00000002 00000000 00010000 0001 01 777 /run/app.sock
+0000000000000000: 00000003 00000000 00000000 0001 03 778 /run/app.sock
+0000000000000000: 00000002 00000000 00000000 0002 01 779";
+        assert_eq!(unix_listening(unix), vec![777]);
+        assert_eq!(socket_inode("socket:[777]"), Some(777));
+        assert_eq!(socket_inode("pipe:[777]"), None);
+        assert_eq!(tcp_listening("garbage\n0: x y 0A"), Vec::<u64>::new());
+    }
+
+    #[test]
+    #[ignore = "needs root (reads every process's open files): make test runs it, or as root cargo test -- --include-ignored"]
+    fn a_process_listening_now_is_found_and_one_that_does_not_is_not() {
+        let _listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let me = std::process::id();
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let found = listening_processes();
+        let other = sleeper.id();
+        let other_start = scan_process(other).unwrap().start;
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        assert!(found.contains(&(me, scan_process(me).unwrap().start)));
+        assert!(!found.contains(&(other, other_start)));
+    }
+
     use super::*;
 
     #[test]

@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod scanner;
 pub mod status;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -121,6 +122,12 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         ..ProbeConfig::default()
     };
     let mut probe = Probe::load(&probe_cfg, &mut storage).context("starting the request probe")?;
+    // The probe sees every listen() from here on; what listened before is read now,
+    // while reading other processes' open files is still allowed.
+    let listening = match opts.config.batch.enabled {
+        true => host::listening_processes(),
+        false => HashSet::new(),
+    };
     // The probe is attached: BPF and perf capabilities are no longer needed, nor any
     // other but what changes priorities and makes the idle group.
     match host::drop_capabilities() {
@@ -141,7 +148,7 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         || !opts.config.role.is_empty();
     let scanner = match scans {
         true => Some(
-            scanner::Scanner::start(probe.take_task_iter(), &opts.config)
+            scanner::Scanner::start(probe.take_task_iter(), &opts.config, listening)
                 .context("starting the scanner thread")?,
         ),
         false => None,
@@ -704,7 +711,7 @@ impl<'obj> Daemon<'obj> {
     fn apply(&mut self, d: Decision) -> bool {
         let restoring = matches!(d, Decision::Restore { .. });
         let counted = match &d {
-            Decision::Elevate { reason, .. } => (false, *reason),
+            Decision::Elevate { reason, .. } | Decision::Sink { reason, .. } => (false, *reason),
             Decision::Restore { reason, .. } => (true, *reason),
         };
         let (tid, result) = match d {
@@ -722,6 +729,12 @@ impl<'obj> Daemon<'obj> {
             Decision::Restore { tid, reason, .. } => {
                 (tid, self.actuator.restore(tid, reason.as_str()))
             }
+            Decision::Sink {
+                pid,
+                tid,
+                levels,
+                reason,
+            } => (tid, self.actuator.sink(pid, tid, levels, reason.as_str())),
         };
         match result {
             Ok(()) => {

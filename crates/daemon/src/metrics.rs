@@ -78,7 +78,7 @@ impl Metrics {
         );
         let elevations = counter_vec(
             "elevations_total",
-            "Priority raises applied to request-receiving threads (and their fading steps), by reason.",
+            "Priority changes of request-receiving threads: raises and their fading steps, and long requests set below their own nice (reason long-request), by reason.",
             "reason",
         );
         let restores = counter_vec(

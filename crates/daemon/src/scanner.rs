@@ -9,7 +9,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use appease_config::Config;
 use appease_policy::batch::{BatchClassifier, BatchDecision, Class, ProcSample};
@@ -110,8 +109,14 @@ pub struct Scanner {
 }
 
 impl Scanner {
-    /// Starts the scanner thread; `iter` is the probe's task iterator, if it has one.
-    pub fn start(iter: Option<TaskIter>, cfg: &Config) -> std::io::Result<Self> {
+    /// Starts the scanner thread; `iter` is the probe's task iterator, if it has one;
+    /// `listening` the processes (pid, start) that held a listening socket before the
+    /// probe could see them listen.
+    pub fn start(
+        iter: Option<TaskIter>,
+        cfg: &Config,
+        listening: HashSet<(u32, u64)>,
+    ) -> std::io::Result<Self> {
         // SAFETY: eventfd returns a new fd or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -120,7 +125,7 @@ impl Scanner {
         // SAFETY: fd is a fresh descriptor owned by nobody else.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
         let ping = wake.try_clone()?;
-        let params = cfg.batch_params(clock_tick());
+        let params = cfg.batch_params();
         let (req_tx, req_rx) = mpsc::channel::<ScanRequest>();
         let (snap_tx, snap_rx) = mpsc::channel::<Snapshot>();
         let thread = std::thread::Builder::new()
@@ -130,7 +135,7 @@ impl Scanner {
                 // fork). Nice 0: at -20 a scan of 10,000 processes held a CPU for 16 ms
                 // at a stretch, ahead of the servers appease is there for.
                 host::set_thread_nice(0);
-                let mut worker = Worker::new(Source::new(iter), &params);
+                let mut worker = Worker::new(Source::new(iter), &params, listening);
                 while let Ok(req) = req_rx.recv() {
                     #[cfg(feature = "failpoints")]
                     fail::fail_point!("scan");
@@ -244,15 +249,22 @@ struct Worker {
     /// pid -> (start, cpu_ns, wait_ns) at the last scan: the idle group's use since.
     seen: HashMap<u32, (u64, u64, u64)>,
     last_scan: Option<u64>,
+    /// Processes that listened before the probe was loaded (it sees the rest).
+    listening: HashSet<(u32, u64)>,
 }
 
 impl Worker {
-    fn new(source: Source, params: &appease_policy::batch::BatchParams) -> Self {
+    fn new(
+        source: Source,
+        params: &appease_policy::batch::BatchParams,
+        listening: HashSet<(u32, u64)>,
+    ) -> Self {
         Worker {
             source,
             classifier: BatchClassifier::new(params.clone()),
             seen: HashMap::new(),
             last_scan: None,
+            listening,
         }
     }
 
@@ -260,7 +272,7 @@ impl Worker {
         let taken_at = appease_probe::monotonic_ns();
         let cpu0 = thread_cpu_ns();
         let cfg = &req.cfg;
-        self.classifier.set_params(cfg.batch_params(clock_tick()));
+        self.classifier.set_params(cfg.batch_params());
         for root in &req.forget {
             self.classifier.forget(*root);
         }
@@ -269,7 +281,10 @@ impl Worker {
                 self.classifier.forget(root);
             }
         }
-        let reading = self.source.read(&req);
+        let mut reading = self.source.read(&req);
+        for p in &mut reading.procs {
+            p.listens |= self.listening.contains(&(p.pid, p.start));
+        }
         let procs = &reading.procs;
         let in_group: HashSet<u32> = req.in_group.iter().copied().collect();
         let floor = self.floor_sample(taken_at, procs, &in_group, &reading.runnable);
@@ -394,11 +409,6 @@ fn requests_of_live(
         .collect()
 }
 
-/// The host's clock tick, in which /proc counts CPU time.
-fn clock_tick() -> Duration {
-    Duration::from_nanos(appease_cgroup::clock_tick_ns())
-}
-
 type Roles = HashMap<u32, (i32, String)>;
 
 /// Classes forced by the config's rules, services, roles and exceptions; each service's
@@ -475,6 +485,7 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
                 wait_ns: 0,
                 kernel_thread: t.kernel_thread,
                 has_tty: t.has_tty,
+                listens: t.listens,
                 age_ns: t.age_ns,
             },
         );
@@ -571,6 +582,7 @@ mod tests {
             kernel_thread: false,
             running,
             has_tty: pid == tid,
+            listens: false,
             comm: if pid == tid {
                 "make".into()
             } else {
@@ -589,6 +601,7 @@ mod tests {
             wait_ns: 0,
             kernel_thread: false,
             has_tty: false,
+            listens: false,
             age_ns: 0,
         }
     }
@@ -615,7 +628,8 @@ mod tests {
     fn the_idle_groups_share_and_waiting_come_from_the_change_since_the_last_scan() {
         let mut w = Worker::new(
             Source::Proc(HashMap::new()),
-            &Config::default().batch_params(Duration::from_millis(10)),
+            &Config::default().batch_params(),
+            HashSet::new(),
         );
         let mut a = proc(10, 1);
         let b = proc(11, 1);

@@ -29,6 +29,10 @@ pub struct ProcSample {
     pub kernel_thread: bool,
     /// Has a controlling terminal.
     pub has_tty: bool,
+    /// It listens for connections: a thread of it called listen() on a TCP socket since
+    /// the probe was loaded, or it held a listening socket when the daemon started. A
+    /// server, even before its first request.
+    pub listens: bool,
     /// How long the process has existed, ns.
     pub age_ns: u64,
 }
@@ -53,9 +57,6 @@ pub struct BatchParams {
     pub after: Duration,
     /// A tree any of whose processes received a request this recently is not demoted.
     pub request_memory: Duration,
-    /// The host's clock tick (USER_HZ), in which /proc counts CPU time: a process that
-    /// merely woke at a tick is charged all of it.
-    pub clock_tick: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -105,8 +106,6 @@ const PROTECTED: &[&str] = &[
     "wezterm-gui",
     "foot",
 ];
-/// A subtree wanting less than this many CPUs counts as idle.
-const IDLE_CPUS: f64 = 0.05;
 /// A process wanting at least this many CPUs is busy itself.
 const BUSY_CPUS: f64 = 0.1;
 
@@ -230,21 +229,18 @@ impl BatchClassifier {
                 .sum::<f64>()
         };
         let tree_asked = |root: u32| subtree(root).into_iter().any(&recently_asked);
-        // A parent with an idle, long-lived child besides the busy branch (a server
-        // waiting for traffic beside a batch job) supervises mixed work: the batch tree
-        // ends below it. A make's children are busy, or too young to tell.
-        let after_ns = self.params.after.as_nanos() as u64;
-        // Over a short scan, one tick is already IDLE_CPUS (10 ms in 200 ms): idle means
-        // less than a tick and a half too.
-        let idle_below = dt.map_or(IDLE_CPUS, |d| {
-            IDLE_CPUS.max(1.5 * self.params.clock_tick.as_nanos() as f64 / d)
-        });
-        let supervises_idle = |parent: u32, branch: u32| {
-            children.of(parent).iter().any(|&k| {
-                k != branch
-                    && by_pid.get(&k).is_some_and(|c| c.age_ns >= after_ns)
-                    && tree_rate(k) < idle_below
-            })
+        // A parent supervises mixed work when another child of it (or that child's
+        // tree) serves: it has received requests or listens for connections. The batch
+        // tree then ends below the parent. A child that is merely idle (a script's
+        // `sleep`, `tee` or `tail -f`, a make's compiler just started) serves nothing:
+        // the script and all its children are one batch tree.
+        let serves =
+            |pid: u32| last_request(pid).is_some() || by_pid.get(&pid).is_some_and(|p| p.listens);
+        let supervises_servers = |parent: u32, branch: u32| {
+            children
+                .of(parent)
+                .iter()
+                .any(|&k| k != branch && subtree(k).into_iter().any(serves))
         };
 
         let mut out = Vec::new();
@@ -320,7 +316,7 @@ impl BatchClassifier {
                     || exempt(parent)
                     || in_batch.contains(&parent.pid)
                     || tree_asked(parent.pid)
-                    || supervises_idle(parent.pid, root)
+                    || supervises_servers(parent.pid, root)
                 {
                     break;
                 }
@@ -405,6 +401,7 @@ mod tests {
             wait_ns: 0,
             kernel_thread: false,
             has_tty: false,
+            listens: false,
             age_ns: 3600 * S,
         }
     }
@@ -414,8 +411,11 @@ mod tests {
             min_cpus: 0.8,
             after: Duration::from_secs(3),
             request_memory: Duration::from_secs(60),
-            clock_tick: Duration::from_millis(10),
         }
+    }
+
+    fn listening(p: ProcSample) -> ProcSample {
+        ProcSample { listens: true, ..p }
     }
 
     fn interactive_shell(pid: u32, ppid: u32) -> ProcSample {
@@ -706,13 +706,13 @@ mod tests {
     #[test]
     fn a_supervisor_of_an_idle_server_and_a_soaker_is_not_the_root() {
         let mut c = BatchClassifier::new(params());
-        // An unattended supervisor (no terminal) runs a server that has had no traffic
-        // yet and a soaker: only the soaker is batch.
+        // An unattended supervisor (no terminal) runs a server that listens but has had
+        // no traffic yet, and a soaker: only the soaker is batch.
         let procs = |t: u64| {
             vec![
                 p(1, 0, "systemd", 0.0),
                 p(90, 1, "supervisor", 0.0),
-                p(91, 90, "server", 0.0),
+                listening(p(91, 90, "server", 0.0)),
                 p(92, 90, "soak", t as f64),
             ]
         };
@@ -724,9 +724,9 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_child_charged_a_clock_tick_in_a_short_scan_is_still_idle() {
+    fn a_listening_child_charged_a_clock_tick_in_a_short_scan_still_splits_the_tree() {
         // Scans every 200 ms. The supervisor's idle server is charged one 10 ms tick every
-        // other scan (it woke at a tick): 0.05 CPUs over that scan, yet idle.
+        // other scan (it woke at a tick): it serves however little it runs.
         let mut c = BatchClassifier::new(params());
         let mut out = vec![];
         for i in 0..=25u64 {
@@ -734,10 +734,54 @@ mod tests {
             let procs = vec![
                 p(1, 0, "systemd", 0.0),
                 p(90, 1, "supervisor", 0.0),
-                p(91, 90, "server", (i / 2) as f64 * 0.010),
+                listening(p(91, 90, "server", (i / 2) as f64 * 0.010)),
                 p(92, 90, "soak", t as f64 / S as f64),
             ];
             out.extend(c.on_scan(t, &procs, none, |_| None));
+        }
+        assert!(
+            matches!(&out[..], [BatchDecision::Demote { root: 92, .. }]),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_script_with_an_idle_helper_and_busy_children_is_one_tree() {
+        let mut c = BatchClassifier::new(params());
+        // A backup script: a `sleep` watchdog and a `tee` beside two compressors.
+        let procs = |t: u64| {
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(100, 1, "backup.sh", 0.0),
+                p(101, 100, "sleep", 0.0),
+                p(102, 100, "tee", 0.001 * t as f64),
+                p(103, 100, "gzip", t as f64),
+                p(104, 100, "xz", t as f64),
+            ]
+        };
+        let d = run(&mut c, 4, procs, none);
+        let [(_, BatchDecision::Demote { root, members, .. })] = &d[..] else {
+            panic!("one tree: {d:?}")
+        };
+        assert_eq!((*root, members), (100, &vec![100, 101, 102, 103, 104]));
+    }
+
+    #[test]
+    fn a_child_that_once_received_requests_still_makes_its_parent_a_supervisor() {
+        let mut c = BatchClassifier::new(params());
+        // The server's last request was long ago (beyond `request_memory`): it still serves.
+        let procs = |t: u64| {
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(90, 1, "supervisor", 0.0),
+                p(91, 90, "server", 0.0),
+                p(92, 90, "soak", t as f64),
+            ]
+        };
+        let asked = |pid: u32| (pid == 91).then_some(0);
+        let mut out = vec![];
+        for t in 100..=105 {
+            out.extend(c.on_scan(t * S, &procs(t), asked, |_| None));
         }
         assert!(
             matches!(&out[..], [BatchDecision::Demote { root: 92, .. }]),
@@ -778,8 +822,8 @@ mod tests {
                 p(1, 0, "systemd", 0.0),
                 p(110, 1, "runner", parent_cpu),
                 p(111, 110, "soak", t as f64),
-                // An idle, long-lived child: the soaker's own climb stops below runner.
-                p(112, 110, "idle-helper", 0.0),
+                // A listening child: the soaker's own climb stops below runner.
+                listening(p(112, 110, "server", 0.0)),
             ]
         };
         let d = run(&mut c, 6, procs, none);

@@ -7,6 +7,13 @@
 //! thread uses. A thread whose bucket runs dry loses its elevation and gets none until
 //! the bucket is full again, so over time elevation buys at most `cpu_share` of a CPU: a
 //! thread that reads a byte now and then while spinning cannot stay elevated.
+//!
+//! A long request sinks: a thread that has used more than `sink.after_cpu` of CPU since
+//! its last request read loses any elevation and is set `sink.levels` nice levels below
+//! its own, in its own cgroup, so that the threads of its service serving fresh requests
+//! go first (the feedback queue of the multi-level scheduling analysis: work that keeps
+//! computing long after the request that started it sinks below fresh requests). Its
+//! next request read brings it back.
 
 use std::time::Duration;
 
@@ -36,6 +43,15 @@ pub struct Budget {
     pub burst: Duration,
 }
 
+/// When a thread that keeps computing after its request sinks, and how far.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sink {
+    /// CPU time used since the last request read beyond which the thread sinks.
+    pub after_cpu: Duration,
+    /// Nice levels below its own nice.
+    pub levels: u32,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ElevationParams {
     pub ladder: Ladder,
@@ -47,6 +63,8 @@ pub struct ElevationParams {
     pub slice: Option<Duration>,
     /// State of a thread with no request for this long is dropped.
     pub forget_after: Duration,
+    /// Long requests sink (None: they keep their priority).
+    pub sink: Option<Sink>,
 }
 
 /// Why a decision was made (shown in logs and `appease status`).
@@ -59,17 +77,23 @@ pub enum Reason {
     Faded,
     BudgetExhausted,
     Forgotten,
+    /// Computed longer than `sink.after_cpu` since its last request.
+    LongRequest,
+    /// A sunk thread received a request.
+    Surfaced,
 }
 
 impl Reason {
     /// Every reason, in declaration order (`reason as usize` indexes it).
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 8] = [
         Reason::UnixRequest,
         Reason::NetworkRequest,
         Reason::Decay,
         Reason::Faded,
         Reason::BudgetExhausted,
         Reason::Forgotten,
+        Reason::LongRequest,
+        Reason::Surfaced,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -80,6 +104,8 @@ impl Reason {
             Reason::Faded => "faded",
             Reason::BudgetExhausted => "budget-exhausted",
             Reason::Forgotten => "forgotten",
+            Reason::LongRequest => "long-request",
+            Reason::Surfaced => "surfaced",
         }
     }
 }
@@ -96,6 +122,13 @@ pub enum Decision {
     },
     /// Put the thread back to its original nice and slice.
     Restore { pid: u32, tid: u32, reason: Reason },
+    /// Set the thread `levels` nice levels below its original nice, original slice.
+    Sink {
+        pid: u32,
+        tid: u32,
+        levels: u32,
+        reason: Reason,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -110,6 +143,10 @@ struct Thread {
     budget_at: Nanos,
     cpu_ns: u64,
     exhausted: bool,
+    /// Its CPU time at its last request read.
+    cpu_at_request: u64,
+    /// Set below its own nice: a long request.
+    sunk: bool,
 }
 
 /// What the policy knows about one thread, for status output.
@@ -120,6 +157,7 @@ pub struct ThreadView {
     pub levels: u32,
     pub budget_ms: f64,
     pub exhausted: bool,
+    pub sunk: bool,
 }
 
 /// Where the policy finds a tracked thread's state: TID → slot in its table.
@@ -183,9 +221,11 @@ pub struct ElevationPolicy<I = FxHashMap<u32, u32>> {
     due: Vec<Nanos>,
     /// TID → slot in `threads`.
     slots: I,
-    /// `params`' bucket size and forget_after in ns, converted once, not per request.
+    /// `params`' bucket size, forget_after and sink threshold in ns, converted once,
+    /// not per request.
     burst_ns: f64,
     forget_ns: u64,
+    sink_ns: Option<u64>,
 }
 
 impl ElevationPolicy {
@@ -199,6 +239,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         ElevationPolicy {
             burst_ns: burst_ns(&params),
             forget_ns: forget_ns(&params),
+            sink_ns: sink_ns(&params),
             params,
             threads: Vec::new(),
             due: Vec::new(),
@@ -214,9 +255,11 @@ impl<I: SlotIndex> ElevationPolicy<I> {
     pub fn set_params(&mut self, params: ElevationParams) {
         self.burst_ns = burst_ns(&params);
         self.forget_ns = forget_ns(&params);
+        self.sink_ns = sink_ns(&params);
         self.params = params;
+        let watch = self.sink_ns.is_some();
         for (due, t) in self.due.iter_mut().zip(&self.threads) {
-            *due = due_time(t, self.forget_ns);
+            *due = due_time(t, self.forget_ns, watch);
         }
     }
 
@@ -235,6 +278,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             None => self.track(tid, pid, now, cpu_ns),
         };
         let (burst, forget_ns) = (self.burst_ns, self.forget_ns);
+        let watch = self.sink_ns.is_some();
         let share = self.params.budget.cpu_share;
         let step = self
             .params
@@ -245,6 +289,8 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         t.pid = pid;
         t.last_request = now;
         account(t, now, cpu_ns, share, burst);
+        t.cpu_at_request = cpu_ns;
+        let surfaced = std::mem::replace(&mut t.sunk, false);
         let mut raised = false;
         if !t.exhausted && target > 0 {
             // Re-elevation: the timer restarts; a stronger elevation from higher load
@@ -256,17 +302,25 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 raised = true;
             }
         }
-        self.due[slot] = due_time(t, forget_ns);
-        raised.then_some(Decision::Elevate {
-            pid,
-            tid,
-            levels: target,
-            slice: self.params.slice,
-            reason: match source {
-                Source::Unix => Reason::UnixRequest,
-                Source::Network => Reason::NetworkRequest,
-            },
-        })
+        self.due[slot] = due_time(t, forget_ns, watch);
+        if raised {
+            Some(Decision::Elevate {
+                pid,
+                tid,
+                levels: target,
+                slice: self.params.slice,
+                reason: match source {
+                    Source::Unix => Reason::UnixRequest,
+                    Source::Network => Reason::NetworkRequest,
+                },
+            })
+        } else {
+            surfaced.then_some(Decision::Restore {
+                pid,
+                tid,
+                reason: Reason::Surfaced,
+            })
+        }
     }
 
     /// Starts watching a thread: full budget, not elevated. Returns its slot.
@@ -282,6 +336,8 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             budget_at: now,
             cpu_ns,
             exhausted: false,
+            cpu_at_request: cpu_ns,
+            sunk: false,
         });
         self.due.push(0);
         let slot = self.threads.len() - 1;
@@ -298,7 +354,8 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         now: Nanos,
         mut cpu_of: impl FnMut(u32, u32) -> Option<u64>,
     ) -> Vec<Decision> {
-        let (burst, forget_ns) = (self.burst_ns, self.forget_ns);
+        let (burst, forget_ns, sink_ns) = (self.burst_ns, self.forget_ns, self.sink_ns);
+        let sink_levels = self.params.sink.map_or(0, |s| s.levels);
         let share = self.params.budget.cpu_share;
         let slice = self.params.slice;
         let mut out = Vec::new();
@@ -324,14 +381,25 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             let t = &mut self.threads[i];
             let tid = t.tid;
             let pid = t.pid;
-            if t.levels > 0 && now.saturating_sub(t.budget_at) >= CPU_REFRESH_NS {
+            let watched = t.levels > 0 || (sink_ns.is_some() && !t.sunk);
+            if watched && now.saturating_sub(t.budget_at) >= CPU_REFRESH_NS {
                 let Some(cpu) = cpu_of(pid, tid) else {
                     self.remove_slot(i); // gone: nothing to restore
                     continue;
                 };
                 account(t, now, cpu, share, burst);
             }
-            if t.levels > 0 && t.exhausted {
+            let long = sink_ns.is_some_and(|n| t.cpu_ns.saturating_sub(t.cpu_at_request) >= n);
+            if long && !t.sunk {
+                t.levels = 0;
+                t.sunk = true;
+                out.push(Decision::Sink {
+                    pid,
+                    tid,
+                    levels: sink_levels,
+                    reason: Reason::LongRequest,
+                });
+            } else if t.levels > 0 && t.exhausted {
                 t.levels = 0;
                 out.push(Decision::Restore {
                     pid,
@@ -358,9 +426,10 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                     }
                 });
             }
-            // Keep idle threads for a while so the budget remembers a cheater.
-            if t.levels > 0 || now.saturating_sub(t.last_request) < forget_ns {
-                self.due[i] = due_time(t, forget_ns);
+            // Keep idle threads for a while so the budget remembers a cheater; a sunk
+            // one until its next request or its end (it is still changed).
+            if t.levels > 0 || t.sunk || now.saturating_sub(t.last_request) < forget_ns {
+                self.due[i] = due_time(t, forget_ns, sink_ns.is_some());
                 i += 1;
             } else {
                 self.remove_slot(i);
@@ -401,6 +470,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 levels: t.levels,
                 budget_ms: t.tokens_ns / 1e6,
                 exhausted: t.exhausted,
+                sunk: t.sunk,
             })
             .collect();
         v.sort_by_key(|t| (t.pid, t.tid));
@@ -431,10 +501,19 @@ fn forget_ns(params: &ElevationParams) -> u64 {
     params.forget_after.as_nanos() as u64
 }
 
-/// The earliest time a tick has something to do for `t`: decay, a CPU-time re-read,
-/// a restore for an exhausted budget, or forgetting an idle thread.
-fn due_time(t: &Thread, forget_ns: u64) -> Nanos {
-    if t.levels == 0 {
+fn sink_ns(params: &ElevationParams) -> Option<u64> {
+    params.sink.map(|s| s.after_cpu.as_nanos() as u64)
+}
+
+/// The earliest time a tick has something to do for `t`: decay, a CPU-time re-read (for
+/// its budget, or, with `watch`, to see whether its request runs long), a restore for an
+/// exhausted budget, or forgetting an idle thread. A sunk thread waits for its request.
+fn due_time(t: &Thread, forget_ns: u64, watch: bool) -> Nanos {
+    if t.sunk {
+        Nanos::MAX
+    } else if t.levels == 0 && watch && t.last_request.saturating_add(forget_ns) > t.budget_at {
+        t.budget_at.saturating_add(CPU_REFRESH_NS)
+    } else if t.levels == 0 {
         t.last_request.saturating_add(forget_ns)
     } else if t.exhausted {
         0
@@ -487,7 +566,100 @@ mod tests {
             },
             slice: Some(Duration::from_micros(500)),
             forget_after: Duration::from_secs(10),
+            sink: None,
         }
+    }
+
+    fn sinking() -> ElevationParams {
+        ElevationParams {
+            sink: Some(Sink {
+                after_cpu: Duration::from_millis(50),
+                levels: 10,
+            }),
+            ..params()
+        }
+    }
+
+    #[test]
+    fn a_long_request_sinks_past_its_cpu_and_its_next_request_brings_it_back() {
+        let mut p = ElevationPolicy::new(sinking());
+        assert_eq!(
+            levels(&p.on_request(0, 1, 7, Source::Unix, 0, load(2.0))),
+            4
+        );
+        // 40 ms of CPU after the read: still the request's work.
+        assert!(p
+            .on_tick(100 * MS, |_, _| Some(40 * MS))
+            .iter()
+            .all(|d| !matches!(d, Decision::Sink { .. })));
+        // 60 ms: a long request. It loses its elevation and sinks, once.
+        let d = p.on_tick(200 * MS, |_, _| Some(60 * MS));
+        assert_eq!(
+            d,
+            vec![Decision::Sink {
+                pid: 1,
+                tid: 7,
+                levels: 10,
+                reason: Reason::LongRequest
+            }]
+        );
+        assert_eq!(p.levels(7), 0);
+        assert!(p.view()[0].sunk);
+        assert!(p.on_tick(900 * MS, |_, _| Some(500 * MS)).is_empty());
+        // Its next request: elevated again (which replaces the sinking).
+        assert_eq!(
+            levels(&p.on_request(1000 * MS, 1, 7, Source::Unix, 600 * MS, load(2.0))),
+            4
+        );
+        assert!(!p.view()[0].sunk);
+        // Not elevated on an idle machine, still sunk by a long request, and put back
+        // by the next request.
+        p.on_request(2000 * MS, 1, 8, Source::Unix, 0, load(0.5));
+        let d = p.on_tick(2200 * MS, |_, tid| {
+            Some(if tid == 8 { 80 * MS } else { 600 * MS })
+        });
+        assert!(d.contains(&Decision::Sink {
+            pid: 1,
+            tid: 8,
+            levels: 10,
+            reason: Reason::LongRequest
+        }));
+        assert_eq!(
+            p.on_request(2300 * MS, 1, 8, Source::Unix, 80 * MS, load(0.5)),
+            Some(Decision::Restore {
+                pid: 1,
+                tid: 8,
+                reason: Reason::Surfaced
+            })
+        );
+    }
+
+    #[test]
+    fn short_requests_never_sink_however_many() {
+        let mut p = ElevationPolicy::new(sinking());
+        let mut cpu = 0;
+        for i in 0..200u64 {
+            let now = i * 20 * MS;
+            p.on_request(now, 1, 7, Source::Network, cpu, load(2.0));
+            cpu += 5 * MS; // 5 ms per request, a request every 20 ms: 10 s in all
+            let d = p.on_tick(now + 10 * MS, |_, _| Some(cpu));
+            assert!(
+                d.iter().all(|d| !matches!(d, Decision::Sink { .. })),
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_sinking_no_idle_thread_is_read() {
+        let mut p = ElevationPolicy::new(params());
+        p.on_request(0, 1, 7, Source::Unix, 0, load(0.5));
+        let mut reads = 0;
+        p.on_tick(5000 * MS, |_, _| {
+            reads += 1;
+            Some(0)
+        });
+        assert_eq!(reads, 0, "not elevated, not watched: no CPU read");
     }
 
     fn load(r: f64) -> Load {
@@ -695,6 +867,7 @@ mod tests {
                 match d {
                     Decision::Elevate { tid, levels, .. } => seen.push((now, tid, levels)),
                     Decision::Restore { tid, .. } => seen.push((now, tid, 0)),
+                    Decision::Sink { .. } => panic!("sinking is off here: {d:?}"),
                 }
             }
         }

@@ -93,7 +93,7 @@ pub enum Event {
 }
 
 /// One thread as the task iterator saw it. The process's own fields (`ppid`, `comm`,
-/// `start_boot_ns`, `age_ns`, `has_tty`, `gone_cpu_ns`) are set on its leader only
+/// `start_boot_ns`, `age_ns`, `has_tty`, `gone_cpu_ns`, `listens`) are set on its leader only
 /// (`pid == tid`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskRecord {
@@ -113,6 +113,8 @@ pub struct TaskRecord {
     /// Running or waiting for a CPU right now.
     pub running: bool,
     pub has_tty: bool,
+    /// A thread of the process listened on a TCP socket since the probe was loaded.
+    pub listens: bool,
     pub comm: String,
 }
 
@@ -161,6 +163,7 @@ fn decode_task(data: &[u8]) -> TaskRecord {
         kernel_thread: r.kernel_thread != 0,
         running: r.running != 0,
         has_tty: r.has_tty != 0,
+        listens: r.listens != 0,
         comm: comm(&r.comm),
     }
 }

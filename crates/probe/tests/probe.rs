@@ -285,6 +285,16 @@ fn the_task_iterator_sees_what_proc_shows() {
         })
     };
     let spinner_tid = rx.recv().unwrap();
+    // A thread that listens on TCP once the probe is loaded, then ends: its process is
+    // marked, the sleeper not.
+    let (ltx, lrx) = mpsc::channel();
+    let listener_thread = thread::spawn(move || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        ltx.send(gettid()).unwrap();
+        l
+    });
+    let listener_tid = lrx.recv().unwrap();
+    let _listener = listener_thread.join().unwrap();
     thread::sleep(Duration::from_millis(100));
     let pids_in_proc = || -> Vec<u32> {
         std::fs::read_dir("/proc")
@@ -330,6 +340,13 @@ fn the_task_iterator_sees_what_proc_shows() {
     assert!(spun.cpu_ns > 0, "it ran");
     let me = tasks.iter().find(|t| t.tid == gettid()).unwrap();
     assert!(me.running, "the reading thread runs");
+    assert!(tasks.iter().all(|t| t.tid != listener_tid), "it ended");
+    let leader_of = |pid: u32| tasks.iter().find(|t| t.pid == pid && t.tid == pid).unwrap();
+    assert!(
+        leader_of(std::process::id()).listens,
+        "this process listened"
+    );
+    assert!(!leader_of(sleeper.id()).listens, "sleep did not");
     let s = tasks.iter().find(|t| t.tid == sleeper.id()).unwrap();
     assert!(!s.running, "sleep sleeps");
     let kthreadd = tasks.iter().find(|t| t.pid == 2).unwrap();

@@ -17,8 +17,9 @@ dropin() { echo "/run/systemd/transient/$1.d/50-CPUWeight.conf"; }
 systemd-run --quiet --scope --unit=soak-user --slice=user.slice sh -c "$SOAK" &
 USER_SOAK=$!
 systemd-run --quiet --unit=soak-svc -p CPUQuota=50% -p TasksMax=6 sh -c "$SOAK"
-# A supervisor with an idle child and a soaking one: only the soaker is batch.
-systemd-run --quiet --unit=mixed sh -c "sleep 1000 & sh -c '$SOAK' & wait"
+# A supervisor of a server (listening since before appease starts, never asked) and a
+# soaker: only the soaker is batch.
+systemd-run --quiet --unit=mixed sh -c "$A bench-worker server --cpu-ms 1 & sh -c '$SOAK' & wait"
 wait_until 10 systemctl is-active --quiet soak-svc
 wait_until 10 systemctl is-active --quiet mixed
 SVC_SOAK=$(systemctl show -P MainPID soak-svc)

@@ -44,7 +44,7 @@ struct appease_task {
 	unsigned char kernel_thread;
 	unsigned char running;            /* running or waiting for a CPU now */
 	unsigned char has_tty;            /* leader: has a controlling terminal */
-	unsigned char pad;
+	unsigned char listens;            /* leader: listened on a TCP socket */
 	char comm[16];                    /* leader: the process's name */
 };
 

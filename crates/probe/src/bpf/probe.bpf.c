@@ -60,6 +60,15 @@ struct {
 	__type(value, struct thread_state);
 } threads SEC(".maps");
 
+/* Processes (their leaders) that listened on a TCP socket: a server's, even before its
+ * first request (the scan tells a supervisor of servers from a script this way). */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, u32);
+} listeners SEC(".maps");
+
 static __always_inline void count(u32 idx)
 {
 	u64 *v = bpf_map_lookup_elem(&counters, &idx);
@@ -150,6 +159,27 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	return 0;
 }
 
+#define TCP_LISTEN 10
+
+/* listen() on a TCP socket, in the caller's context (inet_csk_listen_start): a mark the
+ * task iterator reads, no event. UNIX sockets have no such tracepoint: a UNIX server is
+ * known by its requests, or by the daemon's look at open sockets when it starts. */
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(on_sock_state, const struct sock *sk, int oldstate, int newstate)
+{
+	if (newstate != TCP_LISTEN)
+		return 0;
+	struct task_struct *t = bpf_get_current_task_btf();
+	if (t->flags & PF_KTHREAD)
+		return 0;
+	/* On the process (its leader): the thread that listened may end before the rest. */
+	u32 *seen = bpf_task_storage_get(&listeners, t->group_leader, 0,
+					 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (seen)
+		*seen = 1;
+	return 0;
+}
+
 /* One record per thread for the daemon's scan; the process's own fields (name, parent,
  * start, terminal, reaped children) come from its leader. */
 SEC("iter/task")
@@ -171,6 +201,7 @@ int dump_task(struct bpf_iter__task *ctx)
 		struct task_struct *parent = t->real_parent;
 		r.ppid = parent ? parent->tgid : 0;
 		r.start_boot_ns = t->start_boottime;
+		r.listens = bpf_task_storage_get(&listeners, t, 0, 0) != 0;
 		r.age_ns = bpf_ktime_get_boot_ns() - t->start_boottime;
 		if (sig) {
 			r.has_tty = sig->tty != 0;

@@ -46,6 +46,12 @@ impl Rbpe {
                 let t = tid as TaskId;
                 self.fair.set_nice(t, self.base_nice[t]);
             }
+            Decision::Sink { tid, levels, .. } => {
+                let t = tid as TaskId;
+                let nice = (self.base_nice[t] + levels.min(40) as i32)
+                    .clamp(appease_policy::NICE_MIN, appease_policy::NICE_MAX);
+                self.fair.set_nice(t, nice);
+            }
         }
     }
 }
