@@ -309,13 +309,21 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 /// Logs go to stderr through a background writer: a slow reader (journald under load, a
 /// terminal scrolled back) never blocks the event loop; lines are dropped instead, when
 /// more than its queue holds wait.
-fn init_logging(filter: &str, format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+/// Writes what the log queued when dropped.
+struct LogFlush;
+
+impl Drop for LogFlush {
+    fn drop(&mut self) {
+        appease_daemon::log_writer::flush();
+    }
+}
+
+fn init_logging(filter: &str, format: LogFormat) -> LogFlush {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer)
+        .with_writer(appease_daemon::log_writer::LogWriter)
         // Colour only on a terminal: journald and log files get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
@@ -326,7 +334,7 @@ fn init_logging(filter: &str, format: LogFormat) -> tracing_appender::non_blocki
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().with_ansi(false).init(),
     }
-    guard
+    LogFlush
 }
 
 fn run(cmd: Command) -> Result<()> {

@@ -5,6 +5,7 @@ pub mod batch;
 pub mod control;
 pub mod host;
 pub mod lock;
+pub mod log_writer;
 pub mod metrics;
 pub mod scanner;
 pub mod status;
@@ -134,7 +135,9 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
         Ok(kept) => tracing::info!(?kept, "dropped every other capability"),
         Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
     }
-    // Threads started from here on inherit only the capabilities kept.
+    // Threads started from here on inherit only the capabilities kept: the log's
+    // background writer is one.
+    log_writer::go_background();
     let shared = control::Shared::new(controls.reload.clone());
     let control = control::ControlServer::start(socket, shared.clone())
         .context("starting the control socket's thread")?;
