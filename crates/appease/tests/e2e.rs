@@ -285,6 +285,96 @@ fn a_long_request_sinks_below_its_own_nice_and_its_next_request_brings_it_back()
     );
 }
 
+/// A per-connection forking TCP server (Perl, from the base system): each connection's
+/// child answers one-byte requests, `h` after 400 ms of work, anything else after 2 ms.
+/// Prints its port.
+const FORKING_SERVER: &str = r#"
+use IO::Socket::INET; use Time::HiRes qw(time);
+my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 64,
+    ReuseAddr => 1) or die "listen: $!";
+$| = 1; print $s->sockport, "\n"; $SIG{CHLD} = 'IGNORE';
+while (1) {
+    my $c = $s->accept or next;
+    if (fork == 0) {
+        close $s;
+        while (sysread($c, my $b, 1)) {
+            my $end = time + ($b eq 'h' ? 0.4 : 0.002);
+            1 while time < $end;
+            syswrite($c, $b);
+        }
+        exit 0;
+    }
+    close $c;
+}
+"#;
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_forking_server_elevates_fresh_connections_and_sinks_a_heavy_one_at_the_threshold() {
+    let _g = serial();
+    let (_dir, _cfg, _soak, daemon) = loaded("forking", 4);
+    let mut child = Command::new("perl")
+        .args(["-e", FORKING_SERVER])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("perl runs");
+    let out = child.stdout.take().unwrap();
+    // Ended on drop, also when an assertion fails (its children end with their
+    // connections).
+    let server = Soakers(vec![child]);
+    let mut port = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut port).unwrap();
+    let addr = format!("127.0.0.1:{}", port.trim());
+    let server_pid = server.0[0].id();
+    // A connection and the child that serves it.
+    let connect = |known: &[u32]| -> (TcpStream, u32) {
+        let c = TcpStream::connect(&addr).unwrap();
+        c.set_nodelay(true).unwrap();
+        let mut child = None;
+        wait_for(Duration::from_secs(3), || {
+            child = children_of(server_pid)
+                .into_iter()
+                .find(|p| !known.contains(p));
+            child.is_some()
+        })
+        .expect("a child per connection");
+        (c, child.unwrap())
+    };
+    let ask = |c: &mut TcpStream, b: &[u8]| {
+        c.write_all(b).unwrap();
+        let mut r = [0u8; 1];
+        c.read_exact(&mut r).unwrap();
+    };
+    let (mut heavy, heavy_pid) = connect(&[]);
+    // The heavy request: elevated at its read like any other, sunk past 50 ms of CPU.
+    heavy.write_all(b"h").unwrap();
+    assert!(
+        wait_for(Duration::from_secs(3), || nice_of_process(heavy_pid) == 10).is_some(),
+        "the heavy request sinks: {}",
+        daemon.log_text()
+    );
+    // Meanwhile a fresh connection's short requests are elevated (-4: a network request).
+    let (mut short, short_pid) = connect(&[heavy_pid]);
+    ask(&mut short, b"s");
+    assert!(
+        wait_for(Duration::from_secs(1), || {
+            ask(&mut short, b"s");
+            nice_of_process(short_pid) == -4
+        })
+        .is_some(),
+        "a fresh connection's child is elevated: {}",
+        daemon.log_text()
+    );
+    assert_eq!(
+        nice_of_process(heavy_pid),
+        10,
+        "the heavy one stays sunk meanwhile"
+    );
+    let mut r = [0u8; 1];
+    heavy.read_exact(&mut r).unwrap();
+    drop((heavy, short, server));
+}
+
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn an_elevation_does_not_wait_for_a_scan_under_way() {
