@@ -9,7 +9,7 @@ APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
 # e2fsprogs boot the Debian VM in which the cgroup v2 layouts are tested (scripts/vm);
 # docker.io runs real containers (the docker batch load and its end-to-end tests).
 # prometheus brings promtool, which checks the metrics endpoint's output.
-TEST_PACKAGES := postgresql gcc nginx wget qemu-system-x86 debootstrap e2fsprogs docker.io prometheus tmux
+TEST_PACKAGES := postgresql gcc nginx wget qemu-system-x86 debootstrap e2fsprogs docker.io prometheus tmux perl
 BENCH_PACKAGES := $(TEST_PACKAGES)
 # Counts the simulator's instructions per event (a figure the host's noise cannot move).
 PROFILE_PACKAGES := valgrind
