@@ -107,7 +107,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// synthetic, web, db, frames, pipeline or utilization
+    /// synthetic, web, db, db-analytic, frames, pipeline or utilization
     scenario: String,
     /// A short run (5 s per mode) for CI and a first look.
     #[arg(long)]

@@ -146,6 +146,28 @@ impl Postgres {
         c
     }
 
+    /// Analytic queries on a connection of their own, back to back, until the run ends:
+    /// each scans the accounts ten times over (about a second of one backend's CPU here).
+    pub fn start_analytic(&self, run: &mut Run, tmp: &Path) -> Result<()> {
+        let script = tmp.join("analytic.sql");
+        fs::write(
+            &script,
+            "SELECT sum(a.abalance + g) FROM pgbench_accounts a, generate_series(1, 10) g;\n",
+        )?;
+        let child = self
+            .pgbench_cmd()
+            .args(["-c", "1", "-j", "1", "-n", "-T", "86400", "-f"])
+            .arg(&script)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting pgbench's analytic client")?;
+        // Ended with the server (SIGTERM), so that PostgreSQL, which waits for its clients
+        // to leave, shuts down on its own terms.
+        run.graceful.push(child);
+        Ok(())
+    }
+
     /// Runs pgbench at `rate` transactions/s for `duration` (or until `stop`) and reads
     /// its per-transaction log. pgbench's rate schedule is a Poisson process.
     pub fn run(

@@ -123,6 +123,7 @@ pub const SCENARIOS: &[&str] = &[
     "synthetic",
     "web",
     "db",
+    "db-analytic",
     "frames",
     "pipeline",
     "utilization",
@@ -229,6 +230,15 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
         "web" => ("nginx", "tcp", 0.0, 2000.0, opts.arrivals),
         // pgbench's TPC-B-like transactions; its rate schedule is always Poisson.
         "db" => ("postgresql", "unix", 0.0, 100.0, client::Arrivals::Poisson),
+        // The same, while another connection runs analytic queries of about a second each,
+        // back to back, all the time (the unloaded mode included).
+        "db-analytic" => (
+            "postgresql-analytic",
+            "unix",
+            0.0,
+            100.0,
+            client::Arrivals::Poisson,
+        ),
         // A 25 fps player: each frame arrives from its demuxer over a UNIX socket and is
         // decoded on 8 ms of CPU; it must be done before the next one is due.
         "frames" => ("player", "unix", 8.0, 25.0, client::Arrivals::Fixed),
@@ -454,6 +464,11 @@ fn run_mode(
             Load::OpenLoop(target, protocol)
         }
         "postgresql" => Load::Pgbench(db::start(&mut run, &tmp)?),
+        "postgresql-analytic" => {
+            let pg = db::start(&mut run, &tmp)?;
+            pg.start_analytic(&mut run, &tmp)?;
+            Load::Pgbench(pg)
+        }
         "pipeline" => Load::OpenLoop(
             pipeline::start(&mut run, opts, p.cpu_ms, &tmp)?,
             client::Protocol::Synthetic,
