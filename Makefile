@@ -95,7 +95,7 @@ chaos: test-deps
 	CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(CARGO) test --locked --release -p appease --test e2e -- \
 		--include-ignored --nocapture chaos::
 
-# The figures in docs/RESULTS.md (root; about 100 minutes; plots land in bench-out/).
+# The figures in docs/RESULTS.md (root; about 115 minutes; plots land in bench-out/).
 bench: bench-deps build
 	$(CARGO) bench --locked -p appease-probe --bench read_cost
 	$(CARGO) bench --locked -p appease --bench daemon
@@ -103,6 +103,7 @@ bench: bench-deps build
 	./target/release/appease bench synthetic --repeat 3 --out bench-out/synthetic-r3
 	./target/release/appease bench web --out bench-out/web
 	./target/release/appease bench db --repeat 3 --out bench-out/db-r3
+	./target/release/appease bench db-analytic --repeat 3 --out bench-out/db-analytic-r3
 	./target/release/appease bench frames --repeat 3 --out bench-out/frames-r3
 	./target/release/appease bench pipeline --repeat 3 --out bench-out/pipeline-r3
 	./target/release/appease bench synthetic --batch compile --repeat 3 --modes unmanaged,batch-nice19,batch-cgroup-idle,rbpe-classic,appease --out bench-out/compile-cpus-r3
