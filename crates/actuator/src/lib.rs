@@ -552,8 +552,7 @@ impl KernelActuator {
         let nice = match target {
             Target::Levels(levels) => elevated_nice(m.orig.nice, levels),
             Target::Fixed(nice) => nice.clamp(appease_policy::NICE_MIN, appease_policy::NICE_MAX),
-            Target::Below(levels) => (m.orig.nice + levels.min(40) as i32)
-                .clamp(appease_policy::NICE_MIN, appease_policy::NICE_MAX),
+            Target::Below(levels) => appease_policy::sunk_nice(m.orig.nice, levels),
         };
         let slice_ns = match slice {
             Some(s) => s.as_nanos() as u64,
@@ -838,6 +837,14 @@ mod tests {
         KernelActuator::with_kernel(Box::new(k.clone()), Some(journal), ex).unwrap()
     }
 
+    /// `s` in SCHED_IDLE (born so, or chosen).
+    fn idle(s: Sched) -> Sched {
+        Sched {
+            policy: SCHED_IDLE,
+            ..s
+        }
+    }
+
     fn custom(nice: i32, slice_ns: u64) -> Sched {
         Sched {
             policy: SCHED_BATCH,
@@ -956,12 +963,8 @@ mod tests {
             policy: SCHED_FIFO,
             ..fair(0)
         };
-        let idle = Sched {
-            policy: SCHED_IDLE,
-            ..fair(0)
-        };
         k.spawn(10, 10, "audio", rt);
-        k.spawn(11, 11, "indexer", idle);
+        k.spawn(11, 11, "indexer", idle(fair(0)));
         k.kernel_thread(12, "kworker/0:1");
         k.spawn(13, 13, "backup", fair(0));
         k.spawn(13, 14, "gzip-worker", fair(0));
@@ -1059,16 +1062,7 @@ mod tests {
         assert_eq!(a.idle_in_place(300, &procs, "cpu-bound"), 1);
         assert_eq!(k.sched(301).policy, SCHED_IDLE);
         // A child born idle from the demoted tree, and an admin's renice meanwhile.
-        k.spawn_child(
-            300,
-            310,
-            310,
-            "cc1",
-            Sched {
-                policy: SCHED_IDLE,
-                ..custom(2, BASE_SLICE_NS)
-            },
-        );
+        k.spawn_child(300, 310, 310, "cc1", idle(custom(2, BASE_SLICE_NS)));
         k.renice_by_other(200, 15);
         assert_eq!(k.unjournaled(), Vec::<String>::new());
         // The daemon dies: nothing is put back by it.
@@ -1098,26 +1092,8 @@ mod tests {
         let mut a = actuator(&k, &dir, &[]);
         let procs = [(300, "/".to_string(), "cpu-bound".to_string())];
         a.idle_in_place(300, &procs, "cpu-bound");
-        k.spawn_child(
-            300,
-            310,
-            310,
-            "cc1",
-            Sched {
-                policy: SCHED_IDLE,
-                ..custom(2, BASE_SLICE_NS)
-            },
-        );
-        k.spawn_child(
-            1,
-            400,
-            400,
-            "chosen-idle",
-            Sched {
-                policy: SCHED_IDLE,
-                ..fair(0)
-            },
-        );
+        k.spawn_child(300, 310, 310, "cc1", idle(custom(2, BASE_SLICE_NS)));
+        k.spawn_child(1, 400, 400, "chosen-idle", idle(fair(0)));
         let report = a.restore_all();
         assert_eq!(k.sched(300), custom(2, BASE_SLICE_NS));
         assert_eq!(k.sched(310), custom(2, BASE_SLICE_NS));

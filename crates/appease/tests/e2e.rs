@@ -800,9 +800,14 @@ fn named_soaker(name: &str) -> std::process::Child {
 /// A soaker in a new session (no terminal, as under CI even when the tests run from
 /// a terminal), which forks a `sleep` child on SIGUSR1.
 fn forking_soaker() -> std::process::Child {
+    in_new_session("trap 'sleep 60 &' USR1; while :; do :; done")
+}
+
+/// `sh -c text` in a session of its own (no terminal, its own process group).
+fn in_new_session(text: &str) -> std::process::Child {
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new("sh");
-    cmd.args(["-c", "trap 'sleep 60 &' USR1; while :; do :; done"]);
+    cmd.args(["-c", text]).stdout(Stdio::null());
     // SAFETY: setsid is async-signal-safe and touches only the child.
     unsafe {
         cmd.pre_exec(|| {
@@ -956,17 +961,7 @@ struct Script(std::process::Child);
 
 impl Script {
     fn start(text: &str) -> Self {
-        use std::os::unix::process::CommandExt;
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", text]).stdout(Stdio::null());
-        // SAFETY: setsid is async-signal-safe and touches only the child.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
-        Script(cmd.spawn().unwrap())
+        Script(in_new_session(text))
     }
 
     fn pid(&self) -> u32 {

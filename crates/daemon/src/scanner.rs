@@ -282,8 +282,10 @@ impl Worker {
             }
         }
         let mut reading = self.source.read(&req);
-        for p in &mut reading.procs {
-            p.listens |= self.listening.contains(&(p.pid, p.start));
+        if !self.listening.is_empty() {
+            for p in &mut reading.procs {
+                p.listens |= self.listening.contains(&(p.pid, p.start));
+            }
         }
         let procs = &reading.procs;
         let in_group: HashSet<u32> = req.in_group.iter().copied().collect();

@@ -27,6 +27,11 @@ pub fn elevated_nice(original: i32, levels: u32) -> i32 {
     (original - levels.min(40) as i32).clamp(NICE_MIN, NICE_MAX)
 }
 
+/// The nice value a long request sunk `levels` below its thread's own nice gets.
+pub fn sunk_nice(original: i32, levels: u32) -> i32 {
+    (original + levels.min(40) as i32).clamp(NICE_MIN, NICE_MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -37,5 +42,7 @@ mod tests {
         assert_eq!(elevated_nice(5, 3), 2);
         assert_eq!(elevated_nice(-18, 5), -20);
         assert_eq!(elevated_nice(0, 0), 0);
+        assert_eq!(sunk_nice(0, 10), 10);
+        assert_eq!(sunk_nice(15, 10), 19);
     }
 }

@@ -3,7 +3,9 @@
 //! fed with simulated requests, task CPU times and load, as the daemon feeds it with
 //! BPF events and /proc readings.
 
-use appease_policy::{elevated_nice, Decision, DenseIndex, ElevationPolicy, LoadTracker, Source};
+use appease_policy::{
+    elevated_nice, sunk_nice, Decision, DenseIndex, ElevationPolicy, LoadTracker, Source,
+};
 
 use super::fair::Cfs;
 use crate::engine::{How, Ns, Scheduler, TaskId, TaskInfo, View};
@@ -48,9 +50,7 @@ impl Rbpe {
             }
             Decision::Sink { tid, levels, .. } => {
                 let t = tid as TaskId;
-                let nice = (self.base_nice[t] + levels.min(40) as i32)
-                    .clamp(appease_policy::NICE_MIN, appease_policy::NICE_MAX);
-                self.fair.set_nice(t, nice);
+                self.fair.set_nice(t, sunk_nice(self.base_nice[t], levels));
             }
         }
     }
