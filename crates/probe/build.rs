@@ -19,6 +19,8 @@ fn main() {
             format!("-D__TARGET_ARCH_{target_arch}"),
             "-Isrc/bpf".to_string(),
             "-Wall".to_string(),
+            // Atomic fetch-and-add with its result (BPF ISA v3, kernels since 5.12).
+            "-mcpu=v3".to_string(),
         ])
         .build_and_generate(out.join("probe.skel.rs"))
         .unwrap_or_else(|e| panic!("building the BPF program {SRC} failed (is clang installed? run `make deps`): {e:#}"));

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -49,8 +49,13 @@ decay_ms = 50
 /// (servers started after this find the ladder engaged). Bound left to right, dropped
 /// right to left: the daemon stops first.
 fn loaded(name: &str, soakers: usize) -> (TempDir, PathBuf, Soakers, Daemon) {
+    loaded_with(name, soakers, "")
+}
+
+/// As `loaded`, with `extra` appended to TEST_CONFIG.
+fn loaded_with(name: &str, soakers: usize, extra: &str) -> (TempDir, PathBuf, Soakers, Daemon) {
     let dir = TempDir::new(name);
-    let cfg = dir.file("test.toml", TEST_CONFIG);
+    let cfg = dir.file("test.toml", &format!("{TEST_CONFIG}{extra}"));
     let soak = Soakers::start(soakers);
     let daemon = Daemon::start(&dir.0, &cfg);
     // About one time constant of the runnable EMA.
@@ -282,6 +287,128 @@ fn a_long_request_sinks_below_its_own_nice_and_its_next_request_brings_it_back()
     assert!(
         log.contains("long-request"),
         "the audit trail says why: {log}"
+    );
+}
+
+/// Short requests that need a lock which a long request of the same process holds while
+/// it computes; returns the short requests' latencies (ms, sorted) over `secs` seconds,
+/// once the long one has sunk, and the daemon's full log.
+fn short_latencies_beside_a_sunk_lock_holder(
+    name: &str,
+    extra: &str,
+    secs: u64,
+) -> (Vec<f64>, String) {
+    use std::sync::Mutex;
+    let (_dir, _cfg, _soak, mut daemon) = loaded_with(name, 4, extra);
+    let lock = Arc::new(Mutex::new(()));
+    let stop = Arc::new(AtomicBool::new(false));
+    // The long request: one read, then 1 ms of work under the lock and 1 ms without,
+    // on and on (it sinks after 50 ms of CPU).
+    let (mut long_client, mut long_server) = UnixStream::pair().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let long = {
+        let (lock, stop) = (lock.clone(), stop.clone());
+        thread::spawn(move || {
+            tx.send(gettid()).unwrap();
+            let mut b = [0u8; 1];
+            long_server.read_exact(&mut b).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let held = lock.lock().unwrap();
+                spin_cpu(Duration::from_millis(1));
+                drop(held);
+                spin_cpu(Duration::from_millis(1));
+            }
+        })
+    };
+    let long_tid = rx.recv().unwrap();
+    long_client.write_all(b"r").unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || nice_of(long_tid) == 10).is_some(),
+        "the long request sinks: {}",
+        daemon.log_text()
+    );
+    // Two threads serving short requests (0.2 ms under the lock), a request every 30 ms each.
+    let mut threads = Vec::new();
+    let latencies = Arc::new(Mutex::new(Vec::new()));
+    for _ in 0..2 {
+        let (mut client, mut server) = UnixStream::pair().unwrap();
+        let (lock, stop, lat) = (lock.clone(), stop.clone(), latencies.clone());
+        threads.push(thread::spawn(move || {
+            let mut b = [0u8; 1];
+            while server.read_exact(&mut b).is_ok() {
+                let held = lock.lock().unwrap();
+                spin_cpu(Duration::from_micros(200));
+                drop(held);
+                if server.write_all(&b).is_err() {
+                    break;
+                }
+            }
+        }));
+        threads.push(thread::spawn(move || {
+            let mut b = [0u8; 1];
+            while !stop.load(Ordering::Relaxed) {
+                let start = Instant::now();
+                client.write_all(b"r").unwrap();
+                client.read_exact(&mut b).unwrap();
+                lat.lock()
+                    .unwrap()
+                    .push(start.elapsed().as_secs_f64() * 1e3);
+                thread::sleep(Duration::from_millis(30));
+            }
+        }));
+    }
+    thread::sleep(Duration::from_secs(secs));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    long.join().unwrap();
+    drop(long_client);
+    assert!(daemon.signal(libc::SIGTERM).success());
+    let mut v = std::mem::take(&mut *latencies.lock().unwrap());
+    v.sort_by(f64::total_cmp);
+    (v, daemon.full_log())
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_sunk_thread_holding_a_lock_short_requests_need_is_lifted_while_they_wait() {
+    let _g = serial();
+    let q = |v: &[f64], p: f64| v[((v.len() - 1) as f64 * p) as usize];
+    let (off, off_log) =
+        short_latencies_beside_a_sunk_lock_holder("lift-off", "[elevation.sink]\nlift_ms = 0\n", 4);
+    let (on, on_log) = short_latencies_beside_a_sunk_lock_holder("lift-on", "", 4);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let figures = format!(
+        "short requests, ms: lifting off mean {:.2} p50 {:.2} p95 {:.2} max {:.2} ({} requests); \
+         on mean {:.2} p50 {:.2} p95 {:.2} max {:.2} ({})",
+        mean(&off),
+        q(&off, 0.5),
+        q(&off, 0.95),
+        q(&off, 1.0),
+        off.len(),
+        mean(&on),
+        q(&on, 0.5),
+        q(&on, 0.95),
+        q(&on, 1.0),
+        on.len()
+    );
+    eprintln!("{figures}");
+    assert!(on.len() > 150 && off.len() > 50, "{figures}");
+    let lifted = |log: &str| log.contains("why=\"lifted\"") || log.contains("why=lifted");
+    assert!(
+        !lifted(&off_log) && lifted(&on_log),
+        "lifted only when allowed (audit lines): {on_log}"
+    );
+    assert!(
+        on_log.contains("wait-over"),
+        "sunk again when the wait ends: {on_log}"
+    );
+    // Without lifting a short request that finds the lock held waits for a thread at
+    // nice 10 beside four soakers; lifted, for one at its own nice.
+    assert!(
+        q(&on, 0.95) * 2.0 < q(&off, 0.95),
+        "no inversion spike with lifting: {figures}"
     );
 }
 

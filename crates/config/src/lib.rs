@@ -266,6 +266,11 @@ pub struct SinkSection {
     /// Nice levels below the thread's own nice.
     #[serde(deserialize_with = "sink_levels")]
     pub levels: u32,
+    /// While a thread serving a request of the same application waits on a lock, the
+    /// application's sunk threads (one may hold it) are back at their own nice, for at
+    /// most this long at a stretch and this long a second over time (0: never lifted).
+    #[serde(deserialize_with = "per_second_ms")]
+    pub lift_ms: u64,
 }
 
 fn sink_levels<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
@@ -351,6 +356,14 @@ fn optional_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         d,
         |v| (0..=3_600_000).contains(v),
         |v| format!("{v} ms is outside 0..=3600000"),
+    )
+}
+
+fn per_second_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    checked(
+        d,
+        |v| (0..=1000).contains(v),
+        |v| format!("{v} ms in a second is outside 0..=1000"),
     )
 }
 
@@ -596,6 +609,7 @@ impl Default for SinkSection {
         SinkSection {
             after_cpu_ms: 50,
             levels: 10,
+            lift_ms: 200,
         }
     }
 }
@@ -762,6 +776,7 @@ impl Config {
             sink: (e.sink.after_cpu_ms > 0).then(|| Sink {
                 after_cpu: Duration::from_millis(e.sink.after_cpu_ms),
                 levels: e.sink.levels,
+                lift: (e.sink.lift_ms > 0).then(|| Duration::from_millis(e.sink.lift_ms)),
             }),
         }
     }
@@ -852,6 +867,8 @@ mod tests {
         assert!(e.contains("line 2") && e.contains("(0, 1]"), "{e}");
         let e = err("[elevation]\nslice_us = 5\n");
         assert!(e.contains("100..=100000"), "{e}");
+        let e = err("[elevation.sink]\nlift_ms = 1500\n");
+        assert!(e.contains("line 2") && e.contains("0..=1000"), "{e}");
         let e = err("[hands_off]\ncomms = [\"a-very-long-command-name\"]\n");
         assert!(e.contains("15"), "{e}");
     }

@@ -21,7 +21,7 @@ use appease_actuator::{
     restore_journal, ActError, Actuator, Identity, Journal, KernelActuator, RestoreReport,
 };
 use appease_config::Config;
-use appease_policy::{Decision, ElevationPolicy, LoadTracker, Source};
+use appease_policy::{AppChange, Decision, ElevationPolicy, LoadTracker, Source};
 use appease_probe::{monotonic_ns, Event, Family, Probe, ProbeConfig, ProbeStorage};
 use hdrhistogram::Histogram;
 
@@ -120,6 +120,7 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     let probe_cfg = ProbeConfig {
         min_gap: Duration::from_millis(opts.config.probe.min_gap_ms),
         ignore_pid: Some(std::process::id()),
+        serving_window: serving_window(&opts.config),
         ..ProbeConfig::default()
     };
     let mut probe = Probe::load(&probe_cfg, &mut storage).context("starting the request probe")?;
@@ -532,6 +533,11 @@ impl<'obj> Daemon<'obj> {
         restart_only("[batch] group", cfg.batch.group != old.batch.group);
         restart_only("[metrics] listen", cfg.metrics != old.metrics);
         restart_only("[control] group", cfg.control != old.control);
+        // The probe reports lock waits within the window it was loaded with.
+        restart_only(
+            "[elevation.sink] lifting (after_cpu_ms, lift_ms)",
+            serving_window(&cfg) != serving_window(&old),
+        );
         cfg.probe = old.probe.clone();
         cfg.batch.enabled = old.batch.enabled;
         cfg.batch.group = old.batch.group.clone();
@@ -629,6 +635,7 @@ impl<'obj> Daemon<'obj> {
                 proc_start_ns,
                 comm,
                 proc_comm,
+                app,
                 ..
             } => {
                 // appease's own commands (status, reload) read the daemon's replies from
@@ -657,10 +664,17 @@ impl<'obj> Daemon<'obj> {
                     comm,
                     proc_comm,
                 }));
-                if let Some(d) =
-                    self.policy
-                        .on_request(ts_ns, pid, tid, source, cpu_ns, self.load.current())
-                {
+                let decision = self.policy.on_app_request(
+                    ts_ns,
+                    app,
+                    pid,
+                    tid,
+                    source,
+                    cpu_ns,
+                    self.load.current(),
+                );
+                self.tell_probe();
+                if let Some(d) = decision {
                     if self.apply(d) {
                         let us = monotonic_ns().saturating_sub(ts_ns) / 1000;
                         let h = if woke {
@@ -688,6 +702,31 @@ impl<'obj> Daemon<'obj> {
                 self.probe
                     .set_exec_events(self.actuator.wants_exec_events());
             }
+            Event::Wait { ts_ns, app } => {
+                for d in self.policy.on_wait(ts_ns, app) {
+                    self.apply(d);
+                }
+            }
+            Event::WaitEnd { ts_ns, app } => {
+                for d in self.policy.on_wait_end(ts_ns, app) {
+                    self.apply(d);
+                }
+                self.tell_probe();
+            }
+        }
+    }
+
+    /// Tells the probe which applications have sunk threads (their serving threads' lock
+    /// waits are reported) and which lifts ended without their waits' end.
+    fn tell_probe(&mut self) {
+        for change in self.policy.take_app_changes() {
+            let result = match change {
+                AppChange::Sunk(app, sunk) => self.probe.set_sunk_app(app, sunk),
+                AppChange::ResetWaits(app) => self.probe.reset_waits(app),
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, ?change, "could not update the probe's applications");
+            }
         }
     }
 
@@ -703,6 +742,7 @@ impl<'obj> Daemon<'obj> {
         let decisions = self
             .policy
             .on_tick(now, appease_actuator::sys::thread_cpu_ns);
+        self.tell_probe();
         for d in decisions {
             self.apply(d);
             // A request that arrived meanwhile goes before the next restore.
@@ -840,6 +880,14 @@ impl<'obj> Daemon<'obj> {
 
 /// Latency service groups are not built for a cgroup v2 host under systemd: a config
 /// with services is refused there, at start and on reload.
+/// A thread serves a request for as long as a request may compute before it sinks: its
+/// lock waits within that time are a customer's (lifting sunk threads needs them).
+fn serving_window(cfg: &Config) -> Option<Duration> {
+    let sink = &cfg.elevation.sink;
+    (cfg.elevation.enabled && sink.after_cpu_ms > 0 && sink.lift_ms > 0)
+        .then(|| Duration::from_millis(sink.after_cpu_ms.max(10)))
+}
+
 fn services_available(cfg: &Config, layout: &status::LayoutView) -> Result<(), String> {
     let v2_systemd = appease_cgroup::LayoutKind::CgroupV2Systemd.name();
     match cfg.services.first() {

@@ -585,6 +585,7 @@ mod tests {
             running,
             has_tty: pid == tid,
             listens: false,
+            app: pid,
             comm: if pid == tid {
                 "make".into()
             } else {

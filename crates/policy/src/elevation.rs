@@ -6,7 +6,10 @@
 //! bucket that fills at `budget.cpu_share` of one CPU and drains by the CPU time the
 //! thread uses. A thread whose bucket runs dry loses its elevation and gets none until
 //! the bucket is full again, so over time elevation buys at most `cpu_share` of a CPU: a
-//! thread that reads a byte now and then while spinning cannot stay elevated.
+//! thread that reads a byte now and then while spinning cannot stay elevated. The bucket
+//! belongs to the thread's application (its process, or the server whose fork made the
+//! process), which every thread of it fills while it is watched: a server that forks a
+//! worker per connection does not hand each heavy request a fresh burst.
 //!
 //! A long request sinks: a thread that has used more than `sink.after_cpu` of CPU since
 //! its last request read loses any elevation and is set `sink.levels` nice levels below
@@ -14,6 +17,11 @@
 //! go first (the feedback queue of the multi-level scheduling analysis: work that keeps
 //! computing long after the request that started it sinks below fresh requests). Its
 //! next request read brings it back.
+//!
+//! No priority inversion: a sunk thread may hold what a fresh request needs. While a
+//! thread serving a request of the same application waits on a lock (the probe reports
+//! the first such wait and the end of the last), the application's sunk threads are
+//! lifted back to their own nice, for at most `sink.lift` in any second.
 
 use std::time::Duration;
 
@@ -50,6 +58,9 @@ pub struct Sink {
     pub after_cpu: Duration,
     /// Nice levels below its own nice.
     pub levels: u32,
+    /// Lifting while the application's serving threads wait on a lock: at most this long
+    /// at a stretch and, over time, this long a second (None: never lifted).
+    pub lift: Option<Duration>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -81,11 +92,17 @@ pub enum Reason {
     LongRequest,
     /// A sunk thread received a request.
     Surfaced,
+    /// A thread of its application that serves a request waits on a lock.
+    Lifted,
+    /// The waits on a lock that lifted it ended.
+    WaitOver,
+    /// Its application's lifting time for this second is spent.
+    LiftSpent,
 }
 
 impl Reason {
     /// Every reason, in declaration order (`reason as usize` indexes it).
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 11] = [
         Reason::UnixRequest,
         Reason::NetworkRequest,
         Reason::Decay,
@@ -94,6 +111,9 @@ impl Reason {
         Reason::Forgotten,
         Reason::LongRequest,
         Reason::Surfaced,
+        Reason::Lifted,
+        Reason::WaitOver,
+        Reason::LiftSpent,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -106,6 +126,9 @@ impl Reason {
             Reason::Forgotten => "forgotten",
             Reason::LongRequest => "long-request",
             Reason::Surfaced => "surfaced",
+            Reason::Lifted => "lifted",
+            Reason::WaitOver => "wait-over",
+            Reason::LiftSpent => "lift-spent",
         }
     }
 }
@@ -135,18 +158,49 @@ pub enum Decision {
 struct Thread {
     pid: u32,
     tid: u32,
+    /// Its application (whose bucket pays for its elevation).
+    app: u32,
     levels: u32,
     decay_ns: u64,
     next_decay_at: Nanos,
     last_request: Nanos,
-    tokens_ns: f64,
+    /// Its CPU time and the time when it was last charged to the bucket.
     budget_at: Nanos,
     cpu_ns: u64,
-    exhausted: bool,
     /// Its CPU time at its last request read.
     cpu_at_request: u64,
     /// Set below its own nice: a long request.
     sunk: bool,
+    /// Sunk, but back at its own nice for now: a waiter of its application may need it.
+    lifted: bool,
+}
+
+/// An application's elevation bucket, and its sunk threads' lifting.
+#[derive(Clone, Debug)]
+struct App {
+    tokens_ns: f64,
+    exhausted: bool,
+    /// Its watched threads (the entry goes with the last).
+    threads: u32,
+    /// Of those, sunk.
+    sunk: u32,
+    /// Lifting time left (refills at `sink.lift` a second, up to `sink.lift`), and when
+    /// it was last charged.
+    lift_ns: f64,
+    lift_at: Nanos,
+    /// While lifted: when its lifting time runs out.
+    lifted_until: Option<Nanos>,
+}
+
+/// What the probe must be told about an application.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppChange {
+    /// It has sunk threads now (true), or none any more: its serving threads' lock waits
+    /// matter, or no longer.
+    Sunk(u32, bool),
+    /// Its lift ended without the end of the waits being seen: the waiters counted so far
+    /// are to be forgotten (one may have died waiting).
+    ResetWaits(u32),
 }
 
 /// What the policy knows about one thread, for status output.
@@ -158,6 +212,8 @@ pub struct ThreadView {
     pub budget_ms: f64,
     pub exhausted: bool,
     pub sunk: bool,
+    /// Sunk, and lifted back to its own nice while a waiter of its application waits.
+    pub lifted: bool,
 }
 
 /// Where the policy finds a tracked thread's state: TID → slot in its table.
@@ -221,11 +277,20 @@ pub struct ElevationPolicy<I = FxHashMap<u32, u32>> {
     due: Vec<Nanos>,
     /// TID → slot in `threads`.
     slots: I,
+    /// The applications of the watched threads.
+    apps: FxHashMap<u32, App>,
+    /// Applications lifted now.
+    lifted: Vec<u32>,
+    /// Changes for the probe, taken by `take_app_changes`.
+    app_changes: Vec<AppChange>,
     /// `params`' bucket size, forget_after and sink threshold in ns, converted once,
     /// not per request.
     burst_ns: f64,
     forget_ns: u64,
     sink_ns: Option<u64>,
+    /// `sink.lift` in ns; `sink_lifts` while it is set.
+    lift_ns: Option<u64>,
+    sink_lifts: bool,
 }
 
 impl ElevationPolicy {
@@ -240,10 +305,15 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             burst_ns: burst_ns(&params),
             forget_ns: forget_ns(&params),
             sink_ns: sink_ns(&params),
+            lift_ns: lift_ns(&params),
+            sink_lifts: lift_ns(&params).is_some(),
             params,
             threads: Vec::new(),
             due: Vec::new(),
             slots: I::default(),
+            apps: FxHashMap::default(),
+            lifted: Vec::new(),
+            app_changes: Vec::new(),
         }
     }
 
@@ -256,14 +326,27 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         self.burst_ns = burst_ns(&params);
         self.forget_ns = forget_ns(&params);
         self.sink_ns = sink_ns(&params);
+        self.lift_ns = lift_ns(&params);
+        let lifts = self.lift_ns.is_some();
+        if lifts != self.sink_lifts {
+            // The probe is told of the applications with sunk threads only while lifting.
+            for (&app, a) in &self.apps {
+                if a.sunk > 0 {
+                    self.app_changes.push(AppChange::Sunk(app, lifts));
+                }
+            }
+            self.sink_lifts = lifts;
+        }
         self.params = params;
         let watch = self.sink_ns.is_some();
         for (due, t) in self.due.iter_mut().zip(&self.threads) {
-            *due = due_time(t, self.forget_ns, watch);
+            let exhausted = self.apps.get(&t.app).is_some_and(|a| a.exhausted);
+            *due = due_time(t, exhausted, self.forget_ns, watch);
         }
     }
 
-    /// A thread received a request at `now`; `cpu_ns` is its total CPU time then.
+    /// A thread received a request at `now`; `cpu_ns` is its total CPU time then. Its
+    /// process is its application.
     pub fn on_request(
         &mut self,
         now: Nanos,
@@ -273,9 +356,25 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         cpu_ns: u64,
         load: Load,
     ) -> Option<Decision> {
+        self.on_app_request(now, pid, pid, tid, source, cpu_ns, load)
+    }
+
+    /// A thread of application `app` received a request at `now`; `cpu_ns` is its total
+    /// CPU time then.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_app_request(
+        &mut self,
+        now: Nanos,
+        app: u32,
+        pid: u32,
+        tid: u32,
+        source: Source,
+        cpu_ns: u64,
+        load: Load,
+    ) -> Option<Decision> {
         let slot = match self.slots.get(tid) {
             Some(slot) => slot as usize,
-            None => self.track(tid, pid, now, cpu_ns),
+            None => self.track(tid, pid, app, now, cpu_ns),
         };
         let (burst, forget_ns) = (self.burst_ns, self.forget_ns);
         let watch = self.sink_ns.is_some();
@@ -288,11 +387,21 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let t = &mut self.threads[slot];
         t.pid = pid;
         t.last_request = now;
-        account(t, now, cpu_ns, share, burst);
+        let a = self.apps.get_mut(&t.app).expect("a watched thread's app");
+        account(t, a, now, cpu_ns, share, burst);
         t.cpu_at_request = cpu_ns;
-        let surfaced = std::mem::replace(&mut t.sunk, false);
+        // A lifted thread is at its own nice already.
+        let surfaced = t.sunk && !t.lifted;
+        if t.sunk {
+            t.sunk = false;
+            t.lifted = false;
+            a.sunk -= 1;
+            if a.sunk == 0 && self.sink_lifts {
+                self.app_changes.push(AppChange::Sunk(t.app, false));
+            }
+        }
         let mut raised = false;
-        if !t.exhausted && target > 0 {
+        if !a.exhausted && target > 0 {
             // Re-elevation: the timer restarts; a stronger elevation from higher load
             // is kept.
             t.decay_ns = step.decay.as_nanos() as u64;
@@ -302,7 +411,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 raised = true;
             }
         }
-        self.due[slot] = due_time(t, forget_ns, watch);
+        self.due[slot] = due_time(t, a.exhausted, forget_ns, watch);
         if raised {
             Some(Decision::Elevate {
                 pid,
@@ -323,21 +432,33 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         }
     }
 
-    /// Starts watching a thread: full budget, not elevated. Returns its slot.
-    fn track(&mut self, tid: u32, pid: u32, now: Nanos, cpu_ns: u64) -> usize {
+    /// Starts watching a thread, not elevated; a new application's bucket is full.
+    /// Returns its slot.
+    fn track(&mut self, tid: u32, pid: u32, app: u32, now: Nanos, cpu_ns: u64) -> usize {
+        let lift_ns = self.lift_ns.unwrap_or(0) as f64;
+        let a = self.apps.entry(app).or_insert_with(|| App {
+            tokens_ns: self.burst_ns,
+            exhausted: false,
+            threads: 0,
+            sunk: 0,
+            lift_ns,
+            lift_at: now,
+            lifted_until: None,
+        });
+        a.threads += 1;
         self.threads.push(Thread {
             pid,
             tid,
+            app,
             levels: 0,
             decay_ns: 0,
             next_decay_at: now,
             last_request: now,
-            tokens_ns: self.burst_ns,
             budget_at: now,
             cpu_ns,
-            exhausted: false,
             cpu_at_request: cpu_ns,
             sunk: false,
+            lifted: false,
         });
         self.due.push(0);
         let slot = self.threads.len() - 1;
@@ -359,6 +480,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let share = self.params.budget.cpu_share;
         let slice = self.params.slice;
         let mut out = Vec::new();
+        self.end_spent_lifts(now, &mut out);
         let mut i = 0;
         // Below this, the slots of a block that holds a due thread: looked at one by one,
         // without reading the block's minimum again at each.
@@ -378,28 +500,38 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 i += 1;
                 continue;
             }
-            let t = &mut self.threads[i];
-            let tid = t.tid;
-            let pid = t.pid;
+            let t = &self.threads[i];
+            let (tid, pid) = (t.tid, t.pid);
             let watched = t.levels > 0 || (sink_ns.is_some() && !t.sunk);
-            if watched && now.saturating_sub(t.budget_at) >= CPU_REFRESH_NS {
+            let cpu = if watched && now.saturating_sub(t.budget_at) >= CPU_REFRESH_NS {
                 let Some(cpu) = cpu_of(pid, tid) else {
                     self.remove_slot(i); // gone: nothing to restore
                     continue;
                 };
-                account(t, now, cpu, share, burst);
+                Some(cpu)
+            } else {
+                None
+            };
+            let t = &mut self.threads[i];
+            let a = self.apps.get_mut(&t.app).expect("a watched thread's app");
+            if let Some(cpu) = cpu {
+                account(t, a, now, cpu, share, burst);
             }
             let long = sink_ns.is_some_and(|n| t.cpu_ns.saturating_sub(t.cpu_at_request) >= n);
             if long && !t.sunk {
                 t.levels = 0;
                 t.sunk = true;
+                a.sunk += 1;
+                if a.sunk == 1 && self.sink_lifts {
+                    self.app_changes.push(AppChange::Sunk(t.app, true));
+                }
                 out.push(Decision::Sink {
                     pid,
                     tid,
                     levels: sink_levels,
                     reason: Reason::LongRequest,
                 });
-            } else if t.levels > 0 && t.exhausted {
+            } else if t.levels > 0 && a.exhausted {
                 t.levels = 0;
                 out.push(Decision::Restore {
                     pid,
@@ -429,7 +561,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             // Keep idle threads for a while so the budget remembers a cheater; a sunk
             // one until its next request or its end (it is still changed).
             if t.levels > 0 || t.sunk || now.saturating_sub(t.last_request) < forget_ns {
-                self.due[i] = due_time(t, forget_ns, sink_ns.is_some());
+                self.due[i] = due_time(t, a.exhausted, forget_ns, sink_ns.is_some());
                 i += 1;
             } else {
                 self.remove_slot(i);
@@ -450,6 +582,19 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let gone = self.threads.swap_remove(slot);
         self.due.swap_remove(slot);
         self.slots.unset(gone.tid);
+        if let Some(a) = self.apps.get_mut(&gone.app) {
+            a.threads -= 1;
+            if gone.sunk {
+                a.sunk -= 1;
+                if a.sunk == 0 && self.sink_lifts {
+                    self.app_changes.push(AppChange::Sunk(gone.app, false));
+                }
+            }
+            if a.threads == 0 {
+                self.apps.remove(&gone.app);
+                self.lifted.retain(|&l| l != gone.app);
+            }
+        }
         if let Some(moved) = self.threads.get(slot) {
             self.slots.set(moved.tid, slot as u32);
         }
@@ -468,18 +613,108 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 pid: t.pid,
                 tid: t.tid,
                 levels: t.levels,
-                budget_ms: t.tokens_ns / 1e6,
-                exhausted: t.exhausted,
+                budget_ms: self.apps.get(&t.app).map_or(0.0, |a| a.tokens_ns / 1e6),
+                exhausted: self.apps.get(&t.app).is_some_and(|a| a.exhausted),
                 sunk: t.sunk,
+                lifted: t.lifted,
             })
             .collect();
         v.sort_by_key(|t| (t.pid, t.tid));
         v
     }
 
-    /// True while some thread is elevated (decay needs ticks).
+    /// True while some thread is elevated (decay needs ticks) or lifted (its lift ends
+    /// on time).
     pub fn any_elevated(&self) -> bool {
-        self.threads.iter().any(|t| t.levels > 0)
+        !self.lifted.is_empty() || self.threads.iter().any(|t| t.levels > 0)
+    }
+
+    /// A thread serving a request of `app` waits on a lock: its sunk threads are lifted
+    /// back to their own nice, while its lifting time lasts.
+    pub fn on_wait(&mut self, now: Nanos, app: u32) -> Vec<Decision> {
+        let Some(per_second) = self.lift_ns else {
+            return Vec::new();
+        };
+        let Some(a) = self.apps.get_mut(&app) else {
+            return Vec::new();
+        };
+        if a.sunk == 0 || a.lifted_until.is_some() {
+            return Vec::new();
+        }
+        // Refilled at `per_second` a second, up to `per_second`.
+        let refill = now.saturating_sub(a.lift_at) as f64 * per_second as f64 / 1e9;
+        a.lift_ns = (a.lift_ns + refill).min(per_second as f64);
+        a.lift_at = now;
+        if a.lift_ns < 1e6 {
+            return Vec::new(); // under a millisecond left: not worth two system calls
+        }
+        a.lifted_until = Some(now + a.lift_ns as u64);
+        self.lifted.push(app);
+        let mut out = Vec::new();
+        for t in self.threads.iter_mut().filter(|t| t.app == app && t.sunk) {
+            t.lifted = true;
+            out.push(Decision::Restore {
+                pid: t.pid,
+                tid: t.tid,
+                reason: Reason::Lifted,
+            });
+        }
+        out
+    }
+
+    /// The last wait of `app` on a lock ended: its lifted threads sink again.
+    pub fn on_wait_end(&mut self, now: Nanos, app: u32) -> Vec<Decision> {
+        let mut out = Vec::new();
+        self.end_lift(now, app, Reason::WaitOver, &mut out);
+        out
+    }
+
+    /// Ends the lifts whose time ran out.
+    fn end_spent_lifts(&mut self, now: Nanos, out: &mut Vec<Decision>) {
+        let mut i = 0;
+        while i < self.lifted.len() {
+            let app = self.lifted[i];
+            let spent = self
+                .apps
+                .get(&app)
+                .and_then(|a| a.lifted_until)
+                .is_none_or(|until| now >= until);
+            if spent {
+                self.end_lift(now, app, Reason::LiftSpent, out);
+                self.app_changes.push(AppChange::ResetWaits(app));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn end_lift(&mut self, now: Nanos, app: u32, reason: Reason, out: &mut Vec<Decision>) {
+        self.lifted.retain(|&l| l != app);
+        let Some(a) = self.apps.get_mut(&app) else {
+            return;
+        };
+        let Some(until) = a.lifted_until.take() else {
+            return;
+        };
+        // Charged for the time it was lifted.
+        let left = until.saturating_sub(now) as f64;
+        a.lift_ns = a.lift_ns.min(left);
+        a.lift_at = now;
+        let levels = self.params.sink.map_or(0, |s| s.levels);
+        for t in self.threads.iter_mut().filter(|t| t.app == app && t.lifted) {
+            t.lifted = false;
+            out.push(Decision::Sink {
+                pid: t.pid,
+                tid: t.tid,
+                levels,
+                reason,
+            });
+        }
+    }
+
+    /// What the probe must be told since the last call.
+    pub fn take_app_changes(&mut self) -> Vec<AppChange> {
+        std::mem::take(&mut self.app_changes)
     }
 
     pub fn levels(&self, tid: u32) -> u32 {
@@ -505,17 +740,24 @@ fn sink_ns(params: &ElevationParams) -> Option<u64> {
     params.sink.map(|s| s.after_cpu.as_nanos() as u64)
 }
 
+fn lift_ns(params: &ElevationParams) -> Option<u64> {
+    params
+        .sink
+        .and_then(|s| s.lift)
+        .map(|l| l.as_nanos() as u64)
+}
+
 /// The earliest time a tick has something to do for `t`: decay, a CPU-time re-read (for
 /// its budget, or, with `watch`, to see whether its request runs long), a restore for an
 /// exhausted budget, or forgetting an idle thread. A sunk thread waits for its request.
-fn due_time(t: &Thread, forget_ns: u64, watch: bool) -> Nanos {
+fn due_time(t: &Thread, exhausted: bool, forget_ns: u64, watch: bool) -> Nanos {
     if t.sunk {
         Nanos::MAX
     } else if t.levels == 0 && watch && t.last_request.saturating_add(forget_ns) > t.budget_at {
         t.budget_at.saturating_add(CPU_REFRESH_NS)
     } else if t.levels == 0 {
         t.last_request.saturating_add(forget_ns)
-    } else if t.exhausted {
+    } else if exhausted {
         0
     } else {
         t.next_decay_at
@@ -523,18 +765,19 @@ fn due_time(t: &Thread, forget_ns: u64, watch: bool) -> Nanos {
     }
 }
 
-/// Refills the bucket for the time passed, drains it by the CPU used, updates the
-/// exhausted flag (set when empty, cleared only when full again).
-fn account(t: &mut Thread, now: Nanos, cpu_ns: u64, share: f64, burst: f64) {
+/// Refills the application's bucket for the time the thread was watched since its last
+/// charge, drains it by the CPU the thread used, updates the exhausted flag (set when
+/// empty, cleared only when full again).
+fn account(t: &mut Thread, a: &mut App, now: Nanos, cpu_ns: u64, share: f64, burst: f64) {
     let wall = now.saturating_sub(t.budget_at) as f64;
     let used = cpu_ns.saturating_sub(t.cpu_ns) as f64;
-    t.tokens_ns = (t.tokens_ns + wall * share - used).clamp(-burst, burst);
+    a.tokens_ns = (a.tokens_ns + wall * share - used).clamp(-burst, burst);
     t.budget_at = now.max(t.budget_at);
     t.cpu_ns = cpu_ns.max(t.cpu_ns);
-    if t.tokens_ns <= 0.0 {
-        t.exhausted = true;
-    } else if t.exhausted && t.tokens_ns >= burst {
-        t.exhausted = false;
+    if a.tokens_ns <= 0.0 {
+        a.exhausted = true;
+    } else if a.exhausted && a.tokens_ns >= burst {
+        a.exhausted = false;
     }
 }
 
@@ -575,9 +818,148 @@ mod tests {
             sink: Some(Sink {
                 after_cpu: Duration::from_millis(50),
                 levels: 10,
+                lift: Some(Duration::from_millis(200)),
             }),
             ..params()
         }
+    }
+
+    /// Sinks thread 7 of process 1 (app 1) at 200 ms; returns the policy.
+    fn one_sunk() -> ElevationPolicy {
+        let mut p = ElevationPolicy::new(sinking());
+        p.on_request(0, 1, 7, Source::Unix, 0, load(2.0));
+        p.on_request(0, 1, 8, Source::Unix, 0, load(2.0));
+        let cpu = |_: u32, tid: u32| Some(if tid == 7 { 60 * MS } else { MS });
+        let d = p.on_tick(200 * MS, cpu);
+        assert!(d.iter().any(|d| matches!(d, Decision::Sink { tid: 7, .. })));
+        p
+    }
+
+    fn tids(d: &[Decision]) -> Vec<(u32, Reason)> {
+        d.iter()
+            .map(|d| match d {
+                Decision::Elevate { tid, reason, .. }
+                | Decision::Restore { tid, reason, .. }
+                | Decision::Sink { tid, reason, .. } => (*tid, *reason),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_wait_of_its_application_lifts_a_sunk_thread_until_the_wait_ends() {
+        let mut p = one_sunk();
+        assert_eq!(p.take_app_changes(), vec![AppChange::Sunk(1, true)]);
+        // Another application's wait lifts nothing.
+        assert!(p.on_wait(300 * MS, 2).is_empty());
+        assert_eq!(
+            tids(&p.on_wait(300 * MS, 1)),
+            vec![(7, Reason::Lifted)],
+            "back to its own nice"
+        );
+        assert!(p.view().iter().any(|t| t.tid == 7 && t.sunk && t.lifted));
+        assert!(p.any_elevated(), "ticks run while lifted");
+        // A second wait while lifted changes nothing.
+        assert!(p.on_wait(301 * MS, 1).is_empty());
+        assert_eq!(
+            tids(&p.on_wait_end(310 * MS, 1)),
+            vec![(7, Reason::WaitOver)]
+        );
+        assert!(p.on_wait_end(311 * MS, 1).is_empty(), "once");
+        // Its next request brings it back for good; the probe hears it has none sunk.
+        assert_eq!(
+            tids(&[p
+                .on_request(400 * MS, 1, 7, Source::Unix, 60 * MS, load(2.0))
+                .unwrap()]),
+            vec![(7, Reason::UnixRequest)]
+        );
+        assert_eq!(p.take_app_changes(), vec![AppChange::Sunk(1, false)]);
+        assert!(p.on_wait(500 * MS, 1).is_empty(), "nothing sunk to lift");
+    }
+
+    #[test]
+    fn a_lift_lasts_at_most_its_time_per_second_so_a_cheater_cannot_stay_lifted() {
+        let mut p = one_sunk();
+        p.take_app_changes();
+        // Waits that never end: lifted for 200 ms, then sunk again.
+        assert_eq!(tids(&p.on_wait(1000 * MS, 1)), vec![(7, Reason::Lifted)]);
+        let cpu = |_: u32, tid: u32| Some(if tid == 7 { 60 * MS } else { MS });
+        assert!(tids(&p.on_tick(1150 * MS, cpu)).iter().all(|d| d.0 != 7));
+        assert_eq!(
+            tids(&p.on_tick(1201 * MS, cpu))
+                .into_iter()
+                .filter(|d| d.0 == 7)
+                .collect::<Vec<_>>(),
+            vec![(7, Reason::LiftSpent)]
+        );
+        assert_eq!(p.take_app_changes(), vec![AppChange::ResetWaits(1)]);
+        // Spent: it refills at 200 ms a second; 100 ms later a lift lasts 20 ms.
+        assert_eq!(tids(&p.on_wait(1300 * MS, 1)), vec![(7, Reason::Lifted)]);
+        assert!(tids(&p.on_tick(1315 * MS, cpu)).iter().all(|d| d.0 != 7));
+        assert!(tids(&p.on_tick(1321 * MS, cpu)).contains(&(7, Reason::LiftSpent)));
+        assert!(p.on_wait(1321 * MS, 1).is_empty(), "nothing left");
+        // Waits of 9 ms every 10 ms for 5 s, ticks every millisecond: lifted for the
+        // full bucket (200 ms) and then 200 ms a second.
+        let mut p = one_sunk();
+        let (mut lifted_ms, mut since) = (0, None);
+        for ms in 10_000..15_000 {
+            let now = ms * MS;
+            let mut d = p.on_tick(now, cpu);
+            if ms % 10 == 0 {
+                d.extend(p.on_wait(now, 1));
+            } else if ms % 10 == 9 {
+                d.extend(p.on_wait_end(now, 1));
+            }
+            for (_, reason) in tids(&d).into_iter().filter(|d| d.0 == 7) {
+                if reason == Reason::Lifted {
+                    since = Some(ms);
+                } else {
+                    lifted_ms += ms - since.take().expect("lifted before");
+                }
+            }
+        }
+        assert!(
+            (1150..=1210).contains(&lifted_ms),
+            "lifted {lifted_ms} ms in 5 s"
+        );
+    }
+
+    #[test]
+    fn without_lifting_a_wait_changes_nothing_and_the_probe_is_told_nothing() {
+        let mut params = sinking();
+        params.sink.as_mut().unwrap().lift = None;
+        let mut p = ElevationPolicy::new(params);
+        p.on_request(0, 1, 7, Source::Unix, 0, load(2.0));
+        p.on_tick(200 * MS, |_, _| Some(60 * MS));
+        assert!(p.take_app_changes().is_empty());
+        assert!(p.on_wait(300 * MS, 1).is_empty());
+        // Turned on by a reload: the probe hears of the sunk application.
+        p.set_params(sinking());
+        assert_eq!(p.take_app_changes(), vec![AppChange::Sunk(1, true)]);
+    }
+
+    #[test]
+    fn workers_forked_per_connection_share_their_servers_budget() {
+        let mut p = ElevationPolicy::new(params());
+        // Application 100 (a forking server): its worker for one connection burns 300 ms.
+        p.on_app_request(0, 100, 200, 200, Source::Network, 0, load(2.0));
+        let now = 110 * MS;
+        p.on_tick(now, |_, _| Some(300 * MS));
+        // The bucket (200 ms) is spent: a fresh worker of it is not elevated...
+        assert_eq!(
+            p.on_app_request(now, 100, 300, 300, Source::Network, 0, load(2.0)),
+            None
+        );
+        // ...while another application's first request is.
+        assert_eq!(
+            levels(&p.on_app_request(now, 400, 400, 400, Source::Network, 0, load(2.0))),
+            2
+        );
+        // Per thread, each worker would have started with a full bucket.
+        let mut q = ElevationPolicy::new(params());
+        assert_eq!(
+            levels(&q.on_app_request(now, 300, 300, 300, Source::Network, 0, load(2.0))),
+            2
+        );
     }
 
     #[test]

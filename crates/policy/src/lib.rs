@@ -11,7 +11,8 @@ pub mod roles;
 pub mod tree;
 
 pub use elevation::{
-    Budget, Decision, DenseIndex, ElevationParams, ElevationPolicy, Reason, Sink, SlotIndex, Source,
+    AppChange, Budget, Decision, DenseIndex, ElevationParams, ElevationPolicy, Reason, Sink,
+    SlotIndex, Source,
 };
 pub use ladder::{Ladder, LadderError, Step};
 pub use load::{Load, LoadTracker};

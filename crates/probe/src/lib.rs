@@ -85,7 +85,14 @@ pub enum Event {
         comm: String,
         /// Its process's name.
         proc_comm: String,
+        /// Its process's application: the server whose fork made it, or itself.
+        app: u32,
     },
+    /// A thread serving a request of `app`, which has sunk threads, blocked on a lock
+    /// (futex or semaphore), the first of that application's to do so.
+    Wait { ts_ns: u64, app: u32 },
+    /// The last such wait of `app` ended.
+    WaitEnd { ts_ns: u64, app: u32 },
     /// Only while wanted (`Probe::set_exec_events`), and read at the next wakeup.
     Exec { ts_ns: u64, pid: u32, comm: String },
     /// A thread that received a request exited.
@@ -115,6 +122,8 @@ pub struct TaskRecord {
     pub has_tty: bool,
     /// A thread of the process listened on a TCP socket since the probe was loaded.
     pub listens: bool,
+    /// Its application: the server whose fork made it, or itself (leader only).
+    pub app: u32,
     pub comm: String,
 }
 
@@ -164,6 +173,7 @@ fn decode_task(data: &[u8]) -> TaskRecord {
         running: r.running != 0,
         has_tty: r.has_tty != 0,
         listens: r.listens != 0,
+        app: r.app,
         comm: comm(&r.comm),
     }
 }
@@ -188,6 +198,9 @@ pub struct ProbeConfig {
     pub ignore_pid: Option<u32>,
     /// The ring buffer's size: a power of two, at least a page.
     pub ring_bytes: u32,
+    /// Lock waits of threads that read a request less than this long ago are reported
+    /// for applications marked with [`Probe::set_sunk_app`]; None reports none.
+    pub serving_window: Option<Duration>,
 }
 
 impl Default for ProbeConfig {
@@ -196,6 +209,7 @@ impl Default for ProbeConfig {
             min_gap: Duration::from_millis(20),
             ignore_pid: Some(std::process::id()),
             ring_bytes: 1 << 20,
+            serving_window: None,
         }
     }
 }
@@ -225,6 +239,9 @@ impl<'obj> Probe<'obj> {
         rodata.min_gap_ns = cfg.min_gap.as_nanos().min(u64::MAX as u128) as u64;
         rodata.wake_after_ns = 2 * rodata.min_gap_ns;
         rodata.self_tgid = cfg.ignore_pid.unwrap_or(0);
+        rodata.serving_window_ns = cfg
+            .serving_window
+            .map_or(0, |w| w.as_nanos().clamp(1, u64::MAX as u128) as u64);
         open.maps
             .events
             .set_max_entries(cfg.ring_bytes)
@@ -295,6 +312,49 @@ impl<'obj> Probe<'obj> {
         }
     }
 
+    /// Marks `app` as having sunk threads (its serving threads' lock waits are then
+    /// reported), or clears the mark. Marking an application already marked, or clearing
+    /// one that is not, changes nothing.
+    pub fn set_sunk_app(&mut self, app: u32, sunk: bool) -> Result<(), ProbeError> {
+        let key = app.to_ne_bytes();
+        let map = &self.skel.maps.sunk_apps;
+        let result = if sunk {
+            // Only if absent: an update would overwrite the kernel's count of waiters.
+            match map.update(&key, &app_waits(0), MapFlags::NO_EXIST) {
+                Err(e) if e.kind() == libbpf_rs::ErrorKind::AlreadyExists => Ok(()),
+                other => other,
+            }
+        } else {
+            match map.delete(&key) {
+                Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+                other => other,
+            }
+        };
+        result.map_err(|source| ProbeError::Bpf {
+            stage: "mark an application in",
+            source,
+        })
+    }
+
+    /// Forgets the waiters counted for `app` (one that ended without running again, a
+    /// thread killed in its wait, would otherwise keep the count above zero and mute the
+    /// application's next wait).
+    pub fn reset_waits(&mut self, app: u32) -> Result<(), ProbeError> {
+        let key = app.to_ne_bytes();
+        match self
+            .skel
+            .maps
+            .sunk_apps
+            .update(&key, &app_waits(0), MapFlags::EXIST)
+        {
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+            other => other.map_err(|source| ProbeError::Bpf {
+                stage: "reset the waits in",
+                source,
+            }),
+        }
+    }
+
     /// The ring buffer's epoll fd, for callers that multiplex.
     pub fn epoll_fd(&self) -> i32 {
         self.ring.epoll_fd()
@@ -323,6 +383,14 @@ impl<'obj> Probe<'obj> {
     }
 }
 
+/// The value of `sunk_apps`: {sunk = 1, waiting}.
+fn app_waits(waiting: u32) -> [u8; 8] {
+    let mut v = [0u8; 8];
+    v[..4].copy_from_slice(&1u32.to_ne_bytes());
+    v[4..].copy_from_slice(&waiting.to_ne_bytes());
+    v
+}
+
 fn comm(raw: &[i8; 16]) -> String {
     let bytes: Vec<u8> = raw
         .iter()
@@ -348,6 +416,7 @@ fn decode(data: &[u8]) -> Option<Event> {
             proc_start_ns: raw.proc_start_ns,
             comm: comm(&raw.comm),
             proc_comm: comm(&raw.proc_comm),
+            app: raw.app,
         },
         3 => Event::Exec {
             ts_ns: raw.ts_ns,
@@ -358,6 +427,14 @@ fn decode(data: &[u8]) -> Option<Event> {
             ts_ns: raw.ts_ns,
             pid: raw.pid,
             tid: raw.tid,
+        },
+        5 => Event::Wait {
+            ts_ns: raw.ts_ns,
+            app: raw.app,
+        },
+        6 => Event::WaitEnd {
+            ts_ns: raw.ts_ns,
+            app: raw.app,
         },
         _ => return None,
     };

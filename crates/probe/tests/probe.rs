@@ -190,6 +190,7 @@ fn a_request_lost_to_a_full_ring_buffer_mutes_nobody() {
         min_gap: Duration::from_secs(60),
         ignore_pid: None,
         ring_bytes: 4096,
+        ..ProbeConfig::default()
     };
     let mut probe = Probe::load(&cfg, &mut storage).expect("probe loads as root");
     // Each reader thread receives one byte per signal on its own UNIX socket.
@@ -366,4 +367,137 @@ fn the_task_iterator_sees_what_proc_shows() {
     );
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
+}
+
+/// Forks a child that sleeps, after listening on TCP or not; returns (parent, child pid).
+fn forking_perl(listen: bool) -> (std::process::Child, u32) {
+    let script = format!(
+        "use IO::Socket::INET; {} $| = 1; my $p = fork; if (!$p) {{ sleep 30; exit }} \
+         print \"$p\\n\"; sleep 30",
+        if listen {
+            "my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, \
+             Listen => 1) or die;"
+        } else {
+            ""
+        }
+    );
+    let mut child = std::process::Command::new("perl")
+        .args(["-e", &script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("perl runs");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    (child, line.trim().parse().expect("the child's pid"))
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_process_a_server_forks_belongs_to_the_servers_application() {
+    assert_root();
+    let mut storage = ProbeStorage::uninit();
+    let mut probe =
+        Probe::load(&ProbeConfig::default(), &mut storage).expect("probe loads as root");
+    let mut iter = probe.take_task_iter().unwrap();
+    let (mut server, worker) = forking_perl(true);
+    let (mut script, helper) = forking_perl(false);
+    let tasks = iter.read().unwrap();
+    let app = |pid: u32| {
+        tasks
+            .iter()
+            .find(|t| t.pid == pid && t.tid == pid)
+            .unwrap_or_else(|| panic!("process {pid} listed"))
+            .app
+    };
+    let (server_pid, script_pid) = (server.id(), script.id());
+    let seen = [app(server_pid), app(worker), app(script_pid), app(helper)];
+    for c in [&mut server, &mut script] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    for pid in [worker, helper] {
+        // SAFETY: kill has no memory preconditions; these are the test's own children's.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    assert_eq!(
+        seen,
+        [server_pid, server_pid, script_pid, helper],
+        "a server's fork is its application's; a script's child is its own"
+    );
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_serving_threads_lock_wait_in_a_sunk_application_is_reported_with_its_end() {
+    use std::sync::{Arc, Mutex};
+    assert_root();
+    let mut storage = ProbeStorage::uninit();
+    let cfg = ProbeConfig {
+        min_gap: Duration::from_millis(1),
+        ignore_pid: None,
+        serving_window: Some(Duration::from_millis(500)),
+        ..ProbeConfig::default()
+    };
+    let mut probe = Probe::load(&cfg, &mut storage).expect("probe loads as root");
+    let me = std::process::id();
+    let lock = Arc::new(Mutex::new(()));
+    let waits = |events: &[Event]| -> Vec<&'static str> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Wait { app, .. } if *app == me => Some("wait"),
+                Event::WaitEnd { app, .. } if *app == me => Some("end"),
+                _ => None,
+            })
+            .collect()
+    };
+    // A thread that blocks on the lock `held` ms after reading a byte on `sock` (if any).
+    let blocker = |sock: Option<UnixStream>| {
+        let lock = lock.clone();
+        thread::spawn(move || {
+            if let Some(mut s) = sock {
+                let mut b = [0u8; 1];
+                s.read_exact(&mut b).unwrap();
+            }
+            drop(lock.lock().unwrap());
+        })
+    };
+    let hold = |f: &mut dyn FnMut()| {
+        let g = lock.lock().unwrap();
+        f();
+        thread::sleep(Duration::from_millis(150));
+        drop(g);
+    };
+    // Marked sunk; a thread that serves no request waits: nothing reported.
+    probe.set_sunk_app(me, true).unwrap();
+    let mut quiet = None;
+    hold(&mut || quiet = Some(blocker(None)));
+    quiet.unwrap().join().unwrap();
+    let events = collect(&mut probe, Duration::from_millis(100));
+    assert_eq!(waits(&events), Vec::<&str>::new(), "not a serving thread");
+    // A thread that just read a request waits: the wait and its end.
+    let (mut a, b) = UnixStream::pair().unwrap();
+    let mut serving = None;
+    hold(&mut || {
+        serving = Some(blocker(Some(b.try_clone().unwrap())));
+        a.write_all(b"r").unwrap();
+    });
+    serving.unwrap().join().unwrap();
+    let events = collect(&mut probe, Duration::from_millis(100));
+    assert_eq!(waits(&events), ["wait", "end"], "{events:?}");
+    // Unmarked: the same wait is not reported.
+    probe.set_sunk_app(me, false).unwrap();
+    let (mut a, b) = UnixStream::pair().unwrap();
+    let mut serving = None;
+    hold(&mut || {
+        serving = Some(blocker(Some(b.try_clone().unwrap())));
+        a.write_all(b"r").unwrap();
+    });
+    serving.unwrap().join().unwrap();
+    let events = collect(&mut probe, Duration::from_millis(100));
+    assert_eq!(waits(&events), Vec::<&str>::new(), "no sunk thread");
 }

@@ -6,6 +6,8 @@ enum appease_event_kind {
 	APPEASE_EV_REQUEST = 1, /* a thread received bytes on a socket */
 	APPEASE_EV_EXEC = 3,    /* a process replaced its image (only while wanted) */
 	APPEASE_EV_EXIT = 4,    /* a thread that ever received a request exited */
+	APPEASE_EV_WAIT = 5,    /* a serving thread of an application with sunk threads waits on a lock */
+	APPEASE_EV_WAIT_END = 6, /* the last such wait of that application ended */
 };
 
 enum appease_counter {
@@ -25,6 +27,7 @@ struct appease_event {
 	int bytes;                 /* REQUEST: bytes received */
 	unsigned int family;       /* REQUEST: AF_UNIX, AF_INET, AF_INET6, ... */
 	unsigned int woke;         /* REQUEST: 1 if it woke the reader (first after a quiet spell) */
+	unsigned int app;          /* the process's application (see probe.bpf.c's apps) */
 	unsigned long long start_ns; /* the thread's start, ns after boot (as /proc's starttime) */
 	unsigned long long proc_start_ns; /* its process's (the leader's) start */
 	char comm[16];             /* the thread's name */
@@ -41,6 +44,7 @@ struct appease_task {
 	unsigned int pid;                 /* thread group id */
 	unsigned int tid;
 	unsigned int ppid;                /* leader: the parent's thread group id */
+	unsigned int app;                 /* leader: its application */
 	unsigned char kernel_thread;
 	unsigned char running;            /* running or waiting for a CPU now */
 	unsigned char has_tty;            /* leader: has a controlling terminal */

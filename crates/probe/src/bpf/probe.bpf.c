@@ -27,6 +27,9 @@ const volatile u64 min_gap_ns = 20 * 1000 * 1000;
  * is already busy are read at the daemon's next tick (fewer wakeups under load). */
 const volatile u64 wake_after_ns = 40 * 1000 * 1000;
 const volatile u32 self_tgid = 0;
+/* A thread that read a request less than this long ago serves a customer now: its lock
+ * waits are reported when its application has sunk threads (0: no wait is reported). */
+const volatile u64 serving_window_ns = 0;
 
 /* Set by user space at run time: exec events are wanted only while one of them can
  * change a decision (another engine's parent made idle). */
@@ -49,7 +52,9 @@ struct {
 } counters SEC(".maps");
 
 struct thread_state {
-	u64 last_request_ns;
+	u64 last_request_ns; /* the last reported request */
+	u64 last_read_ns;    /* the last request read, reported or not */
+	u32 waiting_app;     /* while in a reported lock wait: its application + 1 */
 };
 
 /* Freed by the kernel with the task: no stale entries, no recycled tids. */
@@ -68,6 +73,38 @@ struct {
 	__type(key, int);
 	__type(value, u32);
 } listeners SEC(".maps");
+
+/* A process's application: the server whose fork made it (a per-connection worker, a
+ * CGI child), inherited down its tree; a process with no entry is its own application. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, u32);
+} apps SEC(".maps");
+
+/* Applications with sunk threads (set by the daemon), and how many of their serving
+ * threads wait on a lock now (kept here). */
+struct app_waits {
+	u32 sunk;
+	u32 waiting;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, struct app_waits);
+} sunk_apps SEC(".maps");
+
+static __always_inline u32 app_of(struct task_struct *t)
+{
+	/* Read first: a select between two pointers and one load is refused by the verifier. */
+	u32 own = t->tgid;
+	barrier_var(own);
+	u32 *app = bpf_task_storage_get(&apps, t->group_leader, 0, 0);
+	return app ? *app : own;
+}
 
 static __always_inline void count(u32 idx)
 {
@@ -92,6 +129,7 @@ static __always_inline struct appease_event *reserve(struct task_struct *t, u32 
 	e->bytes = 0;
 	e->family = 0;
 	e->woke = 0;
+	e->app = app_of(t);
 	e->start_ns = t->start_boottime;
 	e->proc_start_ns = t->group_leader->start_boottime;
 	bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), t->comm);
@@ -117,6 +155,7 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	struct thread_state *st = bpf_task_storage_get(&threads, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!st)
 		return 0;
+	st->last_read_ns = now;
 	u64 quiet = st->last_request_ns ? now - st->last_request_ns : ~0ULL;
 	if (quiet < min_gap_ns)
 		return 0;
@@ -156,6 +195,85 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	struct appease_event *e = reserve(p, APPEASE_EV_EXIT);
 	if (e)
 		bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/* A new process of a server (one that listened, or one of its own) belongs to the
+ * server's application: a per-connection worker is not an application of its own. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (child->tgid == parent->tgid)
+		return 0; /* a thread */
+	struct task_struct *leader = parent->group_leader;
+	u32 app = parent->tgid;
+	barrier_var(app);
+	u32 *inherited = bpf_task_storage_get(&apps, leader, 0, 0);
+	if (inherited)
+		app = *inherited;
+	else if (!bpf_task_storage_get(&listeners, leader, 0, 0))
+		return 0;
+	u32 *mine = bpf_task_storage_get(&apps, child, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (mine)
+		*mine = app;
+	return 0;
+}
+
+/* System calls that wait on a lock or semaphore (x86-64 numbers). */
+#define NR_SEMOP 65
+#define NR_FUTEX 202
+#define NR_SEMTIMEDOP 220
+#define NR_FUTEX_WAITV 449
+
+static __always_inline void wait_event(u32 app, u32 kind)
+{
+	struct appease_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(APPEASE_CNT_LOST);
+		return;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ts_ns = bpf_ktime_get_ns();
+	e->kind = kind;
+	e->app = app;
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+}
+
+/* Priority inversion: a thread serving a request blocks on a lock (futex, semaphore) of
+ * an application that has sunk threads, one of which may hold it. The first such wait
+ * of an application wakes the daemon (which lifts its sunk threads); the end of the
+ * last one (its waiter runs again) tells it to sink them again. */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	if (!serving_window_ns)
+		return 0;
+	struct thread_state *st = bpf_task_storage_get(&threads, next, 0, 0);
+	if (st && st->waiting_app) {
+		u32 app = st->waiting_app - 1;
+		st->waiting_app = 0;
+		struct app_waits *w = bpf_map_lookup_elem(&sunk_apps, &app);
+		/* A count the daemon reset meanwhile is not taken below zero. */
+		if (w && w->waiting > 0 && __sync_fetch_and_add(&w->waiting, -1) == 1)
+			wait_event(app, APPEASE_EV_WAIT_END);
+	}
+	if (preempt || prev_state == 0)
+		return 0;
+	st = bpf_task_storage_get(&threads, prev, 0, 0);
+	if (!st || st->waiting_app || bpf_ktime_get_ns() - st->last_read_ns >= serving_window_ns)
+		return 0;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(prev);
+	long nr = regs ? (long)BPF_CORE_READ(regs, orig_ax) : -1;
+	if (nr != NR_FUTEX && nr != NR_FUTEX_WAITV && nr != NR_SEMOP && nr != NR_SEMTIMEDOP)
+		return 0;
+	u32 app = app_of(prev);
+	struct app_waits *w = bpf_map_lookup_elem(&sunk_apps, &app);
+	if (!w || !w->sunk)
+		return 0;
+	st->waiting_app = app + 1;
+	if (__sync_fetch_and_add(&w->waiting, 1) == 0)
+		wait_event(app, APPEASE_EV_WAIT);
 	return 0;
 }
 
@@ -202,6 +320,7 @@ int dump_task(struct bpf_iter__task *ctx)
 		r.ppid = parent ? parent->tgid : 0;
 		r.start_boot_ns = t->start_boottime;
 		r.listens = bpf_task_storage_get(&listeners, t, 0, 0) != 0;
+		r.app = app_of(t);
 		r.age_ns = bpf_ktime_get_boot_ns() - t->start_boottime;
 		if (sig) {
 			r.has_tty = sig->tty != 0;
