@@ -126,10 +126,17 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     let mut probe = Probe::load(&probe_cfg, &mut storage).context("starting the request probe")?;
     // The probe sees every listen() from here on; what listened before is read now,
     // while reading other processes' open files is still allowed.
-    let listening = match opts.config.batch.enabled {
+    let listening = match opts.config.batch.enabled || opts.config.elevation.enabled {
         true => host::listening_processes(),
         false => HashSet::new(),
     };
+    // Their forks from now on belong to their application (its elevation budget, its
+    // lifting), as those of a server started after the probe.
+    for &(pid, _) in &listening {
+        if let Err(e) = probe.mark_listener(pid) {
+            tracing::warn!(error = %e, pid, "could not mark a listening process");
+        }
+    }
     // The probe is attached: BPF and perf capabilities are no longer needed, nor any
     // other but what changes priorities and makes the idle group.
     match host::drop_capabilities() {

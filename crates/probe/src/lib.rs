@@ -336,6 +336,34 @@ impl<'obj> Probe<'obj> {
         })
     }
 
+    /// Marks a process as a server, as its listen() would have had the probe been loaded
+    /// then (the daemon reads which processes listened before it started): the processes
+    /// it forks from now on belong to its application. A process gone meanwhile is skipped.
+    pub fn mark_listener(&mut self, pid: u32) -> Result<(), ProbeError> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        // SAFETY: plain system call; a non-negative result is a new fd we own.
+        let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if r < 0 {
+            return Ok(());
+        }
+        // SAFETY: the kernel just returned this fd to us.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(r as i32) };
+        // Task storage is keyed by a pidfd from user space.
+        let key = pidfd.as_raw_fd().to_ne_bytes();
+        match self
+            .skel
+            .maps
+            .listeners
+            .update(&key, &1u32.to_ne_bytes(), MapFlags::ANY)
+        {
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+            other => other.map_err(|source| ProbeError::Bpf {
+                stage: "mark a listening process in",
+                source,
+            }),
+        }
+    }
+
     /// Forgets the waiters counted for `app` (one that ended without running again, a
     /// thread killed in its wait, would otherwise keep the count above zero and mute the
     /// application's next wait).

@@ -11,13 +11,17 @@ use appease_probe::{Event, Family, Probe, ProbeConfig, ProbeStorage};
 
 /// Root-only tests are `#[ignore]`d with the reason; run without root anyway
 /// (`--include-ignored`), they fail here saying so.
-fn assert_root() {
+/// Also one test at a time: each test's probe sees the whole process (one application),
+/// and another test's threads would wait on locks in the middle of its own.
+fn assert_root() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     assert_eq!(
         euid, 0,
         "loading BPF programs needs root; run it as root (make test does)"
     );
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn gettid() -> u32 {
@@ -52,7 +56,7 @@ fn requests_of(events: &[Event], want_tid: u32) -> Vec<(Family, u32)> {
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn reports_socket_reads_with_family_filtered_per_thread_and_their_exits() {
-    assert_root();
+    let _serial = assert_root();
     let mut storage = ProbeStorage::uninit();
     let cfg = ProbeConfig {
         min_gap: Duration::from_millis(200),
@@ -182,7 +186,7 @@ fn reports_socket_reads_with_family_filtered_per_thread_and_their_exits() {
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn a_request_lost_to_a_full_ring_buffer_mutes_nobody() {
-    assert_root();
+    let _serial = assert_root();
     let mut storage = ProbeStorage::uninit();
     // One page of ring and a long quiet period: a few dozen threads fill it, and a thread
     // muted by a lost event would stay muted for the whole test.
@@ -264,7 +268,7 @@ fn a_request_lost_to_a_full_ring_buffer_mutes_nobody() {
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn the_task_iterator_sees_what_proc_shows() {
-    assert_root();
+    let _serial = assert_root();
     let mut storage = ProbeStorage::uninit();
     let mut probe =
         Probe::load(&ProbeConfig::default(), &mut storage).expect("probe loads as root");
@@ -369,42 +373,75 @@ fn the_task_iterator_sees_what_proc_shows() {
     sleeper.wait().unwrap();
 }
 
-/// Forks a child that sleeps, after listening on TCP or not; returns (parent, child pid).
-fn forking_perl(listen: bool) -> (std::process::Child, u32) {
-    let script = format!(
-        "use IO::Socket::INET; {} $| = 1; my $p = fork; if (!$p) {{ sleep 30; exit }} \
-         print \"$p\\n\"; sleep 30",
-        if listen {
-            "my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, \
-             Listen => 1) or die;"
-        } else {
-            ""
-        }
-    );
-    let mut child = std::process::Command::new("perl")
-        .args(["-e", &script])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("perl runs");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    (child, line.trim().parse().expect("the child's pid"))
+/// A Perl process that listens on TCP (or not), then forks a sleeping child when told on
+/// its standard input.
+struct Forker {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Forker {
+    fn start(listen: bool) -> Self {
+        let script = format!(
+            "use IO::Socket::INET; {} $| = 1; print \"ready\\n\"; my $go = <STDIN>; \
+             my $p = fork; if (!$p) {{ sleep 30; exit }} print \"$p\\n\"; sleep 30",
+            if listen {
+                "my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, \
+                 Listen => 1) or die;"
+            } else {
+                ""
+            }
+        );
+        let mut child = std::process::Command::new("perl")
+            .args(["-e", &script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("perl runs");
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        assert_eq!(Self::line(&mut out), "ready");
+        Forker { child, out }
+    }
+
+    fn line(out: &mut impl std::io::BufRead) -> String {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+
+    /// Forks its child; returns the child's pid.
+    fn fork(&mut self) -> u32 {
+        self.child
+            .stdin
+            .as_mut()
+            .unwrap()
+            .write_all(b"go\n")
+            .unwrap();
+        Self::line(&mut self.out).parse().expect("the child's pid")
+    }
+}
+
+impl Drop for Forker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn a_process_a_server_forks_belongs_to_the_servers_application() {
-    assert_root();
+    let _serial = assert_root();
     let mut storage = ProbeStorage::uninit();
     let mut probe =
         Probe::load(&ProbeConfig::default(), &mut storage).expect("probe loads as root");
     let mut iter = probe.take_task_iter().unwrap();
-    let (mut server, worker) = forking_perl(true);
-    let (mut script, helper) = forking_perl(false);
+    // A server that listened before the probe was loaded, marked as the daemon does.
+    let mut before = Forker::start(true);
+    probe.mark_listener(before.child.id()).unwrap();
+    let mut server = Forker::start(true);
+    let mut script = Forker::start(false);
+    let kids = [before.fork(), server.fork(), script.fork()];
     let tasks = iter.read().unwrap();
     let app = |pid: u32| {
         tasks
@@ -413,20 +450,25 @@ fn a_process_a_server_forks_belongs_to_the_servers_application() {
             .unwrap_or_else(|| panic!("process {pid} listed"))
             .app
     };
-    let (server_pid, script_pid) = (server.id(), script.id());
-    let seen = [app(server_pid), app(worker), app(script_pid), app(helper)];
-    for c in [&mut server, &mut script] {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    for pid in [worker, helper] {
-        // SAFETY: kill has no memory preconditions; these are the test's own children's.
+    let (before_pid, server_pid, script_pid) =
+        (before.child.id(), server.child.id(), script.child.id());
+    let seen = [
+        app(before_pid),
+        app(kids[0]),
+        app(server_pid),
+        app(kids[1]),
+        app(script_pid),
+        app(kids[2]),
+    ];
+    for pid in kids {
+        // SAFETY: kill has no memory preconditions; these are the forkers' children.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
     assert_eq!(
         seen,
-        [server_pid, server_pid, script_pid, helper],
-        "a server's fork is its application's; a script's child is its own"
+        [before_pid, before_pid, server_pid, server_pid, script_pid, kids[2]],
+        "a server's fork is its application's (also one that listened before the probe); \
+         a script's child is its own"
     );
 }
 
@@ -434,7 +476,7 @@ fn a_process_a_server_forks_belongs_to_the_servers_application() {
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn a_serving_threads_lock_wait_in_a_sunk_application_is_reported_with_its_end() {
     use std::sync::{Arc, Mutex};
-    assert_root();
+    let _serial = assert_root();
     let mut storage = ProbeStorage::uninit();
     let cfg = ProbeConfig {
         min_gap: Duration::from_millis(1),
