@@ -107,6 +107,7 @@ bench: bench-deps build
 	./target/release/appease bench frames --repeat 3 --out bench-out/frames-r3
 	./target/release/appease bench pipeline --repeat 3 --out bench-out/pipeline-r3
 	./target/release/appease bench synthetic --batch compile --repeat 3 --modes unmanaged,batch-nice19,batch-cgroup-idle,rbpe-classic,appease --out bench-out/compile-cpus-r3
+	./target/release/appease bench synthetic --batch script --repeat 3 --out bench-out/script-r3
 	./target/release/appease bench synthetic --load 1,2,4,8 --modes unloaded,unmanaged,batch-cgroup-idle,rbpe-classic,appease --out bench-out/sweep
 	./target/release/appease bench utilization --out bench-out/utilization
 	$(CARGO) bench --locked -p appease-sim --bench speed

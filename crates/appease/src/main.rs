@@ -137,8 +137,9 @@ struct BenchArgs {
     #[arg(long, default_value = "fixed")]
     arrivals: String,
     /// The batch load: soak (CPU spinners counting work), compile (make -jN with gcc
-    /// over a generated tree, in a loop; throughput in files compiled per second) or
-    /// docker (the spinners, each in a Docker container of a private engine the bench
+    /// over a generated tree, in a loop; throughput in files compiled per second), script
+    /// (a shell script with a `sleep` helper running N CPU-heavy children at a time, in
+    /// rounds; throughput in children finished per second) or docker (the spinners, each in a Docker container of a private engine the bench
     /// starts: needs docker.io).
     #[arg(long, default_value = "soak")]
     batch: String,
@@ -270,6 +271,17 @@ enum Worker {
         dir: PathBuf,
         #[arg(long)]
         jobs: usize,
+    },
+    /// A shell script with an idle helper running CPU-heavy children, `jobs` at a time,
+    /// in rounds (starts after a line on stdin).
+    Script {
+        #[arg(long)]
+        jobs: usize,
+    },
+    /// One CPU-heavy child of the script load: a fixed amount of work, then exit.
+    Burn {
+        #[arg(long)]
+        units: u64,
     },
 }
 
@@ -461,6 +473,14 @@ fn run(cmd: Command) -> Result<()> {
             }
             Worker::Soak { name } => Ok(appease_bench::worker::soak(&name)?),
             Worker::Compile { dir, jobs } => Ok(appease_bench::worker::compile(&dir, jobs)?),
+            Worker::Script { jobs } => {
+                let me = std::env::current_exe().context("finding appease's own binary")?;
+                Ok(appease_bench::worker::script(&me, jobs)?)
+            }
+            Worker::Burn { units } => {
+                appease_bench::worker::burn(units);
+                Ok(())
+            }
         },
         Command::CheckConfig { file } => {
             appease_config::Config::load(&file)?;

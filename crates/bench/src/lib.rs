@@ -83,6 +83,9 @@ pub enum Batch {
     Soak,
     /// `make -jN` with gcc over a generated tree of C files, in a loop.
     Compile,
+    /// A shell script with an idle helper (`sleep`) that runs N CPU-heavy children at a
+    /// time, round after round.
+    Script,
     /// The soakers, each in a Docker container of its own (no quota), from an engine the
     /// bench starts.
     Docker,
@@ -93,8 +96,9 @@ impl Batch {
         match s {
             "soak" => Ok(Batch::Soak),
             "compile" => Ok(Batch::Compile),
+            "script" => Ok(Batch::Script),
             "docker" => Ok(Batch::Docker),
-            _ => bail!("unknown batch load {s:?}; one of soak, compile, docker"),
+            _ => bail!("unknown batch load {s:?}; one of soak, compile, script, docker"),
         }
     }
 
@@ -106,6 +110,9 @@ impl Batch {
                 "make -j{n} over {} C files ({load} jobs per CPU)",
                 worker::FILES
             ),
+            Batch::Script => format!(
+                "a shell script with a sleep running {n} CPU-heavy children at a time ({load} per CPU)"
+            ),
             Batch::Docker => format!("{n} soakers in Docker containers ({load} per CPU)"),
         }
     }
@@ -115,6 +122,7 @@ impl Batch {
         match self {
             Batch::Soak | Batch::Docker => "work units",
             Batch::Compile => "files compiled",
+            Batch::Script => "children finished",
         }
     }
 }
@@ -491,11 +499,15 @@ fn run_mode(
                 run.children.push(c);
             }
         }
-        Batch::Compile if n > 0 => {
+        Batch::Compile | Batch::Script if n > 0 => {
             let src = tmp.join("src").display().to_string();
             let jobs = n.to_string();
+            let args = match p.batch {
+                Batch::Compile => vec!["bench-worker", "compile", "--dir", &src, "--jobs", &jobs],
+                _ => vec!["bench-worker", "script", "--jobs", &jobs],
+            };
             let mut c = Command::new(&opts.appease)
-                .args(["bench-worker", "compile", "--dir", &src, "--jobs", &jobs])
+                .args(args)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -508,7 +520,7 @@ fn run_mode(
             // Now every make and gcc it forks inherits the mode.
             std::io::Write::write_all(&mut &go, b"go\n").context("starting the compile")?;
         }
-        Batch::Compile => {}
+        Batch::Compile | Batch::Script => {}
         Batch::Docker => {
             let engine = engine.context("the docker load needs the bench's engine")?;
             let bin = opts.appease.canonicalize()?;
@@ -521,7 +533,7 @@ fn run_mode(
         }
     }
     let soak_start = Instant::now();
-    if p.batch != Batch::Compile || n == 0 {
+    if !matches!(p.batch, Batch::Compile | Batch::Script) || n == 0 {
         apply_mode(&mut run, opts, mode, &soak_pids, &tmp)?;
     }
 

@@ -283,6 +283,71 @@ pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// One CPU-heavy child of the script load: `units` units of work (as the soaker's), then
+/// it exits.
+pub fn burn(units: u64) {
+    set_name(c"bench-burn");
+    let mut x: u64 = 1;
+    for _ in 0..units {
+        for _ in 0..1000 {
+            // Opaque at each step: the compiler would fold a thousand steps of this
+            // recurrence into one.
+            x = std::hint::black_box(x)
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+        }
+    }
+    std::hint::black_box(x);
+}
+
+/// Units of work per child of the script load: about a quarter of a second of CPU here.
+pub const BURN_UNITS: u64 = 250_000;
+
+/// Batch work as scripts drive it: a shell script that keeps an idle helper (a `sleep`,
+/// as a watchdog or a logger would be) and runs `jobs` CPU-heavy children at a time,
+/// round after round, waiting for each round. Starts after a line on stdin (as `compile`);
+/// on SIGTERM prints how many children finished and the CPU time the tree used (ns).
+pub fn script(appease: &std::path::Path, jobs: usize) -> io::Result<()> {
+    use std::io::BufRead;
+    set_name(c"bench-script");
+    // SAFETY: prctl with an integer argument (see `compile`).
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
+    let mut go = String::new();
+    io::stdin().read_line(&mut go)?;
+    let text = format!(
+        "sleep 2147483 &\n\
+         while :; do\n\
+         \tpids=; i=0\n\
+         \twhile [ $i -lt {jobs} ]; do\n\
+         \t\t\"$APPEASE\" bench-worker burn --units {BURN_UNITS} & pids=\"$pids $!\"; i=$((i+1))\n\
+         \tdone\n\
+         \twait $pids\n\
+         \techo round\n\
+         done\n"
+    );
+    let mut sh = std::process::Command::new("sh")
+        .args(["-c", &text])
+        .env("APPEASE", appease)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let out = sh.stdout.take().expect("piped");
+    let mut rounds: u64 = 0;
+    for line in io::BufReader::new(out).lines() {
+        if line? == "round" {
+            rounds += 1;
+        }
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+    end_tree();
+    println!("{} {}", rounds * jobs as u64, cpu_used_ns());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
