@@ -22,6 +22,15 @@ pub struct BatchManager {
     last_request: HashMap<u32, (u64, u64)>,
     /// Every process in a demoted tree, as the last scan left them.
     demoted: HashSet<u32>,
+    /// The applications with a process in a demoted tree.
+    demoted_apps: HashSet<u32>,
+    /// Lifted while a serving thread of this application waits on a lock: the
+    /// application, and when its lifting time runs out.
+    lifted: Option<(u32, u64)>,
+    /// Lifting time left, ns (refills at `lift_ms` a second, up to `lift_ms`), and when
+    /// it was last charged.
+    lift_ns: f64,
+    lift_at: u64,
     /// Trees to forget at the next scan (the actuator could not move them).
     forget: Vec<u32>,
     forget_demoted: bool,
@@ -64,6 +73,10 @@ impl BatchManager {
         BatchManager {
             last_request: HashMap::new(),
             demoted: HashSet::new(),
+            demoted_apps: HashSet::new(),
+            lifted: None,
+            lift_ns: cfg.elevation.sink.lift_ms as f64 * 1e6,
+            lift_at: now,
             forget: Vec::new(),
             forget_demoted: false,
             next_scan: 0,
@@ -124,12 +137,85 @@ impl BatchManager {
         }
     }
 
+    /// The idle group is lifted for a lock wait now (its end is timed by ticks).
+    pub fn lifted(&self) -> bool {
+        self.lifted.is_some()
+    }
+
+    /// The applications with a process in a demoted tree, as the last scan found them.
+    pub fn demoted_apps(&self) -> &HashSet<u32> {
+        &self.demoted_apps
+    }
+
+    /// A thread serving a request of `app` waits on a lock, and a demoted tree of `app`
+    /// may hold it: the idle group is lifted to a normal group's weight (moving processes per
+    /// wait would cost more than it saves) until the wait ends, for at most `lift_ms` at
+    /// a stretch and that much a second over time. True when it was lifted.
+    pub fn on_wait(
+        &mut self,
+        now: u64,
+        app: u32,
+        cfg: &Config,
+        actuator: &mut KernelActuator,
+    ) -> bool {
+        let per_second = cfg.elevation.sink.lift_ms as f64 * 1e6;
+        if per_second == 0.0 || self.lifted.is_some() || !self.demoted_apps.contains(&app) {
+            return false;
+        }
+        let refill = now.saturating_sub(self.lift_at) as f64 * per_second / 1e9;
+        self.lift_ns = (self.lift_ns + refill).min(per_second);
+        self.lift_at = now;
+        if self.lift_ns < 1e6 {
+            return false;
+        }
+        self.lifted = Some((app, now + self.lift_ns as u64));
+        self.sync_mode(now, cfg, actuator);
+        true
+    }
+
+    /// The last wait of `app` ended: the idle group is idle again.
+    pub fn on_wait_end(&mut self, now: u64, app: u32, cfg: &Config, actuator: &mut KernelActuator) {
+        if self.lifted.is_some_and(|(a, _)| a == app) {
+            self.end_lift(now, cfg, actuator);
+        }
+    }
+
+    /// Ends a lift whose time ran out; returns its application (whose waiters the probe
+    /// is to forget: one may have died waiting).
+    pub fn end_spent_lift(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        actuator: &mut KernelActuator,
+    ) -> Option<u32> {
+        let (app, until) = self.lifted?;
+        if now < until {
+            return None;
+        }
+        self.end_lift(now, cfg, actuator);
+        Some(app)
+    }
+
+    fn end_lift(&mut self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
+        if let Some((_, until)) = self.lifted.take() {
+            self.lift_ns = self.lift_ns.min(until.saturating_sub(now) as f64);
+            self.lift_at = now;
+        }
+        self.sync_mode(now, cfg, actuator);
+    }
+
     /// Gives the batch group the mode it should have now, if it has not got it yet.
     fn sync_mode(&mut self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
         if actuator.take_batch_remade() {
             self.applied = GroupMode::Idle;
         }
-        let want = self.mode.mode(now);
+        let mut want = self.mode.mode(now);
+        let lifted = want == GroupMode::Idle && self.lifted.is_some();
+        if lifted {
+            // A normal group's weight while lifted: the holder shares it with the rest
+            // of the batch.
+            want = GroupMode::Quiet;
+        }
         if want == self.applied {
             return;
         }
@@ -140,6 +226,9 @@ impl BatchManager {
         };
         let why = match want {
             GroupMode::Idle => "mode idle: requests arrive",
+            GroupMode::Quiet if lifted => {
+                "lifted: a serving thread of an application with a demoted tree waits on a lock"
+            }
             GroupMode::Quiet => "mode quiet: no requests lately",
             GroupMode::Floor => "mode floor: batch work starved",
         };
@@ -195,6 +284,7 @@ impl BatchManager {
             .map(|(pid, (_, _, start))| (pid, start))
             .collect();
         self.demoted = snap.demoted;
+        self.demoted_apps = snap.demoted_apps;
         for d in snap.demotions {
             match actuator.demote(d.root, &d.members, &d.why) {
                 Ok(0) => self.forget.push(d.root), // all gone already

@@ -287,6 +287,10 @@ struct Daemon<'obj> {
     load: LoadTracker,
     /// Threads whose restore failed: tried again at every tick.
     restore_again: std::collections::HashSet<u32>,
+    /// Applications with sunk threads (the policy's word), and those the probe has been
+    /// told of (these and the ones with demoted trees).
+    sunk_apps: HashSet<u32>,
+    marked_apps: HashSet<u32>,
     cpus: usize,
     /// The clock tick in ns, in which /proc counts start times.
     clock_tick_ns: u64,
@@ -335,6 +339,8 @@ impl<'obj> Daemon<'obj> {
             actuator,
             load: LoadTracker::new(cpus),
             restore_again: Default::default(),
+            sunk_apps: HashSet::new(),
+            marked_apps: HashSet::new(),
             cpus,
             clock_tick_ns: appease_cgroup::clock_tick_ns().max(1),
             started: unix_now(),
@@ -390,7 +396,8 @@ impl<'obj> Daemon<'obj> {
                 self.on_tick(now);
             }
             // Decay needs fine ticks only while something is elevated.
-            let tick = if self.policy.any_elevated() {
+            let lifted = self.batch.as_ref().is_some_and(|b| b.lifted());
+            let tick = if self.policy.any_elevated() || lifted {
                 self.tick.as_nanos() as u64
             } else {
                 IDLE_TICK_NS
@@ -475,6 +482,7 @@ impl<'obj> Daemon<'obj> {
             b.on_snapshot(snap, &self.opts.config, &mut self.actuator);
             self.probe
                 .set_exec_events(self.actuator.wants_exec_events());
+            self.tell_probe();
         }
     }
 
@@ -713,10 +721,16 @@ impl<'obj> Daemon<'obj> {
                 for d in self.policy.on_wait(ts_ns, app) {
                     self.apply(d);
                 }
+                if let Some(b) = self.batch.as_mut() {
+                    b.on_wait(ts_ns, app, &self.opts.config, &mut self.actuator);
+                }
             }
             Event::WaitEnd { ts_ns, app } => {
                 for d in self.policy.on_wait_end(ts_ns, app) {
                     self.apply(d);
+                }
+                if let Some(b) = self.batch.as_mut() {
+                    b.on_wait_end(ts_ns, app, &self.opts.config, &mut self.actuator);
                 }
                 self.tell_probe();
             }
@@ -726,14 +740,48 @@ impl<'obj> Daemon<'obj> {
     /// Tells the probe which applications have sunk threads (their serving threads' lock
     /// waits are reported) and which lifts ended without their waits' end.
     fn tell_probe(&mut self) {
+        let mut reset = Vec::new();
         for change in self.policy.take_app_changes() {
-            let result = match change {
-                AppChange::Sunk(app, sunk) => self.probe.set_sunk_app(app, sunk),
-                AppChange::ResetWaits(app) => self.probe.reset_waits(app),
-            };
-            if let Err(e) = result {
-                tracing::warn!(error = %e, ?change, "could not update the probe's applications");
+            match change {
+                AppChange::Sunk(app, true) => {
+                    self.sunk_apps.insert(app);
+                }
+                AppChange::Sunk(app, false) => {
+                    self.sunk_apps.remove(&app);
+                }
+                AppChange::ResetWaits(app) => reset.push(app),
             }
+        }
+        let demoted = self.batch.as_ref().map(|b| b.demoted_apps());
+        let want =
+            |app: &u32| self.sunk_apps.contains(app) || demoted.is_some_and(|d| d.contains(app));
+        let gone: Vec<u32> = self
+            .marked_apps
+            .iter()
+            .filter(|a| !want(a))
+            .copied()
+            .collect();
+        let new: Vec<u32> = self
+            .sunk_apps
+            .iter()
+            .chain(demoted.into_iter().flatten())
+            .filter(|a| !self.marked_apps.contains(a))
+            .copied()
+            .collect();
+        let mut result = Ok(());
+        for app in gone {
+            self.marked_apps.remove(&app);
+            result = result.and(self.probe.set_sunk_app(app, false));
+        }
+        for app in new {
+            self.marked_apps.insert(app);
+            result = result.and(self.probe.set_sunk_app(app, true));
+        }
+        for app in reset {
+            result = result.and(self.probe.reset_waits(app));
+        }
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "could not update the probe's applications");
         }
     }
 
@@ -749,6 +797,13 @@ impl<'obj> Daemon<'obj> {
         let decisions = self
             .policy
             .on_tick(now, appease_actuator::sys::thread_cpu_ns);
+        if let Some(b) = self.batch.as_mut() {
+            if let Some(app) = b.end_spent_lift(now, &self.opts.config, &mut self.actuator) {
+                if let Err(e) = self.probe.reset_waits(app) {
+                    tracing::warn!(error = %e, "could not update the probe's applications");
+                }
+            }
+        }
         self.tell_probe();
         for d in decisions {
             self.apply(d);

@@ -51,6 +51,9 @@ pub struct Snapshot {
     pub floor: Option<FloorSample>,
     /// Every process in a demoted tree after this scan.
     pub demoted: HashSet<u32>,
+    /// The applications (servers) with a process in a demoted tree: their serving
+    /// threads' lock waits may wait on the idle group.
+    pub demoted_apps: HashSet<u32>,
     /// Of the processes asked about (`last_request`), those that are gone: (pid, start).
     pub gone: Vec<(u32, u64)>,
     pub cost: ScanCost,
@@ -84,6 +87,8 @@ struct Reading {
     runnable: HashSet<u32>,
     cgroups: HashMap<u32, String>,
     uids: HashMap<u32, u32>,
+    /// Processes that belong to another's application (a server's forks): pid -> app.
+    apps: HashMap<u32, u32>,
     cost: ScanCost,
 }
 
@@ -356,6 +361,11 @@ impl Worker {
             }
         }
         snap.demoted = self.classifier.demoted_members();
+        snap.demoted_apps = snap
+            .demoted
+            .iter()
+            .filter_map(|pid| reading.apps.get(pid).copied())
+            .collect();
         snap.gone = req
             .last_request
             .iter()
@@ -475,7 +485,11 @@ fn ancestors_of(pid: u32, procs: &[ProcSample]) -> Vec<u32> {
 fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
     let mut by_pid: HashMap<u32, ProcSample> = HashMap::with_capacity(tasks.len());
     let mut runnable = HashSet::new();
+    let mut apps = HashMap::new();
     for t in tasks.iter().filter(|t| t.pid == t.tid) {
+        if t.app != t.pid {
+            apps.insert(t.pid, t.app);
+        }
         by_pid.insert(
             t.pid,
             ProcSample {
@@ -512,6 +526,7 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
     Reading {
         procs,
         runnable,
+        apps,
         cost: ScanCost {
             source: "task iterator".into(),
             threads: tasks.len(),
