@@ -328,53 +328,91 @@ fn short_latencies_beside_a_sunk_lock_holder(
         daemon.log_text()
     );
     // Two threads serving short requests (0.2 ms under the lock), a request every 30 ms each.
-    let mut threads = Vec::new();
-    let latencies = Arc::new(Mutex::new(Vec::new()));
-    for _ in 0..2 {
-        let (mut client, mut server) = UnixStream::pair().unwrap();
-        let (lock, stop, lat) = (lock.clone(), stop.clone(), latencies.clone());
-        threads.push(thread::spawn(move || {
-            let mut b = [0u8; 1];
-            while server.read_exact(&mut b).is_ok() {
-                let held = lock.lock().unwrap();
-                spin_cpu(Duration::from_micros(200));
-                drop(held);
-                if server.write_all(&b).is_err() {
-                    break;
-                }
-            }
-        }));
-        threads.push(thread::spawn(move || {
-            let mut b = [0u8; 1];
-            while !stop.load(Ordering::Relaxed) {
-                let start = Instant::now();
-                client.write_all(b"r").unwrap();
-                client.read_exact(&mut b).unwrap();
-                lat.lock()
-                    .unwrap()
-                    .push(start.elapsed().as_secs_f64() * 1e3);
-                thread::sleep(Duration::from_millis(30));
-            }
-        }));
-    }
+    let short = {
+        let lock = lock.clone();
+        ShortRequests::start(Duration::from_millis(30), stop.clone(), move || {
+            let held = lock.lock().unwrap();
+            spin_cpu(Duration::from_micros(200));
+            drop(held);
+            true
+        })
+    };
     thread::sleep(Duration::from_secs(secs));
     stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
+    let latencies = short.finish();
     long.join().unwrap();
     drop(long_client);
     assert!(daemon.signal(libc::SIGTERM).success());
-    let mut v = std::mem::take(&mut *latencies.lock().unwrap());
-    v.sort_by(f64::total_cmp);
-    (v, daemon.full_log())
+    (latencies, daemon.full_log())
+}
+
+/// Two threads answering one-byte requests, each running `work` per request (false
+/// ends it), each with a client thread that sends one every `period` until `stop`.
+struct ShortRequests {
+    threads: Vec<JoinHandle<()>>,
+    latencies: Arc<Mutex<Vec<f64>>>,
+}
+
+impl ShortRequests {
+    fn start(
+        period: Duration,
+        stop: Arc<AtomicBool>,
+        work: impl Fn() -> bool + Clone + Send + 'static,
+    ) -> Self {
+        let latencies = Arc::new(Mutex::new(Vec::new()));
+        let mut threads = Vec::new();
+        for _ in 0..2 {
+            let (mut client, mut server) = UnixStream::pair().unwrap();
+            let (work, stop, lat) = (work.clone(), stop.clone(), latencies.clone());
+            threads.push(thread::spawn(move || {
+                let mut b = [0u8; 1];
+                while server.read_exact(&mut b).is_ok() && work() {
+                    if server.write_all(&b).is_err() {
+                        break;
+                    }
+                }
+            }));
+            threads.push(thread::spawn(move || {
+                let mut b = [0u8; 1];
+                while !stop.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    if client.write_all(b"r").is_err() || client.read_exact(&mut b).is_err() {
+                        break;
+                    }
+                    lat.lock()
+                        .unwrap()
+                        .push(start.elapsed().as_secs_f64() * 1e3);
+                    thread::sleep(period);
+                }
+            }));
+        }
+        ShortRequests { threads, latencies }
+    }
+
+    /// Joins the threads (once `stop` is set and nothing blocks them); the latencies, ms,
+    /// sorted.
+    fn finish(self) -> Vec<f64> {
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        let mut v = std::mem::take(&mut *self.latencies.lock().unwrap());
+        v.sort_by(f64::total_cmp);
+        v
+    }
+}
+
+/// The `p` quantile of sorted `v` (NaN if empty).
+fn quantile(v: &[f64], p: f64) -> f64 {
+    v.get(((v.len().max(1) - 1) as f64 * p) as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
 }
 
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn a_sunk_thread_holding_a_lock_short_requests_need_is_lifted_while_they_wait() {
     let _g = serial();
-    let q = |v: &[f64], p: f64| v[((v.len() - 1) as f64 * p) as usize];
+    let q = quantile;
     let (off, off_log) =
         short_latencies_beside_a_sunk_lock_holder("lift-off", "[elevation.sink]\nlift_ms = 0\n", 4);
     let (on, on_log) = short_latencies_beside_a_sunk_lock_holder("lift-on", "", 4);
@@ -452,7 +490,7 @@ fn short_latencies_beside_a_demoted_semaphore_holder(
     // Normal-class work on every CPU and one more (threads of this process, which is the
     // daemon's ancestor and never demoted): the idle group gets next to nothing.
     let stop = Arc::new(AtomicBool::new(false));
-    let mut threads: Vec<JoinHandle<()>> = (0..host_cpus() + 1)
+    let spinners: Vec<JoinHandle<()>> = (0..host_cpus() + 1)
         .map(|_| {
             let stop = stop.clone();
             thread::spawn(move || {
@@ -462,70 +500,42 @@ fn short_latencies_beside_a_demoted_semaphore_holder(
             })
         })
         .collect();
-    let latencies = Arc::new(Mutex::new(Vec::new()));
-    for _ in 0..2 {
-        let (mut client, mut server) = UnixStream::pair().unwrap();
-        let (stop, lat) = (stop.clone(), latencies.clone());
-        threads.push(thread::spawn(move || {
-            let mut b = [0u8; 1];
-            let take = |op: i16| {
-                let mut buf = libc::sembuf {
-                    sem_num: 0,
-                    sem_op: op,
-                    sem_flg: 0,
-                };
-                // SAFETY: one valid sembuf for the test's semaphore set.
-                unsafe { libc::semop(sem, &mut buf, 1) }
+    let short = ShortRequests::start(Duration::from_millis(50), stop.clone(), move || {
+        let take = |op: i16| {
+            let mut buf = libc::sembuf {
+                sem_num: 0,
+                sem_op: op,
+                sem_flg: 0,
             };
-            while server.read_exact(&mut b).is_ok() {
-                if take(-1) != 0 {
-                    break;
-                }
-                spin_cpu(Duration::from_micros(200));
-                take(1);
-                if server.write_all(&b).is_err() {
-                    break;
-                }
-            }
-        }));
-        threads.push(thread::spawn(move || {
-            let mut b = [0u8; 1];
-            while !stop.load(Ordering::Relaxed) {
-                let start = Instant::now();
-                if client.write_all(b"r").is_err() || client.read_exact(&mut b).is_err() {
-                    break;
-                }
-                lat.lock()
-                    .unwrap()
-                    .push(start.elapsed().as_secs_f64() * 1e3);
-                thread::sleep(Duration::from_millis(50));
-            }
-        }));
-    }
+            // SAFETY: one valid sembuf for the test's semaphore set.
+            unsafe { libc::semop(sem, &mut buf, 1) }
+        };
+        if take(-1) != 0 {
+            return false;
+        }
+        spin_cpu(Duration::from_micros(200));
+        take(1);
+        true
+    });
     thread::sleep(Duration::from_secs(secs));
     stop.store(true, Ordering::Relaxed);
     // The semaphore's removal wakes a server thread waiting on it (EIDRM).
     drop(holder);
     // SAFETY: removing the test's own semaphore set.
     unsafe { libc::semctl(sem, 0, libc::IPC_RMID) };
-    for t in threads {
+    let latencies = short.finish();
+    for t in spinners {
         t.join().unwrap();
     }
     assert!(daemon.signal(libc::SIGTERM).success());
-    let mut v = std::mem::take(&mut *latencies.lock().unwrap());
-    v.sort_by(f64::total_cmp);
-    (v, daemon.full_log())
+    (latencies, daemon.full_log())
 }
 
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn a_demoted_tree_holding_a_semaphore_short_requests_need_is_lifted_while_they_wait() {
     let _g = serial();
-    let q = |v: &[f64], p: f64| {
-        v.get(((v.len().max(1) - 1) as f64 * p) as usize)
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
+    let q = quantile;
     let (off, off_log) = short_latencies_beside_a_demoted_semaphore_holder(
         "dlift-off",
         "[elevation.sink]\nlift_ms = 0\n",
