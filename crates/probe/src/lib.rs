@@ -242,6 +242,11 @@ impl<'obj> Probe<'obj> {
         rodata.serving_window_ns = cfg
             .serving_window
             .map_or(0, |w| w.as_nanos().clamp(1, u64::MAX as u128) as u64);
+        // Without lock waits to report, the context-switch hook is not even attached (it
+        // would cost every switch on the host a program call).
+        if cfg.serving_window.is_none() {
+            open.progs.on_switch.set_autoload(false);
+        }
         open.maps
             .events
             .set_max_entries(cfg.ring_bytes)
