@@ -230,6 +230,27 @@ fn end_tree() {
     }
 }
 
+/// A worker whose load is a tree of processes: named `name`, set to end on SIGTERM (the
+/// flag returned), and the subreaper of its tree: orphans below it (a gcc whose make is
+/// gone) become its children, not init's, so that `end_tree` can find, end and reap them,
+/// and their CPU time counts in its own.
+fn tree_worker(name: &std::ffi::CStr) -> io::Result<Arc<AtomicBool>> {
+    set_name(name);
+    // SAFETY: prctl with an integer argument.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
+    Ok(stop)
+}
+
+/// Waits for the bench's line on stdin: it has set the worker's priority or group by
+/// then, which every process the worker starts inherits.
+fn wait_for_go() -> io::Result<()> {
+    let mut go = String::new();
+    io::stdin().read_line(&mut go)?;
+    Ok(())
+}
+
 const FUNCTIONS_PER_FILE: usize = 60;
 /// Files in the compile load's tree.
 pub const FILES: usize = 64;
@@ -241,16 +262,9 @@ pub const FILES: usize = 64;
 /// gcc it forks then inherits.
 pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
     use std::io::BufRead;
-    set_name(c"bench-compile");
-    // Orphans below us (a gcc whose make is gone) become our children, not init's, so
-    // that `end_tree` can find, end and reap them, and their CPU time counts in ours.
-    // SAFETY: prctl with an integer argument.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
-    let stop = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
+    let stop = tree_worker(c"bench-compile")?;
     write_sources(dir, FILES)?;
-    let mut go = String::new();
-    io::stdin().read_line(&mut go)?;
+    wait_for_go()?;
     let mut built: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         // In our process group: a Ctrl-C at the terminal reaches make and gcc too.
@@ -309,13 +323,8 @@ pub const BURN_UNITS: u64 = 250_000;
 /// on SIGTERM prints how many children finished and the CPU time the tree used (ns).
 pub fn script(appease: &std::path::Path, jobs: usize) -> io::Result<()> {
     use std::io::BufRead;
-    set_name(c"bench-script");
-    // SAFETY: prctl with an integer argument (see `compile`).
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
-    let stop = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
-    let mut go = String::new();
-    io::stdin().read_line(&mut go)?;
+    let stop = tree_worker(c"bench-script")?;
+    wait_for_go()?;
     let text = format!(
         "sleep 2147483 &\n\
          while :; do\n\

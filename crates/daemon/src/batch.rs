@@ -9,6 +9,7 @@ use appease_actuator::{ActError, KernelActuator};
 use appease_config::Config;
 use appease_policy::floor::FloorDecision;
 use appease_policy::group_mode::{GroupMode, GroupModeKeeper};
+use appease_policy::LiftBudget;
 use serde::{Deserialize, Serialize};
 
 use crate::scanner::{FloorSample, ScanCost, ScanRequest, Snapshot};
@@ -24,13 +25,10 @@ pub struct BatchManager {
     demoted: HashSet<u32>,
     /// The applications with a process in a demoted tree.
     demoted_apps: HashSet<u32>,
-    /// Lifted while a serving thread of this application waits on a lock: the
-    /// application, and when its lifting time runs out.
-    lifted: Option<(u32, u64)>,
-    /// Lifting time left, ns (refills at `lift_ms` a second, up to `lift_ms`), and when
-    /// it was last charged.
-    lift_ns: f64,
-    lift_at: u64,
+    /// Lifted while a serving thread of this application waits on a lock.
+    lifted_for: Option<u32>,
+    /// How long lifts may last, and until when the one under way does.
+    lift: LiftBudget,
     /// Trees to forget at the next scan (the actuator could not move them).
     forget: Vec<u32>,
     forget_demoted: bool,
@@ -74,9 +72,8 @@ impl BatchManager {
             last_request: HashMap::new(),
             demoted: HashSet::new(),
             demoted_apps: HashSet::new(),
-            lifted: None,
-            lift_ns: cfg.elevation.sink.lift_ms as f64 * 1e6,
-            lift_at: now,
+            lifted_for: None,
+            lift: LiftBudget::full(cfg.elevation.sink.lift_ms * 1_000_000, now),
             forget: Vec::new(),
             forget_demoted: false,
             next_scan: 0,
@@ -139,7 +136,7 @@ impl BatchManager {
 
     /// The idle group is lifted for a lock wait now (its end is timed by ticks).
     pub fn lifted(&self) -> bool {
-        self.lifted.is_some()
+        self.lifted_for.is_some()
     }
 
     /// The applications with a process in a demoted tree, as the last scan found them.
@@ -150,32 +147,22 @@ impl BatchManager {
     /// A thread serving a request of `app` waits on a lock, and a demoted tree of `app`
     /// may hold it: the idle group is lifted to a normal group's weight (moving processes per
     /// wait would cost more than it saves) until the wait ends, for at most `lift_ms` at
-    /// a stretch and that much a second over time. True when it was lifted.
-    pub fn on_wait(
-        &mut self,
-        now: u64,
-        app: u32,
-        cfg: &Config,
-        actuator: &mut KernelActuator,
-    ) -> bool {
-        let per_second = cfg.elevation.sink.lift_ms as f64 * 1e6;
-        if per_second == 0.0 || self.lifted.is_some() || !self.demoted_apps.contains(&app) {
-            return false;
+    /// a stretch and that much a second over time.
+    pub fn on_wait(&mut self, now: u64, app: u32, cfg: &Config, actuator: &mut KernelActuator) {
+        let per_second = cfg.elevation.sink.lift_ms * 1_000_000;
+        if per_second == 0
+            || !self.demoted_apps.contains(&app)
+            || self.lift.start(now, per_second).is_none()
+        {
+            return;
         }
-        let refill = now.saturating_sub(self.lift_at) as f64 * per_second / 1e9;
-        self.lift_ns = (self.lift_ns + refill).min(per_second);
-        self.lift_at = now;
-        if self.lift_ns < 1e6 {
-            return false;
-        }
-        self.lifted = Some((app, now + self.lift_ns as u64));
+        self.lifted_for = Some(app);
         self.sync_mode(now, cfg, actuator);
-        true
     }
 
     /// The last wait of `app` ended: the idle group is idle again.
     pub fn on_wait_end(&mut self, now: u64, app: u32, cfg: &Config, actuator: &mut KernelActuator) {
-        if self.lifted.is_some_and(|(a, _)| a == app) {
+        if self.lifted_for == Some(app) {
             self.end_lift(now, cfg, actuator);
         }
     }
@@ -188,8 +175,8 @@ impl BatchManager {
         cfg: &Config,
         actuator: &mut KernelActuator,
     ) -> Option<u32> {
-        let (app, until) = self.lifted?;
-        if now < until {
+        let app = self.lifted_for?;
+        if self.lift.until().is_some_and(|until| now < until) {
             return None;
         }
         self.end_lift(now, cfg, actuator);
@@ -197,10 +184,8 @@ impl BatchManager {
     }
 
     fn end_lift(&mut self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
-        if let Some((_, until)) = self.lifted.take() {
-            self.lift_ns = self.lift_ns.min(until.saturating_sub(now) as f64);
-            self.lift_at = now;
-        }
+        self.lifted_for = None;
+        self.lift.end(now);
         self.sync_mode(now, cfg, actuator);
     }
 
@@ -210,7 +195,7 @@ impl BatchManager {
             self.applied = GroupMode::Idle;
         }
         let mut want = self.mode.mode(now);
-        let lifted = want == GroupMode::Idle && self.lifted.is_some();
+        let lifted = want == GroupMode::Idle && self.lifted_for.is_some();
         if lifted {
             // A normal group's weight while lifted: the holder shares it with the rest
             // of the batch.

@@ -287,9 +287,8 @@ struct Daemon<'obj> {
     load: LoadTracker,
     /// Threads whose restore failed: tried again at every tick.
     restore_again: std::collections::HashSet<u32>,
-    /// Applications with sunk threads (the policy's word), and those the probe has been
-    /// told of (these and the ones with demoted trees).
-    sunk_apps: HashSet<u32>,
+    /// The applications the probe has been told of: those with sunk threads or demoted
+    /// trees.
     marked_apps: HashSet<u32>,
     cpus: usize,
     /// The clock tick in ns, in which /proc counts start times.
@@ -339,7 +338,6 @@ impl<'obj> Daemon<'obj> {
             actuator,
             load: LoadTracker::new(cpus),
             restore_again: Default::default(),
-            sunk_apps: HashSet::new(),
             marked_apps: HashSet::new(),
             cpus,
             clock_tick_ns: appease_cgroup::clock_tick_ns().max(1),
@@ -482,7 +480,7 @@ impl<'obj> Daemon<'obj> {
             b.on_snapshot(snap, &self.opts.config, &mut self.actuator);
             self.probe
                 .set_exec_events(self.actuator.wants_exec_events());
-            self.tell_probe();
+            self.mark_apps(Ok(()));
         }
     }
 
@@ -679,7 +677,7 @@ impl<'obj> Daemon<'obj> {
                     comm,
                     proc_comm,
                 }));
-                let decision = self.policy.on_app_request(
+                if let Some(d) = self.policy.on_app_request(
                     ts_ns,
                     app,
                     pid,
@@ -687,9 +685,7 @@ impl<'obj> Daemon<'obj> {
                     source,
                     cpu_ns,
                     self.load.current(),
-                );
-                self.tell_probe();
-                if let Some(d) = decision {
+                ) {
                     if self.apply(d) {
                         let us = monotonic_ns().saturating_sub(ts_ns) / 1000;
                         let h = if woke {
@@ -702,6 +698,8 @@ impl<'obj> Daemon<'obj> {
                     }
                 }
                 self.actuator.expect(None);
+                // After the elevation: a surfaced thread's application may need telling.
+                self.tell_probe();
             }
             Event::Exit { pid, tid, .. } => {
                 self.policy.forget(tid);
@@ -737,48 +735,49 @@ impl<'obj> Daemon<'obj> {
         }
     }
 
-    /// Tells the probe which applications have sunk threads (their serving threads' lock
-    /// waits are reported) and which lifts ended without their waits' end.
+    /// Tells the probe what the policy changed about applications (which have sunk
+    /// threads, whose lifts ended without their waits' end). Called after each request:
+    /// nothing to do, nothing done.
     fn tell_probe(&mut self) {
-        let mut reset = Vec::new();
-        for change in self.policy.take_app_changes() {
-            match change {
-                AppChange::Sunk(app, true) => {
-                    self.sunk_apps.insert(app);
-                }
-                AppChange::Sunk(app, false) => {
-                    self.sunk_apps.remove(&app);
-                }
-                AppChange::ResetWaits(app) => reset.push(app),
+        let changes = self.policy.take_app_changes();
+        if changes.is_empty() {
+            return;
+        }
+        let mut result = Ok(());
+        for change in changes {
+            if let AppChange::ResetWaits(app) = change {
+                result = result.and(self.probe.reset_waits(app));
             }
         }
+        self.mark_apps(result);
+    }
+
+    /// Marks in the probe the applications with sunk threads or demoted trees, and
+    /// unmarks the others (after a scan, whose demoted trees may have changed).
+    fn mark_apps(&mut self, mut result: Result<(), appease_probe::ProbeError>) {
         let demoted = self.batch.as_ref().map(|b| b.demoted_apps());
-        let want =
-            |app: &u32| self.sunk_apps.contains(app) || demoted.is_some_and(|d| d.contains(app));
+        let wanted =
+            |app: &u32| self.policy.has_sunk(*app) || demoted.is_some_and(|d| d.contains(app));
         let gone: Vec<u32> = self
             .marked_apps
             .iter()
-            .filter(|a| !want(a))
+            .filter(|a| !wanted(a))
             .copied()
             .collect();
         let new: Vec<u32> = self
-            .sunk_apps
-            .iter()
-            .chain(demoted.into_iter().flatten())
+            .policy
+            .sunk_apps()
+            .chain(demoted.into_iter().flatten().copied())
             .filter(|a| !self.marked_apps.contains(a))
-            .copied()
             .collect();
-        let mut result = Ok(());
         for app in gone {
             self.marked_apps.remove(&app);
             result = result.and(self.probe.set_sunk_app(app, false));
         }
         for app in new {
-            self.marked_apps.insert(app);
-            result = result.and(self.probe.set_sunk_app(app, true));
-        }
-        for app in reset {
-            result = result.and(self.probe.reset_waits(app));
+            if self.marked_apps.insert(app) {
+                result = result.and(self.probe.set_sunk_app(app, true));
+            }
         }
         if let Err(e) = result {
             tracing::warn!(error = %e, "could not update the probe's applications");
@@ -797,14 +796,17 @@ impl<'obj> Daemon<'obj> {
         let decisions = self
             .policy
             .on_tick(now, appease_actuator::sys::thread_cpu_ns);
-        if let Some(b) = self.batch.as_mut() {
-            if let Some(app) = b.end_spent_lift(now, &self.opts.config, &mut self.actuator) {
-                if let Err(e) = self.probe.reset_waits(app) {
-                    tracing::warn!(error = %e, "could not update the probe's applications");
-                }
+        self.tell_probe();
+        let spent = self
+            .batch
+            .as_mut()
+            .and_then(|b| b.end_spent_lift(now, &self.opts.config, &mut self.actuator));
+        if let Some(app) = spent {
+            // Its waiters are forgotten: one may have died waiting.
+            if let Err(e) = self.probe.reset_waits(app) {
+                tracing::warn!(error = %e, "could not update the probe's applications");
             }
         }
-        self.tell_probe();
         for d in decisions {
             self.apply(d);
             // A request that arrived meanwhile goes before the next restore.
@@ -943,11 +945,13 @@ impl<'obj> Daemon<'obj> {
 /// Latency service groups are not built for a cgroup v2 host under systemd: a config
 /// with services is refused there, at start and on reload.
 /// A thread serves a request for as long as a request may compute before it sinks: its
-/// lock waits within that time are a customer's (lifting sunk threads needs them).
+/// lock waits within that time are a customer's (lifting sunk threads needs them). The
+/// probe measures it from the thread's last reported request, and reads are reported at
+/// most every `min_gap_ms`: never shorter than that.
 fn serving_window(cfg: &Config) -> Option<Duration> {
     let sink = &cfg.elevation.sink;
     (cfg.elevation.enabled && sink.after_cpu_ms > 0 && sink.lift_ms > 0)
-        .then(|| Duration::from_millis(sink.after_cpu_ms.max(10)))
+        .then(|| Duration::from_millis(sink.after_cpu_ms.max(cfg.probe.min_gap_ms).max(10)))
 }
 
 fn services_available(cfg: &Config, layout: &status::LayoutView) -> Result<(), String> {

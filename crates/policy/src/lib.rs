@@ -6,6 +6,7 @@ pub mod elevation;
 pub mod floor;
 pub mod group_mode;
 pub mod ladder;
+pub mod lift;
 pub mod load;
 pub mod roles;
 pub mod tree;
@@ -15,6 +16,7 @@ pub use elevation::{
     SlotIndex, Source,
 };
 pub use ladder::{Ladder, LadderError, Step};
+pub use lift::LiftBudget;
 pub use load::{Load, LoadTracker};
 
 /// Nanoseconds on the monotonic clock (the BPF events' clock).

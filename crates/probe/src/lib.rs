@@ -198,7 +198,7 @@ pub struct ProbeConfig {
     pub ignore_pid: Option<u32>,
     /// The ring buffer's size: a power of two, at least a page.
     pub ring_bytes: u32,
-    /// Lock waits of threads that read a request less than this long ago are reported
+    /// Lock waits of threads whose last reported request is younger than this are reported
     /// for applications marked with [`Probe::set_sunk_app`]; None reports none.
     pub serving_window: Option<Duration>,
 }

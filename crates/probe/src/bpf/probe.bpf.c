@@ -27,8 +27,9 @@ const volatile u64 min_gap_ns = 20 * 1000 * 1000;
  * is already busy are read at the daemon's next tick (fewer wakeups under load). */
 const volatile u64 wake_after_ns = 40 * 1000 * 1000;
 const volatile u32 self_tgid = 0;
-/* A thread that read a request less than this long ago serves a customer now: its lock
- * waits are reported when its application has sunk threads (0: no wait is reported). */
+/* A thread whose last reported request is less than this old serves a customer now (a
+ * busy thread's reads are reported min_gap_ns apart, so its last read is younger still):
+ * its lock waits are reported when its application has sunk threads (0: none is). */
 const volatile u64 serving_window_ns = 0;
 
 /* Set by user space at run time: exec events are wanted only while one of them can
@@ -53,7 +54,6 @@ struct {
 
 struct thread_state {
 	u64 last_request_ns; /* the last reported request */
-	u64 last_read_ns;    /* the last request read, reported or not */
 	u32 waiting_app;     /* while in a reported lock wait: its application + 1 */
 };
 
@@ -155,7 +155,6 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	struct thread_state *st = bpf_task_storage_get(&threads, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!st)
 		return 0;
-	st->last_read_ns = now;
 	u64 quiet = st->last_request_ns ? now - st->last_request_ns : ~0ULL;
 	if (quiet < min_gap_ns)
 		return 0;
@@ -261,7 +260,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	if (preempt || prev_state == 0)
 		return 0;
 	st = bpf_task_storage_get(&threads, prev, 0, 0);
-	if (!st || st->waiting_app || bpf_ktime_get_ns() - st->last_read_ns >= serving_window_ns)
+	if (!st || st->waiting_app || bpf_ktime_get_ns() - st->last_request_ns >= serving_window_ns)
 		return 0;
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(prev);
 	long nr = regs ? (long)BPF_CORE_READ(regs, orig_ax) : -1;
