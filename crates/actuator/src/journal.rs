@@ -83,6 +83,11 @@ pub enum Record {
     },
     /// The group has its idle flag and weight back, or is gone.
     GroupUnidle { path: String },
+    /// appease is about to pin this thread of the idle group to one CPU (see `spread`);
+    /// `orig` is the CPU list it puts back.
+    Pin { key: TaskKey, orig: Vec<usize> },
+    /// The thread has its CPUs back, is gone, or was pinned by someone else since.
+    Unpin { key: TaskKey },
 }
 
 /// A process move that must be undone.
@@ -106,6 +111,8 @@ pub struct JournalState {
     pub units: BTreeMap<String, (u64, bool, Option<String>)>,
     /// Other programs' cgroups made idle in place: their idle flag and weight before.
     pub idle_groups: BTreeMap<String, (bool, String)>,
+    /// Threads pinned to one CPU (`spread`), with the CPUs they had before.
+    pub pinned: BTreeMap<TaskKey, Vec<usize>>,
     /// Lines (1-based) that could not be read, other than a torn last one: what they
     /// recorded is lost, so the journal is kept for a look (`read_pending`).
     pub corrupt: Vec<usize>,
@@ -119,6 +126,7 @@ impl JournalState {
             && self.idled.is_empty()
             && self.units.is_empty()
             && self.idle_groups.is_empty()
+            && self.pinned.is_empty()
     }
 
     /// How many changes are pending (threads, processes, groups, idled threads).
@@ -129,6 +137,7 @@ impl JournalState {
             + self.idled.len()
             + self.units.len()
             + self.idle_groups.len()
+            + self.pinned.len()
     }
 }
 
@@ -247,6 +256,12 @@ impl Journal {
                 path: path.clone(),
                 idle: *idle,
                 weight: weight.clone(),
+            })?;
+        }
+        for (&key, orig) in &self.live.pinned {
+            line(&Record::Pin {
+                key,
+                orig: orig.clone(),
             })?;
         }
         for p in self.live.threads.values() {
@@ -371,6 +386,12 @@ fn apply(live: &mut JournalState, rec: Record) {
         }
         Record::GroupUnidle { path } => {
             live.idle_groups.remove(&path);
+        }
+        Record::Pin { key, orig } => {
+            live.pinned.entry(key).or_insert(orig);
+        }
+        Record::Unpin { key } => {
+            live.pinned.remove(&key);
         }
     }
 }

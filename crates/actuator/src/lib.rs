@@ -7,6 +7,7 @@ mod group_idle;
 pub mod groups;
 mod in_place;
 pub mod journal;
+mod spread;
 pub mod sys;
 pub mod systemd;
 pub mod trail;
@@ -194,6 +195,8 @@ pub struct KernelActuator {
     idle_units: HashMap<String, in_place::IdleUnit>,
     /// Other programs' cgroups made idle in place (path -> record): see `group_idle`.
     idle_groups: HashMap<String, group_idle::IdleGroup>,
+    /// The idle group's busy threads pinned one CPU each: see `spread`.
+    spread: spread::Spread,
     /// The next first contact's thread as the probe saw it (`expect`).
     expected: Option<Identity>,
     pub counters: ActCounters,
@@ -240,6 +243,7 @@ impl KernelActuator {
             idled: HashMap::new(),
             idle_units: HashMap::new(),
             idle_groups: HashMap::new(),
+            spread: spread::Spread::default(),
             expected: None,
             counters: ActCounters::default(),
             trail: Trail::default(),
@@ -659,6 +663,8 @@ impl Actuator for KernelActuator {
                 }
             }
         }
+        // Pins first: the threads are still where unpinning looks for their children.
+        self.restore_pins();
         self.restore_groups(&mut report);
         self.restore_in_place(&mut report);
         self.restore_units(&mut report);
@@ -810,6 +816,9 @@ fn restore_journal_with(dir: &Path, k: &dyn sys::Kernel) -> io::Result<RestoreRe
         journal.append(&rec)?;
     }
     for rec in group_idle::restore_journal_idle_groups(&state, &mut report) {
+        journal.append(&rec)?;
+    }
+    for rec in spread::restore_journal_pins(k, &state, &mut report) {
         journal.append(&rec)?;
     }
     journal.remove_if_empty()?;
@@ -1104,5 +1113,103 @@ mod tests {
         );
         assert_eq!((report.restored, report.failed), (2, 0));
         assert_eq!(k.unjournaled(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn busy_threads_are_pinned_journaled_first_moved_and_unpinned_when_no_longer_busy() {
+        use crate::testing::CPUS;
+        let (k, dir) = (FakeKernel::new(), TempDir::new("spread"));
+        for pid in [500, 510] {
+            k.spawn(pid, pid, "soak", fair(0));
+        }
+        let mut a = actuator(&k, &dir, &[]);
+        assert_eq!(a.spread_cpus(), CPUS.len());
+        assert_eq!(a.spread(&[(500, 500, 0), (510, 510, 1)]), 2);
+        assert_eq!((k.cpus(500), k.cpus(510)), (vec![0], vec![1]));
+        let pinned = journal::read_pending(&dir.0).unwrap().pinned;
+        assert_eq!(pinned.len(), 2);
+        assert!(pinned.values().all(|orig| orig == &CPUS));
+        // The next round turns the order: each moves, nothing new is journaled.
+        assert_eq!(a.spread(&[(500, 500, 1), (510, 510, 0)]), 2);
+        assert_eq!((k.cpus(500), k.cpus(510)), (vec![1], vec![0]));
+        // 510 is no longer busy: every CPU back, and its record closed.
+        assert_eq!(a.spread(&[(500, 500, 1)]), 1);
+        assert_eq!(k.cpus(510), CPUS.to_vec());
+        assert_eq!(journal::read_pending(&dir.0).unwrap().pinned.len(), 1);
+        assert_eq!(a.unspread("quiet"), 1);
+        assert_eq!(k.cpus(500), CPUS.to_vec());
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
+        assert_eq!(k.unjournaled(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_thread_with_cpus_of_its_own_is_never_pinned_nor_one_repinned_by_someone_else() {
+        use crate::testing::CPUS;
+        let (k, dir) = (FakeKernel::new(), TempDir::new("spread-own"));
+        k.spawn(600, 600, "own-cpus", fair(0));
+        k.pin_by_other(600, &[2, 3]);
+        k.spawn(610, 610, "soak", fair(0));
+        let mut a = actuator(&k, &dir, &[]);
+        assert_eq!(a.spread(&[(600, 600, 0), (610, 610, 1)]), 1);
+        assert_eq!(k.cpus(600), vec![2, 3], "its own choice stays");
+        assert_eq!(k.cpus(610), vec![1]);
+        // The owner pins 610 elsewhere: from then on it is theirs, also at exit.
+        k.pin_by_other(610, &[3]);
+        assert_eq!(a.spread(&[(600, 600, 1), (610, 610, 0)]), 0);
+        assert_eq!((k.cpus(600), k.cpus(610)), (vec![2, 3], vec![3]));
+        a.restore_all();
+        assert_eq!((k.cpus(600), k.cpus(610)), (vec![2, 3], vec![3]));
+        assert!(journal::read_pending(&dir.0).unwrap().pinned.is_empty());
+        let _all = CPUS;
+    }
+
+    #[test]
+    fn a_child_born_on_a_pinned_threads_cpu_gets_every_cpu_back_with_it() {
+        use crate::testing::CPUS;
+        let (k, dir) = (FakeKernel::new(), TempDir::new("spread-child"));
+        k.spawn(700, 700, "sh-loop", fair(0));
+        let mut a = actuator(&k, &dir, &[]);
+        a.spread(&[(700, 700, 2)]);
+        // It forks: the child and a new thread inherit its one CPU.
+        k.spawn_child(700, 710, 710, "child", fair(0));
+        k.pin_by_other(710, &[2]);
+        k.spawn(700, 701, "sh-loop", fair(0));
+        k.pin_by_other(701, &[2]);
+        // A busy child is adopted (its CPUs before are its parent's), not taken as its own.
+        assert_eq!(a.spread(&[(700, 700, 0), (710, 710, 1)]), 2);
+        assert_eq!(k.cpus(710), vec![1]);
+        let report = a.restore_all();
+        assert_eq!(report.failed, 0);
+        for tid in [700, 701, 710] {
+            assert_eq!(k.cpus(tid), CPUS.to_vec(), "tid {tid}");
+        }
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn after_a_crash_the_journal_gives_pinned_threads_their_cpus_back() {
+        use crate::testing::CPUS;
+        let (k, dir) = (FakeKernel::new(), TempDir::new("spread-crash"));
+        k.spawn(800, 800, "soak", fair(0));
+        k.spawn(810, 810, "soak", fair(0));
+        k.spawn(820, 820, "soak", fair(0));
+        let mut a = actuator(&k, &dir, &[]);
+        a.spread(&[(800, 800, 0), (810, 810, 1), (820, 820, 2)]);
+        std::mem::forget(a); // the daemon dies: nothing put back
+        k.pin_by_other(810, &[0, 1]); // changed by someone else since
+        k.exit(820);
+        let report = restore_journal_with(&dir.0, &k).unwrap();
+        assert_eq!(k.cpus(800), CPUS.to_vec());
+        assert_eq!(k.cpus(810), vec![0, 1], "someone else's now");
+        assert_eq!(
+            (
+                report.restored,
+                report.left_alone,
+                report.gone,
+                report.failed
+            ),
+            (1, 1, 1, 0)
+        );
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
     }
 }

@@ -186,6 +186,11 @@ pub trait Kernel: Send {
     fn ppid(&self, pid: u32) -> Option<u32>;
     /// Every process on the host.
     fn processes(&self) -> Vec<u32>;
+    /// The CPUs a thread may run on, in order.
+    fn affinity(&self, tid: u32) -> io::Result<Vec<usize>>;
+    fn set_affinity(&self, tid: u32, cpus: &[usize]) -> io::Result<()>;
+    /// The CPUs the host has online, in order.
+    fn online_cpus(&self) -> Vec<usize>;
 }
 
 /// The running kernel: system calls and /proc.
@@ -229,6 +234,18 @@ impl Kernel for Host {
     }
     fn ppid(&self, pid: u32) -> Option<u32> {
         appease_cgroup::stat_ppid(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    }
+    fn affinity(&self, tid: u32) -> io::Result<Vec<usize>> {
+        affinity(tid)
+    }
+    fn set_affinity(&self, tid: u32, cpus: &[usize]) -> io::Result<()> {
+        set_affinity(tid, cpus)
+    }
+    fn online_cpus(&self) -> Vec<usize> {
+        std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|t| parse_cpu_list(&t))
+            .unwrap_or_else(|| (0..affinity(0).map_or(1, |c| c.len())).collect())
     }
     fn processes(&self) -> Vec<u32> {
         std::fs::read_dir("/proc")
@@ -274,6 +291,69 @@ pub fn thread_cpu_ns(pid: u32, tid: u32) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
+/// A thread's time on a CPU and time runnable but waiting for one, ns (the first two
+/// fields of schedstat): together, how much it wanted to run.
+pub fn thread_run_wait_ns(pid: u32, tid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
+    let mut f = text.split_whitespace().map(|x| x.parse::<u64>().ok());
+    Some((f.next()??, f.next()??))
+}
+
+/// The CPUs thread `tid` (0: the caller) may run on.
+pub fn affinity(tid: u32) -> io::Result<Vec<usize>> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe {
+        libc::sched_getaffinity(tid as i32, std::mem::size_of::<libc::cpu_set_t>(), &mut set)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below CPU_SETSIZE.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
+/// Lets thread `tid` run on `cpus` only.
+pub fn set_affinity(tid: u32, cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `cpu` is below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe {
+        libc::sched_setaffinity(tid as i32, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A kernel CPU list ("0-3,8,10-11"), as in /sys/devices/system/cpu/online.
+pub fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                if a > b || b >= libc::CPU_SETSIZE as usize {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    (!cpus.is_empty()).then_some(cpus)
+}
+
 pub fn is_esrch(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::ESRCH) || e.kind() == io::ErrorKind::NotFound
 }
@@ -292,6 +372,40 @@ mod tests {
         assert_eq!(s.start, 98765);
         assert_eq!(s.policy, 3);
         assert!(!s.kernel_thread);
+    }
+
+    #[test]
+    fn parses_cpu_lists() {
+        assert_eq!(parse_cpu_list("0-1\n"), Some(vec![0, 1]));
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list(""), None);
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn reads_and_sets_a_threads_affinity() {
+        let all = affinity(0).unwrap();
+        assert!(!all.is_empty());
+        // A thread of our own, pinned to one CPU and back.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            // SAFETY: no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let last = *all.last().unwrap();
+        set_affinity(tid, &[last]).unwrap();
+        assert_eq!(affinity(tid).unwrap(), vec![last]);
+        set_affinity(tid, &all).unwrap();
+        assert_eq!(affinity(tid).unwrap(), all);
+        done_tx.send(()).unwrap();
+        h.join().unwrap();
     }
 
     #[test]

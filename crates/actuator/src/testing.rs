@@ -13,6 +13,8 @@ use crate::sys::{Kernel, Sched, TaskStat, SCHED_IDLE, SCHED_NORMAL};
 
 /// The kernel's default slice in the fake (this host's value does not matter).
 pub const BASE_SLICE_NS: u64 = 2_800_000;
+/// The fake host's CPUs.
+pub const CPUS: [usize; 4] = [0, 1, 2, 3];
 
 #[derive(Clone, Debug)]
 pub struct Task {
@@ -22,6 +24,8 @@ pub struct Task {
     pub start: u64,
     pub kernel_thread: bool,
     pub sched: Sched,
+    /// The CPUs it may run on.
+    pub cpus: Vec<usize>,
 }
 
 #[derive(Default)]
@@ -86,6 +90,7 @@ impl FakeKernel {
                 start,
                 kernel_thread: false,
                 sched,
+                cpus: CPUS.to_vec(),
             },
         );
         start
@@ -111,6 +116,15 @@ impl FakeKernel {
     /// Someone else (the owner, an admin) sets the thread's nice.
     pub fn renice_by_other(&self, tid: u32, nice: i32) {
         self.state().tasks.get_mut(&tid).expect("exists").sched.nice = nice;
+    }
+
+    pub fn cpus(&self, tid: u32) -> Vec<usize> {
+        self.state().tasks[&tid].cpus.clone()
+    }
+
+    /// Someone else (the owner, a cpuset) sets the thread's CPUs.
+    pub fn pin_by_other(&self, tid: u32, cpus: &[usize]) {
+        self.state().tasks.get_mut(&tid).expect("exists").cpus = cpus.to_vec();
     }
 
     pub fn refuse(&self, tid: u32, errno: i32) {
@@ -267,6 +281,45 @@ impl Kernel for FakeKernel {
         pids.sort_unstable();
         pids.dedup();
         pids
+    }
+
+    fn affinity(&self, tid: u32) -> io::Result<Vec<usize>> {
+        self.state()
+            .tasks
+            .get(&tid)
+            .map(|t| t.cpus.clone())
+            .ok_or_else(gone)
+    }
+
+    /// Checked like a scheduling change: narrowing a thread's CPUs needs its original
+    /// set in the journal first; putting every CPU back needs nothing.
+    fn set_affinity(&self, tid: u32, cpus: &[usize]) -> io::Result<()> {
+        let mut s = self.state();
+        if let Some(&errno) = s.refuse.get(&tid) {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
+        let Some(task) = s.tasks.get(&tid).cloned() else {
+            return Err(gone());
+        };
+        if let Some(dir) = s.journal.clone() {
+            let covered = cpus == CPUS
+                || journal::read_pending(&dir).is_ok_and(|st| {
+                    st.pinned
+                        .keys()
+                        .any(|k| k.tid == tid && k.start == task.start)
+                });
+            if !covered {
+                s.unjournaled
+                    .push(format!("tid {tid}: cpus {:?} -> {cpus:?}", task.cpus));
+            }
+        }
+        s.tasks.get_mut(&tid).expect("checked").cpus = cpus.to_vec();
+        s.changes += 1;
+        Ok(())
+    }
+
+    fn online_cpus(&self) -> Vec<usize> {
+        CPUS.to_vec()
     }
 }
 

@@ -43,10 +43,14 @@ pub enum Change {
     Group,
     /// The idle group's mode (idle, quiet, starvation floor).
     BatchMode,
+    /// A busy thread of the idle group kept on one CPU (`spread`).
+    Pin,
+    /// A pinned thread's CPUs put back.
+    Unpin,
 }
 
 impl Change {
-    const ALL: [Change; 12] = [
+    const ALL: [Change; 14] = [
         Change::Elevate,
         Change::Role,
         Change::Sink,
@@ -59,6 +63,8 @@ impl Change {
         Change::Unit,
         Change::Group,
         Change::BatchMode,
+        Change::Pin,
+        Change::Unpin,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -75,6 +81,8 @@ impl Change {
             Change::Unit => "unit",
             Change::Group => "group",
             Change::BatchMode => "batch-mode",
+            Change::Pin => "pin",
+            Change::Unpin => "unpin",
         }
     }
 

@@ -112,6 +112,10 @@ struct BenchArgs {
     /// A short run (5 s per mode) for CI and a first look.
     #[arg(long)]
     quick: bool,
+    /// Seconds measured per mode and round (default 30, 20 for utilization, 5 with --quick):
+    /// longer runs put more requests under each percentile.
+    #[arg(long, value_parser = parse_seconds)]
+    seconds: Option<f64>,
     /// Print the result as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -139,8 +143,9 @@ struct BenchArgs {
     /// The batch load: soak (CPU spinners counting work), compile (make -jN with gcc
     /// over a generated tree, in a loop; throughput in files compiled per second), script
     /// (a shell script with a `sleep` helper running N CPU-heavy children at a time, in
-    /// rounds; throughput in children finished per second) or docker (the spinners, each in a Docker container of a private engine the bench
-    /// starts: needs docker.io).
+    /// rounds; throughput in children finished per second), mixed (spinner jobs of 1, 2 and
+    /// 4 threads in turn: fairness per job) or docker (the spinners, each in a Docker
+    /// container of a private engine the bench starts: needs docker.io).
     #[arg(long, default_value = "soak")]
     batch: String,
     /// Run every mode this many times, interleaved, and report each metric's median.
@@ -263,6 +268,9 @@ enum Worker {
         /// Process name (comm) to run under.
         #[arg(long, default_value = "bench-soaker")]
         name: String,
+        /// Spinning threads (a job of this size).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+        threads: u32,
     },
     /// A parallel C compile in a loop (starts after a line on stdin).
     Compile {
@@ -471,7 +479,9 @@ fn run(cmd: Command) -> Result<()> {
                     &call,
                 )?)
             }
-            Worker::Soak { name } => Ok(appease_bench::worker::soak(&name)?),
+            Worker::Soak { name, threads } => {
+                Ok(appease_bench::worker::soak(&name, threads as usize)?)
+            }
             Worker::Compile { dir, jobs } => Ok(appease_bench::worker::compile(&dir, jobs)?),
             Worker::Script { jobs } => {
                 let me = std::env::current_exe().context("finding appease's own binary")?;
@@ -567,10 +577,19 @@ fn bench_plot(dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// `--seconds`: a positive duration of at most an hour.
+fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 3600.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds within (0, 3600]")),
+    }
+}
+
 fn bench(args: BenchArgs) -> Result<()> {
     let BenchArgs {
         scenario,
         quick,
+        seconds,
         json,
         out,
         modes,
@@ -605,6 +624,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     let opts = appease_bench::Options {
         scenario,
         quick,
+        seconds,
         modes,
         loads: load,
         appease: std::env::current_exe().context("finding the appease binary")?,

@@ -2279,6 +2279,142 @@ fn the_batch_group_is_idle_only_while_requests_arrive() {
     drop(service);
 }
 
+/// The CPUs a thread may run on, from /proc (`Cpus_allowed_list`).
+fn cpus_of(pid: u32) -> Vec<usize> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let list = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let mut cpus = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn busy_batch_threads_are_spread_one_cpu_each_a_job_with_cpus_of_its_own_is_left_and_all_come_back_on_stop(
+) {
+    use std::os::unix::process::CommandExt;
+    let _g = serial();
+    let cpus = host_cpus();
+    assert!(
+        cpus >= 2,
+        "spreading needs two CPUs or more; this host has {cpus}"
+    );
+    let all: Vec<usize> = (0..cpus).collect();
+    let dir = TempDir::new("spread");
+    let group = format!("appease-e2e-spread{}", std::process::id());
+    // Idle always (no quiet mode): spread without a server receiving requests.
+    let cfg = dir.file(
+        "spread.toml",
+        &format!("{}quiet_after_ms = 0\n", batch_config(&group)),
+    );
+    let plain: Vec<std::process::Child> = (0..2).map(|_| named_soaker("spread-soak")).collect();
+    // A job that chose its CPU itself.
+    let last = cpus - 1;
+    let mut own = Command::new(BIN);
+    own.args(["bench-worker", "soak", "--name", "own-cpu"])
+        .stdout(Stdio::null());
+    // SAFETY: sched_setaffinity on the child itself, before exec.
+    unsafe {
+        own.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(last, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            Ok(())
+        });
+    }
+    let own = own.spawn().unwrap();
+    // A shell job: two busy children, and the shell waiting, which runs `nproc` (as a
+    // build would size itself) once told to.
+    let go = dir.0.join("go");
+    let nproc_out = dir.0.join("nproc");
+    let script = Script::start(&format!(
+        "{BIN} bench-worker soak & {BIN} bench-worker soak & \
+         while [ ! -e {go} ]; do sleep 0.1; done; nproc > {out}; wait",
+        go = go.display(),
+        out = nproc_out.display()
+    ));
+    let _jobs = Soakers(plain.into_iter().chain([own]).collect());
+    let (plain_pids, own_pid, sh_pid) = (
+        [_jobs.0[0].id(), _jobs.0[1].id()],
+        _jobs.0[2].id(),
+        script.pid(),
+    );
+    let daemon = Daemon::start(&dir.0, &cfg);
+    // The shell's children, once it has started them.
+    let soaker = |p: &u32| {
+        std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "bench-soaker")
+    };
+    let mut children = Vec::new();
+    wait_for(Duration::from_secs(5), || {
+        children = children_of(sh_pid).into_iter().filter(soaker).collect();
+        children.len() >= 2
+    });
+    let busy: Vec<u32> = plain_pids.iter().copied().chain(children.clone()).collect();
+    assert_eq!(busy.len(), 4, "two soakers and the shell's two children");
+    let spread = wait_for(Duration::from_secs(15), || {
+        busy.iter().all(|&p| cpus_of(p).len() == 1)
+    });
+    assert!(
+        spread.is_some(),
+        "every busy thread on one CPU: {:?}\n{}",
+        busy.iter().map(|&p| (p, cpus_of(p))).collect::<Vec<_>>(),
+        daemon.log_text()
+    );
+    // The same number on each CPU (4 threads: 2 each on two CPUs).
+    let mut per_cpu = vec![0; cpus];
+    for &p in &busy {
+        per_cpu[cpus_of(p)[0]] += 1;
+    }
+    assert!(
+        per_cpu.iter().max().unwrap() - per_cpu.iter().min().unwrap() <= 1,
+        "evenly: {per_cpu:?}"
+    );
+    assert_eq!(cpus_of(own_pid), vec![last], "its own choice stays");
+    assert_eq!(cpus_of(sh_pid), all, "the waiting shell keeps every CPU");
+    let shown = wait_for(Duration::from_secs(3), || {
+        daemon.status_json()["batch"]["pinned"].as_u64() == Some(4)
+    });
+    assert!(
+        shown.is_some(),
+        "status shows 4 pinned: {}",
+        daemon.status_json()
+    );
+    // What the shell starts now sees the whole machine.
+    std::fs::write(&go, "").unwrap();
+    let said = wait_for(Duration::from_secs(5), || {
+        std::fs::read_to_string(&nproc_out).is_ok_and(|t| !t.trim().is_empty())
+    });
+    assert!(said.is_some(), "nproc ran");
+    assert_eq!(
+        std::fs::read_to_string(&nproc_out).unwrap().trim(),
+        cpus.to_string(),
+        "a job's new child sees every CPU"
+    );
+    let mut daemon = daemon;
+    assert!(
+        daemon.signal(libc::SIGTERM).success(),
+        "{}",
+        daemon.log_text()
+    );
+    for &p in &busy {
+        assert_eq!(cpus_of(p), all, "pid {p}: every CPU back on stop");
+    }
+    assert_eq!(cpus_of(own_pid), vec![last], "still its own choice");
+    let log = daemon.log_text();
+    assert!(log.contains("change=\"pin\""), "{log}");
+    assert!(log.contains("change=\"unpin\""), "{log}");
+}
+
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn a_batch_group_removed_under_the_daemon_is_made_again_on_next_use() {

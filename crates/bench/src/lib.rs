@@ -89,6 +89,9 @@ pub enum Batch {
     /// The soakers, each in a Docker container of its own (no quota), from an engine the
     /// bench starts.
     Docker,
+    /// Soaker jobs of 1, 2 and 4 threads in turn: batch jobs of different sizes, each of
+    /// which should get the same CPU.
+    Mixed,
 }
 
 impl Batch {
@@ -98,7 +101,8 @@ impl Batch {
             "compile" => Ok(Batch::Compile),
             "script" => Ok(Batch::Script),
             "docker" => Ok(Batch::Docker),
-            _ => bail!("unknown batch load {s:?}; one of soak, compile, script, docker"),
+            "mixed" => Ok(Batch::Mixed),
+            _ => bail!("unknown batch load {s:?}; one of soak, compile, script, mixed, docker"),
         }
     }
 
@@ -114,18 +118,22 @@ impl Batch {
                 "a shell script with a sleep running {n} CPU-heavy children at a time ({load} per CPU)"
             ),
             Batch::Docker => format!("{n} soakers in Docker containers ({load} per CPU)"),
+            Batch::Mixed => format!("{n} soaker jobs of 1, 2 and 4 threads ({load} jobs per CPU)"),
         }
     }
 
     /// What its throughput counts.
     pub fn unit(self) -> &'static str {
         match self {
-            Batch::Soak | Batch::Docker => "work units",
+            Batch::Soak | Batch::Docker | Batch::Mixed => "work units",
             Batch::Compile => "files compiled",
             Batch::Script => "children finished",
         }
     }
 }
+
+/// Threads per job of the mixed load, in turn.
+pub const MIXED_SIZES: [usize; 3] = [1, 2, 4];
 
 pub const SCENARIOS: &[&str] = &[
     "synthetic",
@@ -140,6 +148,8 @@ pub const SCENARIOS: &[&str] = &[
 pub struct Options {
     pub scenario: String,
     pub quick: bool,
+    /// Seconds measured per mode and round instead of the scenario's default.
+    pub seconds: Option<f64>,
     pub modes: Vec<Mode>,
     /// Batch jobs per CPU; several values sweep.
     pub loads: Vec<f64>,
@@ -268,7 +278,7 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
         rate_per_s,
         arrivals,
         batch: opts.batch,
-        measure_s: if opts.quick { 5.0 } else { 30.0 },
+        measure_s: opts.seconds.unwrap_or(if opts.quick { 5.0 } else { 30.0 }),
         warmup_s: 1.0,
         rounds: opts.repeat.max(1),
     };
@@ -308,14 +318,16 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                 );
                 let r = run_mode(opts, &params, mode, soakers, engine.as_ref())?;
                 eprintln!(
-                    "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms; batch {:.1} {}/s on {:.2} CPUs",
+                    "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms; batch {:.1} {}/s on {:.2} CPUs{}",
                     r.latency_ms.mean,
                     r.latency_ms.p95,
                     r.latency_ms.p99,
                     r.latency_ms.max,
                     r.batch_throughput,
                     params.batch.unit(),
-                    r.batch_cpus
+                    r.batch_cpus,
+                    r.batch_jain
+                        .map_or(String::new(), |j| format!(", Jain {j:.4} over the jobs"))
                 );
                 runs[i].push(r);
             }
@@ -325,6 +337,9 @@ fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
             .filter(|r| !r.is_empty())
             .map(|r| report::median(r))
             .collect();
+        if modes.is_empty() {
+            break; // Ctrl-C before this level measured anything: report the levels done
+        }
         out.push(ScenarioResult {
             scenario: opts.scenario.clone(),
             cpus,
@@ -437,6 +452,18 @@ fn worker_command(appease: &Path, args: &[&str], stderr: Stdio) -> Result<Child>
         .with_context(|| format!("starting {} bench-worker", appease.display()))
 }
 
+/// CPU time of a process's live threads, ns (0 once it is gone).
+pub(crate) fn process_cpu_ns(pid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    dir.filter_map(|e| {
+        let text = std::fs::read_to_string(e.ok()?.path().join("schedstat")).ok()?;
+        text.split_whitespace().next()?.parse::<u64>().ok()
+    })
+    .sum()
+}
+
 /// Busy and total jiffies from the first line of /proc/stat.
 pub(crate) fn cpu_jiffies() -> (u64, u64) {
     let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -492,9 +519,14 @@ fn run_mode(
     let mut soak_pids = Vec::new();
     let mut containers = Vec::new();
     match p.batch {
-        Batch::Soak => {
-            for _ in 0..n {
-                let c = spawn_worker(&opts.appease, &["soak"])?;
+        Batch::Soak | Batch::Mixed => {
+            for i in 0..n {
+                let threads = match p.batch {
+                    Batch::Mixed => MIXED_SIZES[i % MIXED_SIZES.len()],
+                    _ => 1,
+                }
+                .to_string();
+                let c = spawn_worker(&opts.appease, &["soak", "--threads", &threads])?;
                 soak_pids.push(c.id());
                 run.children.push(c);
             }
@@ -563,6 +595,7 @@ fn run_mode(
         let _warmup_latencies_unused = warm.join();
     }
 
+    let jobs_cpu0: Vec<u64> = soak_pids.iter().map(|&p| process_cpu_ns(p)).collect();
     let (busy0, total0) = cpu_jiffies();
     let result = load.run(
         p,
@@ -571,6 +604,12 @@ fn run_mode(
         &opts.stop,
     )?;
     let (busy1, total1) = cpu_jiffies();
+    // Each job's CPU over the measurement, while the server received requests.
+    let jobs_cpu: Vec<f64> = soak_pids
+        .iter()
+        .zip(&jobs_cpu0)
+        .map(|(&p, &b)| process_cpu_ns(p).saturating_sub(b) as f64 / 1e9)
+        .collect();
     let util = 100.0 * (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64;
 
     // the 2010 customer-appeasement paper's web test: the whole site with wget -r, under the same batch load.
@@ -628,6 +667,9 @@ fn run_mode(
     }
     let mut m = ModeResult::new(mode, &result, units as f64 / soak_time, util);
     m.batch_cpus = cpu_ns as f64 / 1e9 / soak_time;
+    if matches!(p.batch, Batch::Soak | Batch::Mixed | Batch::Docker) && jobs_cpu.len() > 1 {
+        m.batch_jain = Some(utilization::jain(&jobs_cpu));
+    }
     m.download_s = download_s;
     if p.server == "player" {
         m.frames = Some(report::Frames::new(&result, p.rate_per_s));

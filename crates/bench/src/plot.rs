@@ -163,6 +163,15 @@ pub fn latency_vs_load(rs: &[ScenarioResult]) -> anyhow::Result<String> {
 /// Every plot of a latency scenario's results, as (file name, SVG).
 pub fn all(rs: &[ScenarioResult]) -> anyhow::Result<Vec<(String, String)>> {
     let mut out = Vec::new();
+    // A level with no finite latency (stopped before it measured) has nothing to draw,
+    // and an unbounded axis would never finish its ticks.
+    let drawable = |r: &&ScenarioResult| {
+        r.modes
+            .iter()
+            .any(|m| m.cdf_ms.iter().any(|c| c.1.is_finite() && c.1 > 0.0))
+    };
+    let rs: Vec<ScenarioResult> = rs.iter().filter(drawable).cloned().collect();
+    let rs = &rs[..];
     for r in rs {
         let name = if rs.len() == 1 {
             "cdf.svg".to_string()

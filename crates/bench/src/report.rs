@@ -54,6 +54,10 @@ pub struct ModeResult {
     /// with the same CPU.
     #[serde(default)]
     pub batch_cpus: f64,
+    /// Jain's index over the batch jobs' CPU time during the measurement (soaker loads
+    /// with two jobs or more): 1 when every job got the same.
+    #[serde(default)]
+    pub batch_jain: Option<f64>,
     pub cpu_util_pct: f64,
     /// the 2010 customer-appeasement paper unhappiness: time waited beyond the CPU the request needed, ms.
     pub unhappiness_ms: Option<Latency>,
@@ -110,6 +114,7 @@ impl ModeResult {
             lost: r.sent.saturating_sub(r.answered),
             batch_throughput,
             batch_cpus: 0.0,
+            batch_jain: None,
             cpu_util_pct,
             unhappiness_ms: (!r.unhappiness_us.is_empty())
                 .then(|| Latency::from_us(&r.unhappiness_us)),
@@ -229,6 +234,14 @@ impl ScenarioResult {
              b.CPUs = CPUs the batch got on average\n",
             p.batch.unit()
         );
+        if self.modes.iter().any(|m| m.batch_jain.is_some()) {
+            s += "\nfairness among the batch jobs while the server received requests (Jain's index over each job's CPU time)\n";
+            for m in &self.modes {
+                if let Some(j) = m.batch_jain {
+                    s += &format!("{:<18} {:>7.4}\n", m.mode.name(), j);
+                }
+            }
+        }
         if self.modes.iter().any(|m| m.download_s.is_some()) {
             s += "\nwhole-tree download (wget -r of the site, mean of 3), s\n";
             for m in &self.modes {
@@ -263,13 +276,13 @@ pub fn csv(results: &[ScenarioResult]) -> String {
     let mut s = String::from(
         "scenario,load_per_cpu,mode,requests,lost,mean_ms,p50_ms,p90_ms,p95_ms,p99_ms,p999_ms,\
          min_ms,max_ms,max_min_ms,p95_min_ms,unhappiness_mean_ms,requests_per_s,time_to_finish_s,\
-         time_per_request_ms,batch_throughput,cpu_util_pct,batch_cpus\n",
+         time_per_request_ms,batch_throughput,cpu_util_pct,batch_cpus,batch_jain\n",
     );
     for r in results {
         for m in &r.modes {
             let l = &m.latency_ms;
             s += &format!(
-                "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.4},{:.1},{:.2},{:.3}\n",
+                "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.4},{:.1},{:.2},{:.3},{}\n",
                 r.scenario,
                 r.load_per_cpu,
                 m.mode.name(),
@@ -291,7 +304,8 @@ pub fn csv(results: &[ScenarioResult]) -> String {
                 m.time_per_request_ms,
                 m.batch_throughput,
                 m.cpu_util_pct,
-                m.batch_cpus
+                m.batch_cpus,
+                m.batch_jain.map_or(String::new(), |j| format!("{j:.4}"))
             );
         }
     }
@@ -342,6 +356,11 @@ pub fn median(runs: &[ModeResult]) -> ModeResult {
         lost: runs.iter().map(|r| r.lost).max().unwrap_or(0),
         batch_throughput: m(|r| r.batch_throughput),
         batch_cpus: m(|r| r.batch_cpus),
+        batch_jain: runs
+            .iter()
+            .map(|r| r.batch_jain)
+            .collect::<Option<Vec<f64>>>()
+            .map(median_of),
         cpu_util_pct: m(|r| r.cpu_util_pct),
         unhappiness_ms: (unhappy.len() == runs.len()).then(|| median_latency(&unhappy)),
         max_min_ms: m(|r| r.max_min_ms),
@@ -396,6 +415,7 @@ mod tests {
             lost: 0,
             batch_throughput: x * 10.0,
             batch_cpus: x / 10.0,
+            batch_jain: None,
             cpu_util_pct: 99.0,
             unhappiness_ms: Some(lat(x / 2.0)),
             max_min_ms: 0.0,
@@ -427,6 +447,53 @@ mod tests {
         let m = median(&[result(5.0), result(7.0)]);
         assert_eq!(m.latency_ms.p99, 6.0);
         assert!(median_of(vec![]).is_nan());
+    }
+
+    #[test]
+    fn jain_over_the_jobs_is_the_median_of_the_rounds_that_have_it() {
+        let with = |x: f64, j: Option<f64>| ModeResult {
+            batch_jain: j,
+            ..result(x)
+        };
+        let m = median(&[
+            with(5.0, Some(0.5)),
+            with(6.0, Some(0.9)),
+            with(7.0, Some(0.99)),
+        ]);
+        assert_eq!(m.batch_jain, Some(0.9));
+        assert_eq!(
+            median(&[with(5.0, Some(0.5)), with(6.0, None)]).batch_jain,
+            None
+        );
+    }
+
+    /// A level stopped (Ctrl-C) before it measured anything is left out of the plots: its
+    /// empty axis once made the SVG writer run without end.
+    #[test]
+    fn plots_leave_out_a_level_with_nothing_measured() {
+        let params = Synthetic {
+            server: "synthetic".into(),
+            transport: "tcp".into(),
+            cpu_ms: 5.0,
+            rate_per_s: 40.0,
+            arrivals: crate::client::Arrivals::Fixed,
+            batch: crate::Batch::Soak,
+            measure_s: 1.0,
+            warmup_s: 1.0,
+            rounds: 1,
+        };
+        let level = |load: f64, modes: Vec<ModeResult>| ScenarioResult {
+            scenario: "synthetic".into(),
+            cpus: 2,
+            load_per_cpu: load,
+            soakers: 2,
+            params: params.clone(),
+            modes,
+        };
+        let plots = crate::plot::all(&[level(1.0, vec![result(5.0)]), level(2.0, vec![])]).unwrap();
+        let names: Vec<&str> = plots.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, vec!["cdf.svg"]);
+        assert!(crate::plot::all(&[level(1.0, vec![])]).unwrap().is_empty());
     }
 }
 

@@ -194,7 +194,8 @@ fn run_case(
 
 pub fn run(opts: &Options) -> Result<UtilizationResult> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let measure = Duration::from_secs(if opts.quick { 5 } else { 20 });
+    let measure =
+        Duration::from_secs_f64(opts.seconds.unwrap_or(if opts.quick { 5.0 } else { 20.0 }));
     let n = 2 * cpus; // (2·CPUs − 1) idle-class + 1 normal
     let mut cases = Vec::new();
     for (name, layout, count) in [

@@ -137,22 +137,35 @@ fn answer(mut s: impl Read + Write, cpu: Duration, callees: &mut Callees) {
 
 /// Spins, counting units of work (1,000 loop iterations each), until SIGTERM; then
 /// prints the count and the CPU time it used (ns).
-pub fn soak(name: &str) -> io::Result<()> {
+pub fn soak(name: &str, threads: usize) -> io::Result<()> {
     let name = std::ffi::CString::new(name).map_err(io::Error::other)?;
     set_name(&name);
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
-    let mut units: u64 = 0;
-    let mut x: u64 = 1;
-    while !stop.load(Ordering::Relaxed) {
-        for _ in 0..1000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+    let spin = |stop: &AtomicBool| {
+        let mut units: u64 = 0;
+        let mut x: u64 = 1;
+        while !stop.load(Ordering::Relaxed) {
+            for _ in 0..1000 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+            }
+            std::hint::black_box(x);
+            units += 1;
         }
-        std::hint::black_box(x);
-        units += 1;
-    }
+        units
+    };
+    let units: u64 = std::thread::scope(|s| {
+        let others: Vec<_> = (1..threads.max(1))
+            .map(|_| s.spawn(|| spin(&stop)))
+            .collect();
+        spin(&stop)
+            + others
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .sum::<u64>()
+    });
     println!("{units} {}", cpu_used_ns());
     Ok(())
 }

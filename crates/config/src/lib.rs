@@ -210,6 +210,9 @@ pub struct BatchSection {
     pub quiet_after_ms: u64,
     #[serde(deserialize_with = "weight")]
     pub quiet_weight: u32,
+    /// While the group is idle, its busy threads are pinned one CPU each, evenly, turned
+    /// at every scan (the kernel herds an idle group's tasks between CPUs).
+    pub spread: bool,
 }
 
 /// Forces a class on the processes it matches; every given field must match.
@@ -585,6 +588,7 @@ impl Default for BatchSection {
             floor_weight: 10,
             quiet_after_ms: 10_000,
             quiet_weight: 100,
+            spread: true,
         }
     }
 }

@@ -9,6 +9,7 @@ use appease_actuator::{ActError, KernelActuator};
 use appease_config::Config;
 use appease_policy::floor::FloorDecision;
 use appease_policy::group_mode::{GroupMode, GroupModeKeeper};
+use appease_policy::spread::BusyThread;
 use appease_policy::LiftBudget;
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +45,10 @@ pub struct BatchManager {
     /// The last scan's cost: the scanner thread's, and the event loop's for the rest.
     cost: ScanCost,
     loop_us: u64,
+    /// Scans that spread the idle group's threads: the plan turns by one at each.
+    spread_round: u64,
+    /// Threads pinned by the last spread.
+    pinned: usize,
 }
 
 /// The idle group as `appease status` shows it.
@@ -64,6 +69,9 @@ pub struct BatchView {
     /// The event loop's time on the last scan's result (acting on it), µs.
     #[serde(default)]
     pub scan_loop_us: u64,
+    /// Busy threads of the idle group kept one CPU each (`[batch] spread`).
+    #[serde(default)]
+    pub pinned: usize,
 }
 
 impl BatchManager {
@@ -83,6 +91,8 @@ impl BatchManager {
             roles: HashMap::new(),
             cost: ScanCost::default(),
             loop_us: 0,
+            spread_round: 0,
+            pinned: 0,
         }
     }
 
@@ -105,6 +115,7 @@ impl BatchManager {
             floor_lifts: self.mode.floor.lifts,
             scan: self.cost.clone(),
             scan_loop_us: self.loop_us,
+            pinned: self.pinned,
         }
     }
 
@@ -296,6 +307,7 @@ impl BatchManager {
         }
         // A group created by this scan's demotions starts idle: give it its mode.
         self.sync_mode(now, cfg, actuator);
+        self.spread(now, snap.busy_batch, cfg, actuator);
         // Requests of processes that are gone need not be remembered.
         for (pid, start) in snap.gone {
             if self
@@ -308,6 +320,42 @@ impl BatchManager {
         }
         self.cost = snap.cost;
         self.loop_us = appease_probe::monotonic_ns().saturating_sub(began) / 1000;
+    }
+
+    /// Keeps the idle group's busy threads one CPU each while the group is idle (the
+    /// kernel herds an idle group's tasks); gives every CPU back once it is quiet (a
+    /// normal group, which the kernel balances fairly) or spreading is off.
+    fn spread(
+        &mut self,
+        now: u64,
+        busy: Vec<BusyThread>,
+        cfg: &Config,
+        actuator: &mut KernelActuator,
+    ) {
+        let quiet = self.mode.mode(now) == GroupMode::Quiet;
+        if quiet || !cfg.batch.enabled || !cfg.batch.spread {
+            if self.pinned > 0 || actuator.pinned() > 0 {
+                actuator.unspread(if quiet {
+                    "mode quiet: the kernel balances a normal group fairly"
+                } else {
+                    "spreading turned off"
+                });
+            }
+            self.pinned = 0;
+            return;
+        }
+        // Only what is still demoted after this scan's promotions, and free to move.
+        let busy: Vec<BusyThread> = busy
+            .into_iter()
+            .filter(|t| self.demoted.contains(&t.pid) && actuator.may_spread(t.pid, t.tid))
+            .collect();
+        self.spread_round += 1;
+        let plan: Vec<(u32, u32, usize)> =
+            appease_policy::spread::plan(&busy, actuator.spread_cpus(), self.spread_round)
+                .into_iter()
+                .map(|(t, cpu)| (t.pid, t.tid, cpu))
+                .collect();
+        self.pinned = actuator.spread(&plan);
     }
 
     /// Feeds the idle group's share since the last scan to the starvation floor.

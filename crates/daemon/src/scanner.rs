@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 
 use appease_config::Config;
 use appease_policy::batch::{BatchClassifier, BatchDecision, Class, ProcSample};
+use appease_policy::spread::BusyThread;
 use appease_probe::{TaskIter, TaskRecord};
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +57,8 @@ pub struct Snapshot {
     pub demoted_apps: HashSet<u32>,
     /// Of the processes asked about (`last_request`), those that are gone: (pid, start).
     pub gone: Vec<(u32, u64)>,
+    /// The idle group's busy threads (`[batch] spread`), to be spread over the CPUs.
+    pub busy_batch: Vec<BusyThread>,
     pub cost: ScanCost,
 }
 
@@ -256,6 +259,8 @@ struct Worker {
     last_scan: Option<u64>,
     /// Processes that listened before the probe was loaded (it sees the rest).
     listening: HashSet<(u32, u64)>,
+    /// (pid, tid) -> ns running or runnable at the last scan, of the idle group's threads.
+    thread_cpu: HashMap<(u32, u32), u64>,
 }
 
 impl Worker {
@@ -270,6 +275,7 @@ impl Worker {
             seen: HashMap::new(),
             last_scan: None,
             listening,
+            thread_cpu: HashMap::new(),
         }
     }
 
@@ -295,6 +301,12 @@ impl Worker {
         let procs = &reading.procs;
         let in_group: HashSet<u32> = req.in_group.iter().copied().collect();
         let floor = self.floor_sample(taken_at, procs, &in_group, &reading.runnable);
+        let busy_batch = if cfg.batch.spread {
+            self.busy_threads(taken_at, &req.in_group)
+        } else {
+            self.thread_cpu.clear();
+            Vec::new()
+        };
         self.seen = procs
             .iter()
             .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))
@@ -337,6 +349,7 @@ impl Worker {
             services,
             roles,
             floor,
+            busy_batch,
             ..Default::default()
         };
         let started = &start_of;
@@ -376,6 +389,32 @@ impl Worker {
         snap.cost.cpu_us = thread_cpu_ns().saturating_sub(cpu0) / 1000;
         snap.cost.wall_us = appease_probe::monotonic_ns().saturating_sub(taken_at) / 1000;
         snap
+    }
+
+    /// The threads of the idle group's processes that wanted a CPU (ran, or waited to)
+    /// at least half the time since the last scan (a thread not seen then waits for the
+    /// next).
+    fn busy_threads(&mut self, now: u64, in_group: &[u32]) -> Vec<BusyThread> {
+        let interval = self.last_scan.map_or(0, |l| now.saturating_sub(l));
+        let mut seen_now = HashMap::with_capacity(self.thread_cpu.len());
+        let mut busy = Vec::new();
+        for &pid in in_group {
+            let job = self.classifier.tree_of(pid).unwrap_or(pid);
+            for tid in appease_actuator::sys::threads_of(pid) {
+                let Some((run, wait)) = appease_actuator::sys::thread_run_wait_ns(pid, tid) else {
+                    continue;
+                };
+                let wanted = run + wait;
+                if let Some(&before) = self.thread_cpu.get(&(pid, tid)) {
+                    if appease_policy::spread::busy(wanted.saturating_sub(before), interval) {
+                        busy.push(BusyThread { job, pid, tid });
+                    }
+                }
+                seen_now.insert((pid, tid), wanted);
+            }
+        }
+        self.thread_cpu = seen_now;
+        busy
     }
 
     /// The idle group's CPU share and waiting since the last scan.

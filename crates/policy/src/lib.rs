@@ -9,6 +9,7 @@ pub mod ladder;
 pub mod lift;
 pub mod load;
 pub mod roles;
+pub mod spread;
 pub mod tree;
 
 pub use elevation::{

@@ -1,0 +1,366 @@
+//! Pinning the idle group's busy threads, one CPU each, as the policy's `spread` plans
+//! it: the kernel's balancer herds an idle group's tasks, and cannot move a pinned one.
+//! Each pin is journaled with the thread's CPUs before it and undone when the thread is
+//! no longer busy, when the group stops being idle, on exit and after a crash. A thread
+//! whose CPUs someone else chose (its own affinity, a cpuset) is never touched. Only busy
+//! threads are pinned: a shell or a `make` waiting on its children keeps every CPU, so
+//! what it starts sizes itself to the machine. A child a pinned thread starts inherits its
+//! CPU; it is adopted at the next scan if busy, and given its CPUs back with its parent.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::journal::{JournalState, Record, TaskKey};
+use crate::sys::{self, Kernel};
+use crate::trail::{audit, Change};
+use crate::{KernelActuator, RestoreReport};
+
+/// A thread appease pinned.
+pub(crate) struct Pinned {
+    key: TaskKey,
+    /// The CPUs it had: what goes back.
+    orig: Vec<usize>,
+    cpu: usize,
+    /// Every CPU it was given: a thread or child it started may sit on any of them.
+    held: Vec<usize>,
+}
+
+/// What the spreading holds: the pinned threads and those whose CPUs are not ours to
+/// change (tid -> start).
+#[derive(Default)]
+pub(crate) struct Spread {
+    pinned: HashMap<u32, Pinned>,
+    /// tid -> (pid, start).
+    foreign: HashMap<u32, (u32, u64)>,
+}
+
+impl KernelActuator {
+    /// How many CPUs the spreading shares out (the host's online CPUs).
+    pub fn spread_cpus(&self) -> usize {
+        self.kernel.online_cpus().len()
+    }
+
+    /// Whether a thread may be spread: pinned already, or free to run on every CPU (or
+    /// on one it inherited from a thread appease pinned). A thread that chose its CPUs,
+    /// or sits in a cpuset, is not: the plan leaves it out.
+    pub fn may_spread(&self, pid: u32, tid: u32) -> bool {
+        if self.spread.pinned.contains_key(&tid) {
+            return true;
+        }
+        if self
+            .spread
+            .foreign
+            .get(&tid)
+            .is_some_and(|&(p, _)| p == pid)
+        {
+            return false;
+        }
+        match self.kernel.affinity(tid) {
+            Ok(now) => now == self.kernel.online_cpus() || self.inherited_pin(pid, &now).is_some(),
+            Err(_) => false,
+        }
+    }
+
+    /// Pins each `(pid, tid, cpu)` of `plan` (`cpu` indexes the online CPUs) to its CPU,
+    /// and gives every thread pinned before and not in the plan its CPUs back. Returns
+    /// how many threads are pinned now.
+    pub fn spread(&mut self, plan: &[(u32, u32, usize)]) -> usize {
+        let online = self.kernel.online_cpus();
+        if online.len() < 2 || self.dry_run {
+            self.unspread("nothing to spread over");
+            return 0;
+        }
+        let wanted: HashSet<u32> = plan.iter().map(|&(_, tid, _)| tid).collect();
+        let stale: Vec<u32> = self
+            .spread
+            .pinned
+            .keys()
+            .filter(|t| !wanted.contains(t))
+            .copied()
+            .collect();
+        for tid in stale {
+            self.unpin(tid, "no longer busy in the idle group");
+        }
+        let kernel = &self.kernel;
+        self.spread.foreign.retain(|&tid, &mut (pid, start)| {
+            kernel.task_stat(pid, tid).is_ok_and(|s| s.start == start)
+        });
+        for &(pid, tid, idx) in plan {
+            if pid == self.self_pid {
+                continue;
+            }
+            self.pin(pid, tid, online[idx % online.len()], &online);
+        }
+        self.spread.pinned.len()
+    }
+
+    fn pin(&mut self, pid: u32, tid: u32, cpu: usize, online: &[usize]) {
+        let Ok(stat) = self.kernel.task_stat(pid, tid) else {
+            return; // gone
+        };
+        if let Some(p) = self.spread.pinned.get(&tid) {
+            if p.key.start != stat.start {
+                // The thread ended and its tid is another's now: nothing of ours.
+                let key = p.key;
+                self.spread.pinned.remove(&tid);
+                let _logged_by_journal = self.journal(Record::Unpin { key });
+            } else if self.kernel.affinity(tid).ok().as_deref() != Some(&[p.cpu][..]) {
+                // Someone else set its CPUs since: theirs from now on.
+                let key = p.key;
+                self.spread.pinned.remove(&tid);
+                self.spread.foreign.insert(tid, (pid, stat.start));
+                let _logged_by_journal = self.journal(Record::Unpin { key });
+                tracing::info!(pid, tid, "its CPUs were set by someone else: left alone");
+                return;
+            } else if p.cpu == cpu {
+                return;
+            } else {
+                match self.kernel.set_affinity(tid, &[cpu]) {
+                    Ok(()) => {
+                        if let Some(p) = self.spread.pinned.get_mut(&tid) {
+                            p.cpu = cpu;
+                            if !p.held.contains(&cpu) {
+                                p.held.push(cpu);
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(tid, error = %e, "could not move a pinned thread"),
+                }
+                return;
+            }
+        }
+        if self.spread.foreign.get(&tid) == Some(&(pid, stat.start)) {
+            return;
+        }
+        let Ok(now) = self.kernel.affinity(tid) else {
+            return;
+        };
+        let orig = if now == online {
+            now
+        } else if let Some(orig) = self.inherited_pin(pid, &now) {
+            orig // a thread or child a pinned thread started
+        } else {
+            self.spread.foreign.insert(tid, (pid, stat.start));
+            tracing::debug!(pid, tid, cpus = ?now, "chose its own CPUs: left alone");
+            return;
+        };
+        if !self.spread.pinned.values().any(|p| p.key.pid == pid) {
+            // The first of its process: the threads it has with CPUs of their own stay
+            // theirs (at the end, threads on one CPU of ours count as inherited).
+            for t in self.kernel.threads_of(pid) {
+                if t != tid && self.kernel.affinity(t).is_ok_and(|c| c != online) {
+                    if let Ok(s) = self.kernel.task_stat(pid, t) {
+                        self.spread.foreign.insert(t, (pid, s.start));
+                    }
+                }
+            }
+        }
+        let key = TaskKey {
+            pid,
+            tid,
+            start: stat.start,
+        };
+        if self
+            .journal(Record::Pin {
+                key,
+                orig: orig.clone(),
+            })
+            .is_err()
+        {
+            return;
+        }
+        match self.kernel.set_affinity(tid, &[cpu]) {
+            Ok(()) => {
+                audit!(
+                    self.trail,
+                    Change::Pin,
+                    pid,
+                    tid,
+                    comm = stat.comm.as_str(),
+                    from = format!("cpus {}", cpu_list(&orig)),
+                    to = format!("cpu {cpu}"),
+                    why = "a busy thread of the idle group: spread over the CPUs"
+                );
+                self.spread.pinned.insert(
+                    tid,
+                    Pinned {
+                        key,
+                        orig,
+                        cpu,
+                        held: vec![cpu],
+                    },
+                );
+            }
+            Err(e) => {
+                let _logged_by_journal = self.journal(Record::Unpin { key });
+                if !sys::is_esrch(&e) {
+                    self.counters.fail_errno(Some(&e));
+                    tracing::warn!(pid, tid, error = %e, "could not pin a thread");
+                }
+            }
+        }
+    }
+
+    /// The CPUs a thread on one CPU had before it inherited that CPU from a thread appease
+    /// pinned: one of its own process's, or of its parent's, that held that CPU.
+    fn inherited_pin(&self, pid: u32, now: &[usize]) -> Option<Vec<usize>> {
+        let [cpu] = now else {
+            return None;
+        };
+        let parent = self.kernel.ppid(pid);
+        self.spread
+            .pinned
+            .values()
+            .find(|p| p.held.contains(cpu) && (p.key.pid == pid || Some(p.key.pid) == parent))
+            .map(|p| p.orig.clone())
+    }
+
+    /// Gives a pinned thread its CPUs back (and the threads and children it started
+    /// since, which inherited its CPU).
+    fn unpin(&mut self, tid: u32, why: &str) {
+        let Some(p) = self.spread.pinned.remove(&tid) else {
+            return;
+        };
+        let same = self
+            .kernel
+            .task_stat(p.key.pid, tid)
+            .is_ok_and(|s| s.start == p.key.start);
+        if same && self.kernel.affinity(tid).ok().as_deref() == Some(&[p.cpu][..]) {
+            match self.kernel.set_affinity(tid, &p.orig) {
+                Ok(()) => audit!(
+                    self.trail,
+                    Change::Unpin,
+                    pid = p.key.pid,
+                    tid,
+                    from = format!("cpu {}", p.cpu),
+                    to = format!("cpus {}", cpu_list(&p.orig)),
+                    why
+                ),
+                Err(e) if sys::is_esrch(&e) => {}
+                Err(e) => {
+                    self.counters.fail_errno(Some(&e));
+                    tracing::warn!(tid, error = %e, "could not give a pinned thread its CPUs back");
+                }
+            }
+        }
+        let ours: HashSet<u32> = self
+            .spread
+            .pinned
+            .keys()
+            .chain(self.spread.foreign.keys())
+            .copied()
+            .collect();
+        put_back_inherited(&*self.kernel, p.key.pid, &p.held, &p.orig, |t| {
+            ours.contains(&t)
+        });
+        let _logged_by_journal = self.journal(Record::Unpin { key: p.key });
+    }
+
+    /// Every pinned thread gets its CPUs back (the group is no longer idle, or appease
+    /// stops). Returns how many were pinned.
+    pub fn unspread(&mut self, why: &str) -> usize {
+        let tids: Vec<u32> = self.spread.pinned.keys().copied().collect();
+        for &tid in &tids {
+            self.unpin(tid, why);
+        }
+        tids.len()
+    }
+
+    /// How many threads are pinned now.
+    pub fn pinned(&self) -> usize {
+        self.spread.pinned.len()
+    }
+
+    /// Daemon exit. Not counted in the report: a pinned thread is one appease demoted,
+    /// counted there.
+    pub(crate) fn restore_pins(&mut self) {
+        self.unspread("appease stops");
+    }
+}
+
+/// A CPU list as the kernel writes one ("0-3,8").
+fn cpu_list(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i {
+            format!("{}-{}", cpus[i], cpus[j])
+        } else {
+            cpus[i].to_string()
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// The threads of `pid` and of its children that sit alone on one of the CPUs its pinned
+/// thread `held`, with no pin of their own and not known as someone else's (`skip`):
+/// they inherited it from the pinned thread, and get `orig`.
+fn put_back_inherited(
+    k: &dyn Kernel,
+    pid: u32,
+    held: &[usize],
+    orig: &[usize],
+    skip: impl Fn(u32) -> bool,
+) {
+    let children = k
+        .processes()
+        .into_iter()
+        .filter(|&c| c != pid && k.ppid(c) == Some(pid));
+    for p in std::iter::once(pid).chain(children) {
+        for t in k.threads_of(p) {
+            let inherited = matches!(k.affinity(t).as_deref(), Ok([c]) if held.contains(c));
+            if !skip(t) && inherited {
+                let _best_effort = k.set_affinity(t, orig);
+            }
+        }
+    }
+}
+
+/// After a crash: every thread the journal says was pinned, and still sits on one CPU,
+/// gets its CPUs back. Returns the records that close what was undone.
+pub(crate) fn restore_journal_pins(
+    k: &dyn Kernel,
+    state: &JournalState,
+    report: &mut RestoreReport,
+) -> Vec<Record> {
+    let mut done = Vec::new();
+    for (key, orig) in &state.pinned {
+        let same = k
+            .task_stat(key.pid, key.tid)
+            .is_ok_and(|s| s.start == key.start);
+        match k.affinity(key.tid) {
+            Ok(now) if same && now.len() == 1 => match k.set_affinity(key.tid, orig) {
+                Ok(()) => {
+                    report.restored += 1;
+                    put_back_inherited(k, key.pid, &now, orig, |t| {
+                        state.pinned.keys().any(|k| k.tid == t)
+                    });
+                }
+                Err(e) if sys::is_esrch(&e) => report.gone += 1,
+                Err(e) => {
+                    tracing::warn!(tid = key.tid, error = %e, "could not give a pinned thread its CPUs back");
+                    report.failed += 1;
+                    continue;
+                }
+            },
+            Ok(_) if same => report.left_alone += 1,
+            _ => report.gone += 1,
+        }
+        done.push(Record::Unpin { key: *key });
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_lists_read_as_the_kernel_writes_them() {
+        assert_eq!(super::cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(super::cpu_list(&[1]), "1");
+        assert_eq!(super::cpu_list(&[]), "");
+    }
+}
