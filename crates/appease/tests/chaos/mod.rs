@@ -2,8 +2,8 @@
 //! crash points inside its own code (a test build's failpoints: right after a journal
 //! write, before the change it announces; between two processes of a tree being moved),
 //! then restored, by `appease restore` or by the next daemon's start. After each round
-//! every thread of the mix must have its nice, policy and slice as before appease, every
-//! process its cgroup, and no group of appease's may be left.
+//! every thread of the mix must have its nice, policy, slice and CPUs as before appease,
+//! every process its cgroup, and no group of appease's may be left.
 //!
 //! `make test` runs a short form; `make chaos` runs hundreds of rounds (CHAOS_ROUNDS) and
 //! prints the figures docs/RESULTS.md quotes. CHAOS_SEED replays a run.
@@ -12,10 +12,10 @@ use super::*;
 use appease_actuator::journal::read_pending;
 
 /// What appease could have changed, as it was before: each thread's (policy, nice,
-/// slice) and each process's cgroup, and the hierarchy's top-level groups.
+/// slice) and CPUs, each process's cgroup, and the hierarchy's top-level groups.
 #[derive(Debug, PartialEq)]
 struct Snapshot {
-    threads: Vec<(u32, u32, (u32, i32, u64))>,
+    threads: Vec<(u32, u32, (u32, i32, u64), String)>,
     cgroups: Vec<(u32, String)>,
     top_groups: Vec<String>,
 }
@@ -34,6 +34,17 @@ fn sched_of(tid: u32) -> Option<(u32, i32, u64)> {
     Some((attr[1], attr[4] as i32, runtime))
 }
 
+/// The CPUs a thread may run on, as /proc lists them.
+fn cpus_allowed(pid: u32, tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
 fn snapshot(pids: &[u32], extra_tids: &[(u32, u32)]) -> Snapshot {
     let mut threads = Vec::new();
     for &pid in pids {
@@ -46,12 +57,12 @@ fn snapshot(pids: &[u32], extra_tids: &[(u32, u32)]) -> Snapshot {
                 continue;
             };
             if let Some(s) = sched_of(tid) {
-                threads.push((pid, tid, s));
+                threads.push((pid, tid, s, cpus_allowed(pid, tid)));
             }
         }
     }
     for &(pid, tid) in extra_tids {
-        threads.push((pid, tid, sched_of(tid).unwrap()));
+        threads.push((pid, tid, sched_of(tid).unwrap(), cpus_allowed(pid, tid)));
     }
     threads.sort();
     let cgroups = pids
@@ -117,6 +128,8 @@ struct Figures {
     restored_by_command: u32,
     restored_by_next_start: u32,
     journals_left_by_kills: u32,
+    /// Of those, journals with threads pinned to one CPU (the idle group spread).
+    journals_with_pins: u32,
     corruptions_tried: u32,
 }
 
@@ -228,6 +241,9 @@ fn chaos_kills_at_random_moments_and_crash_points_leave_nothing_changed() {
         let restore_log;
         if let Ok(j) = std::fs::read(run_dir.join("journal.jsonl")) {
             figures.journals_left_by_kills += 1;
+            if read_pending(&run_dir).is_ok_and(|st| !st.pinned.is_empty()) {
+                figures.journals_with_pins += 1;
+            }
             if real_journal.as_ref().is_none_or(|r| j.len() > r.len()) {
                 real_journal = Some(j);
             }
