@@ -109,6 +109,12 @@ impl Groups {
         format!("/{}", self.batch_name)
     }
 
+    /// Whether `group` is the idle group or one of its jobs' groups.
+    pub fn in_batch(&self, group: &str) -> bool {
+        let top = self.batch_path();
+        group == top || group.strip_prefix(&top).is_some_and(|r| r.starts_with('/'))
+    }
+
     pub fn cgroups(&self) -> &Cgroups {
         &self.cg
     }
@@ -177,25 +183,104 @@ impl KernelActuator {
         }
         g.created.retain(|c| c != group);
         g.moved.retain(|_, m| m.to != group);
+        let mut gone = vec![group.to_string()];
         if group == g.batch_path() {
             g.batch_remade = true;
+            // Its jobs' groups went with it (only empty groups can go).
+            let jobs: Vec<String> = g
+                .created
+                .iter()
+                .filter(|c| g.in_batch(c))
+                .cloned()
+                .collect();
+            for c in &jobs {
+                g.made.remove(c);
+            }
+            g.created.retain(|c| !jobs.contains(c));
+            g.moved.retain(|_, m| !jobs.contains(&m.to));
+            gone.extend(jobs);
         }
         tracing::warn!(
             group,
             "one of appease's groups vanished; it is made again on next use"
         );
-        self.journal(Record::GroupRemoved {
-            path: group.to_string(),
-        })
+        for path in gone {
+            self.journal(Record::GroupRemoved { path })?;
+        }
+        Ok(())
     }
 
-    /// Makes a vanished group again as it was first made.
+    /// Makes a vanished group again as it was first made (a job's group inside its
+    /// parent, made again first if it vanished too).
     fn remake(&mut self, group: &str) -> Result<(), ActError> {
         self.forget_vanished(group)?;
         let g = self.groups_mut()?;
         let (idle, weight) = g.made.get(group).copied().unwrap_or((false, 100));
-        self.ensure_group(group.trim_start_matches('/'), idle, weight)?;
+        match group.trim_start_matches('/').split_once('/') {
+            Some((top, job)) => {
+                let top = format!("/{top}");
+                if !self.groups_mut()?.cg.exists(&top) {
+                    self.remake(&top)?;
+                }
+                self.ensure_job_group(&top, job)?;
+            }
+            None => {
+                self.ensure_group(group.trim_start_matches('/'), idle, weight)?;
+            }
+        }
         Ok(())
+    }
+
+    /// The group of one job (a demoted tree) inside the idle group `top`, created once
+    /// (journaled first) with a normal weight: the jobs share what the idle group gets
+    /// per job, not per thread.
+    fn ensure_job_group(&mut self, top: &str, name: &str) -> Result<String, ActError> {
+        let path = format!("{top}/{name}");
+        if self.groups_mut()?.created.contains(&path) {
+            return Ok(path);
+        }
+        if !self.dry_run {
+            self.journal(Record::Group { path: path.clone() })?;
+            self.groups_mut()?
+                .cg
+                .ensure_child_group(top, name, 100)
+                .map_err(cg_err)?;
+        }
+        let g = self.groups_mut()?;
+        g.created.push(path.clone());
+        g.made.insert(path.clone(), (false, 100));
+        Ok(path)
+    }
+
+    /// Removes the groups of jobs that have ended (empty). Returns how many went.
+    pub fn remove_ended_job_groups(&mut self) -> usize {
+        let Some(g) = self.groups.as_mut() else {
+            return 0;
+        };
+        if self.dry_run {
+            return 0;
+        }
+        let top = g.batch_path();
+        let ended: Vec<String> = g
+            .created
+            .iter()
+            .filter(|p| *p != &top && g.in_batch(p))
+            .filter(|p| g.cg.processes(p).is_ok_and(|v| v.is_empty()))
+            .cloned()
+            .collect();
+        let mut removed = 0;
+        for path in ended {
+            let g = self.groups.as_mut().expect("checked");
+            // A fork may have raced the check: the kernel refuses, and it is tried again.
+            if g.cg.remove(&path).is_ok() || !g.cg.exists(&path) {
+                g.created.retain(|c| c != &path);
+                g.made.remove(&path);
+                g.moved.retain(|_, m| m.to != path);
+                let _logged_by_journal = self.journal(Record::GroupRemoved { path });
+                removed += 1;
+            }
+        }
+        removed
     }
 
     /// Whether the batch group, once made, has been removed by someone since (it is then
@@ -281,7 +366,8 @@ impl KernelActuator {
         let mut moved = 0;
         if !to_move.is_empty() {
             let name = self.groups_mut()?.batch_name.clone();
-            let group = self.ensure_group(&name, true, 100)?;
+            let top = self.ensure_group(&name, true, 100)?;
+            let group = self.ensure_job_group(&top, &format!("job-{root}"))?;
             moved = self.move_into(&group, "batch", root, &to_move, why)?;
             tracing::info!(
                 root,
@@ -344,6 +430,9 @@ impl KernelActuator {
             };
             if from == group {
                 continue; // born in the group
+            }
+            if class == "batch" && self.groups_mut()?.in_batch(&from) {
+                continue; // demoted already, in another job's group: it stays there
             }
             if let Some(reason) = self.groups_mut()?.boundary(&from) {
                 let g = self.groups_mut()?;
@@ -423,13 +512,12 @@ impl KernelActuator {
 
     /// Moves a demoted tree's processes back where they came from.
     pub fn promote(&mut self, root: u32, members: &[u32]) -> Result<usize, ActError> {
-        let group = self.groups_mut()?.batch_path();
         let mut targets: Vec<u32> = members.to_vec();
         let g = self.groups_mut()?;
         targets.extend(
             g.moved
                 .iter()
-                .filter(|(_, m)| m.root == root && m.to == group)
+                .filter(|(_, m)| m.root == root && g.in_batch(&m.to))
                 .map(|(&p, _)| p),
         );
         targets.sort_unstable();
@@ -439,9 +527,17 @@ impl KernelActuator {
         let mut back = 0;
         for pid in targets {
             let g = self.groups_mut()?;
-            if g.moved.get(&pid).is_some_and(|m| m.to != group) {
+            if g.moved.get(&pid).is_some_and(|m| !g.in_batch(&m.to)) {
                 continue; // in another of appease's groups
             }
+            // Its job's group (born there, or moved), or the idle group itself: where
+            // it is, if that is in the idle group.
+            let group =
+                g.cg.group_of(pid)
+                    .ok()
+                    .filter(|c| g.in_batch(c))
+                    .or_else(|| g.moved.get(&pid).map(|m| m.to.clone()))
+                    .unwrap_or_else(|| g.batch_path());
             back +=
                 self.move_back(pid, &group, &fallback, "promoted out of the idle class")? as usize;
         }
@@ -516,7 +612,9 @@ impl KernelActuator {
         let group = g
             .moved
             .get(&pid)
-            .map_or_else(|| g.batch_path(), |m| m.to.clone());
+            .map(|m| m.to.clone())
+            .or_else(|| g.cg.group_of(pid).ok().filter(|c| g.in_batch(c)))
+            .unwrap_or_else(|| g.batch_path());
         let fallback = destination(pid, |p| g.moved.get(&p).map(|m| m.from.clone()));
         let why = "exempted by the config (hands_off)";
         Ok(self.move_back(pid, &group, &fallback, why)? || unidled)
@@ -652,7 +750,7 @@ impl KernelActuator {
     pub fn batch_processes(&self) -> Vec<u32> {
         match &self.groups {
             Some(g) if !self.dry_run && g.created.contains(&g.batch_path()) => {
-                g.cg.processes(&g.batch_path()).unwrap_or_default()
+                g.cg.processes_below(&g.batch_path()).unwrap_or_default()
             }
             _ => Vec::new(),
         }
@@ -785,7 +883,8 @@ pub(crate) fn restore_journal_groups(
             .find(|m| m.key.pid == pid && alive(&m.key))
             .map(|m| m.from.clone())
     };
-    for group in &state.groups {
+    // A job's group before the idle group it is in (paths sort parent first).
+    for group in state.groups.iter().rev() {
         // A process that is exiting stays listed, and keeps the group busy, until it is
         // reaped: tried again for up to 2 s.
         let t = std::time::Instant::now();
@@ -860,9 +959,10 @@ mod tests {
             .state()
             .moves
             .is_empty());
-        // The process the scan saw is moved.
+        // The process the scan saw is moved, into its job's group in the idle group.
         assert_eq!(act.demote(pid, &[(pid, start)], "cpu-soaker").unwrap(), 1);
-        let procs = std::fs::read_to_string(root.join("appease/cgroup.procs")).unwrap();
+        let procs =
+            std::fs::read_to_string(root.join(format!("appease/job-{pid}/cgroup.procs"))).unwrap();
         assert_eq!(procs.trim(), pid.to_string());
         // Moved back where it was (a fake group cannot be removed: not checked).
         act.restore_all();

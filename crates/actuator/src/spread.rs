@@ -265,6 +265,16 @@ impl KernelActuator {
         tids.len()
     }
 
+    /// Where each pinned thread is: tid -> index into the online CPUs.
+    pub fn pinned_at(&self) -> HashMap<u32, usize> {
+        let online = self.kernel.online_cpus();
+        self.spread
+            .pinned
+            .iter()
+            .filter_map(|(&tid, p)| Some((tid, online.iter().position(|&c| c == p.cpu)?)))
+            .collect()
+    }
+
     /// How many threads are pinned now.
     pub fn pinned(&self) -> usize {
         self.spread.pinned.len()

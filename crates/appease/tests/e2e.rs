@@ -481,7 +481,7 @@ fn short_latencies_beside_a_demoted_semaphore_holder(
         .spawn()
         .expect("perl runs")]);
     let holder_pid = holder.0[0].id();
-    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    let in_group = |pid: u32| in_idle_group(pid, &format!("/{group}"));
     assert!(
         wait_for(Duration::from_secs(8), || in_group(holder_pid)).is_some(),
         "the holder is demoted: {}",
@@ -1062,6 +1062,11 @@ fn cpu_cgroup(pid: u32) -> Option<String> {
         .or_else(|| appease_cgroup::parse_proc_cgroup(&text, appease_cgroup::Version::V2))
 }
 
+/// Whether a process is in the idle group `top`: in the group of its job inside it.
+fn in_idle_group(pid: u32, top: &str) -> bool {
+    cpu_cgroup(pid).is_some_and(|g| g.strip_prefix(top).is_some_and(|r| r.starts_with("/job-")))
+}
+
 fn children_of(ppid: u32) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
@@ -1126,7 +1131,7 @@ fn a_cgroup_filesystem_that_refuses_writes_leaves_nothing_changed() {
     // exit, moving them back.
     let mut daemon =
         Daemon::start_with_env(&dir.0, &cfg, &[("FAILPOINTS", "cgroup-write=50%return")]);
-    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    let in_group = |pid: u32| in_idle_group(pid, &format!("/{group}"));
     // Demotions are tried at every scan (200 ms) once the soakers have soaked 2 s.
     let some = wait_for(Duration::from_secs(10), || {
         pids.iter().any(|&p| in_group(p))
@@ -1185,7 +1190,7 @@ fn soakers_go_to_the_idle_group_with_their_children_servers_never_and_all_come_b
     // 50 ms. Without the rule that requests make a process non-batch, it is a soaker.
     let server = BusyServer::start();
 
-    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    let in_group = |pid: u32| in_idle_group(pid, &format!("/{group}"));
     let took = wait_for(Duration::from_secs(8), || pids.iter().all(|&p| in_group(p)));
     assert!(took.is_some(), "soakers demoted: {}", daemon.log_text());
     eprintln!("soakers demoted after {took:?} (after_ms = 2000)");
@@ -1296,7 +1301,7 @@ fn a_script_with_a_sleep_and_busy_children_is_one_tree_and_its_later_children_ar
          sh -c 'while :; do :; done' & sh -c 'while :; do :; done' & \
          while :; do wait; done",
     );
-    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    let in_group = |pid: u32| in_idle_group(pid, &format!("/{group}"));
     let mut tree = vec![];
     let took = wait_for(Duration::from_secs(10), || {
         tree = script.tree();
@@ -1364,7 +1369,7 @@ fn a_parent_of_a_listening_server_and_a_batch_job_still_splits_them() {
     })
     .expect("both started");
     let (server, soak) = (server.unwrap(), soak.unwrap());
-    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    let in_group = |pid: u32| in_idle_group(pid, &format!("/{group}"));
     assert!(
         wait_for(Duration::from_secs(8), || in_group(soak)).is_some(),
         "the soaker demoted: {}",
@@ -1390,7 +1395,7 @@ fn a_demoted_soaker_that_starts_answering_requests_is_promoted() {
     let child = fork_spinning_receiver(&b);
     let _reap = KillOnDrop(child);
     let mut daemon = Daemon::start(&dir.0, &cfg);
-    let in_group = |pid: u32| cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    let in_group = |pid: u32| in_idle_group(pid, &format!("/{group}"));
     assert!(
         wait_for(Duration::from_secs(8), || in_group(child)).is_some(),
         "demoted first: {}",
@@ -1435,7 +1440,7 @@ fn kill_9_with_demoted_soakers_then_restore_moves_them_back() {
     let soakers = Soakers(vec![forking_soaker()]);
     let pid = soakers.0[0].id();
     let mut daemon = Daemon::start(&dir.0, &cfg);
-    let in_group = || cpu_cgroup(pid).as_deref() == Some(format!("/{group}").as_str());
+    let in_group = || in_idle_group(pid, &format!("/{group}"));
     assert!(
         wait_for(Duration::from_secs(8), in_group).is_some(),
         "demoted: {}",
@@ -1519,17 +1524,16 @@ fn once_its_probe_is_loaded_the_daemon_keeps_only_the_capabilities_it_uses() {
     let soakers = Soakers(vec![forking_soaker()]);
     let pid = soakers.0[0].id();
     assert!(
-        wait_for(Duration::from_secs(8), || cpu_cgroup(pid).as_deref()
-            == Some(format!("/{group}").as_str()))
+        wait_for(Duration::from_secs(8), || in_idle_group(
+            pid,
+            &format!("/{group}")
+        ))
         .is_some(),
         "{}",
         daemon.log_text()
     );
     assert!(daemon.signal(libc::SIGTERM).success());
-    assert_ne!(
-        cpu_cgroup(pid).as_deref(),
-        Some(format!("/{group}").as_str())
-    );
+    assert!(!in_idle_group(pid, &format!("/{group}")));
     let cg = appease_cgroup::Cgroups::detect().unwrap();
     assert!(
         !cg.exists(&format!("/{group}")),
@@ -2183,9 +2187,7 @@ fn demoted_soaker(name: &str, extra: &str) -> (TempDir, String, Soakers, Daemon)
     let daemon = Daemon::start(&dir.0, &cfg);
     let gpath = format!("/{group}");
     assert!(
-        wait_for(Duration::from_secs(8), || cpu_cgroup(pid).as_deref()
-            == Some(gpath.as_str()))
-        .is_some(),
+        wait_for(Duration::from_secs(8), || in_idle_group(pid, &gpath)).is_some(),
         "demoted: {}",
         daemon.log_text()
     );
@@ -2428,23 +2430,33 @@ fn a_batch_group_removed_under_the_daemon_is_made_again_on_next_use() {
     });
     let cg = appease_cgroup::Cgroups::detect().unwrap();
     // Whatever else the daemon put there goes home first: only an empty group can go.
+    let jobs = || -> Vec<String> {
+        std::fs::read_dir(cg.root().join(gpath.trim_start_matches('/')))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| format!("{gpath}/{}", e.file_name().to_string_lossy()))
+            .collect()
+    };
     assert!(
         wait_for(Duration::from_secs(3), || {
-            for pid in cg.processes(&gpath).unwrap_or_default() {
+            for pid in cg.processes_below(&gpath).unwrap_or_default() {
                 drop(cg.move_process(pid, &home));
+            }
+            for job in jobs() {
+                drop(cg.remove(&job));
             }
             cg.remove(&gpath).is_ok() && !cg.exists(&gpath)
         })
         .is_some(),
         "removed by hand: {:?}",
-        cg.processes(&gpath)
+        cg.processes_below(&gpath)
     );
     // A new soaker: the daemon logs the vanished group, makes it again, demotes.
     let second = Soakers(vec![forking_soaker()]);
     let pid = second.0[0].id();
-    let back = wait_for(Duration::from_secs(8), || {
-        cpu_cgroup(pid).as_deref() == Some(gpath.as_str())
-    });
+    let back = wait_for(Duration::from_secs(8), || in_idle_group(pid, &gpath));
     assert!(back.is_some(), "demoted again: {}", daemon.log_text());
     assert!(cg.idle(&gpath).unwrap(), "made again idle");
     assert!(
@@ -2648,8 +2660,8 @@ fn a_reload_applies_services_roles_and_exceptions_and_a_bad_one_changes_nothing(
     let set = wait_for(Duration::from_secs(10), || {
         nice_of_process(pa) == -6
             && nice_of_process(pb) == -5
-            && cpu_cgroup(pe).as_deref() == Some(batch.as_str())
-            && cpu_cgroup(ps).as_deref() == Some(batch.as_str())
+            && in_idle_group(pe, &batch)
+            && in_idle_group(ps, &batch)
     });
     assert!(
         set.is_some(),
@@ -2921,9 +2933,7 @@ fn every_change_and_its_undoing_is_one_audit_line_and_a_storm_is_held_back() {
     let home = cpu_cgroup(soaker).unwrap();
     let mut daemon = Daemon::start_with(&dir.0, &cfg, &["--log-format", "json"], &[]);
     let gpath = format!("/{group}");
-    let demoted = wait_for(Duration::from_secs(8), || {
-        cpu_cgroup(soaker).as_deref() == Some(gpath.as_str())
-    });
+    let demoted = wait_for(Duration::from_secs(8), || in_idle_group(soaker, &gpath));
     assert!(demoted.is_some(), "demoted: {}", daemon.log_text());
     // One server whose thread is watched, then a storm of elevations and fades on 32
     // connections: each gets a request every 100 ms, after its elevation (8 levels, 10 ms
@@ -2981,7 +2991,9 @@ fn every_change_and_its_undoing_is_one_audit_line_and_a_storm_is_held_back() {
     assert!(
         lines.iter().any(|l| l["change"] == "move-back"
             && l["pid"] == soaker
-            && l["from"] == gpath.as_str()
+            && l["from"]
+                .as_str()
+                .is_some_and(|f| f.starts_with(&format!("{gpath}/")))
             && l["to"] == home.as_str()
             && l["why"] == "appease stops"),
         "{lines:#?}"

@@ -307,6 +307,7 @@ impl BatchManager {
         }
         // A group created by this scan's demotions starts idle: give it its mode.
         self.sync_mode(now, cfg, actuator);
+        actuator.remove_ended_job_groups();
         self.spread(now, snap.busy_batch, cfg, actuator);
         // Requests of processes that are gone need not be remembered.
         for (pid, start) in snap.gone {
@@ -350,11 +351,14 @@ impl BatchManager {
             .filter(|t| self.demoted.contains(&t.pid) && actuator.may_spread(t.pid, t.tid))
             .collect();
         self.spread_round += 1;
+        let at = actuator.pinned_at();
         let plan: Vec<(u32, u32, usize)> =
-            appease_policy::spread::plan(&busy, actuator.spread_cpus(), self.spread_round)
-                .into_iter()
-                .map(|(t, cpu)| (t.pid, t.tid, cpu))
-                .collect();
+            appease_policy::spread::plan(&busy, actuator.spread_cpus(), self.spread_round, |tid| {
+                at.get(&tid).copied()
+            })
+            .into_iter()
+            .map(|(t, cpu)| (t.pid, t.tid, cpu))
+            .collect();
         self.pinned = actuator.spread(&plan);
     }
 

@@ -15,10 +15,13 @@ use appease_actuator::journal::read_pending;
 /// slice) and CPUs, each process's cgroup, and the hierarchy's top-level groups.
 #[derive(Debug, PartialEq)]
 struct Snapshot {
-    threads: Vec<(u32, u32, (u32, i32, u64), String)>,
+    threads: Vec<ThreadState>,
     cgroups: Vec<(u32, String)>,
     top_groups: Vec<String>,
 }
+
+/// (pid, tid, (policy, nice, slice), CPUs allowed).
+type ThreadState = (u32, u32, (u32, i32, u64), String);
 
 fn sched_of(tid: u32) -> Option<(u32, i32, u64)> {
     // struct sched_attr, as far as sched_runtime (the EEVDF slice).

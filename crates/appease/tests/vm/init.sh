@@ -14,7 +14,7 @@ wait_until 5 in_cgroup "$LIMITED" /limited
 
 start_daemon $CONFIG
 check "status names the layout cgroup-v2" sh -c "$A status | grep -q '^host: cgroup-v2 '"
-check "the free soaker moves to the idle group" wait_until 60 in_cgroup "$FREE" /appease.batch
+check "the free soaker moves to its job's group in the idle group" wait_until 60 in_job_group "$FREE" /appease.batch
 check "the idle group is idle" [ "$(cat /sys/fs/cgroup/appease.batch/cpu.idle)" = 1 ]
 group_idle() { [ "$(cat /sys/fs/cgroup/limited/cpu.idle)" = "$1" ]; }
 check "the limited group, holding only the soaker, is made idle in place" wait_until 60 group_idle 1
@@ -35,7 +35,7 @@ check "on exit the idle group is removed" [ ! -d /sys/fs/cgroup/appease.batch ]
 check "on exit the limited group is no longer idle" group_idle 0
 
 start_daemon $CONFIG
-check "demoted again by a new daemon" wait_until 60 in_cgroup "$FREE" /appease.batch
+check "demoted again by a new daemon" wait_until 60 in_job_group "$FREE" /appease.batch
 wait_until 30 group_idle 1
 kill -KILL "$DAEMON"; wait "$DAEMON" 2>/dev/null
 check "appease restore succeeds" $A restore

@@ -27,6 +27,8 @@ is_idle() { [ "$(policy "$1")" = "SCHED_IDLE" ]; }
 is_normal() { [ "$(policy "$1")" = "SCHED_OTHER" ]; }
 cgroup_of() { sed -n 's/^0:://p' "/proc/$1/cgroup"; }
 in_cgroup() { [ "$(cgroup_of "$1")" = "$2" ]; }
+# in_job_group PID TOP: PID is in the group of its job inside the idle group TOP.
+in_job_group() { case "$(cgroup_of "$1")" in "$2"/job-*) true ;; *) false ;; esac; }
 # fork_bomb CGROUP: a shell in CGROUP that forks ten sleeps (as many as pids.max lets it);
 # in an idle group beside soakers it runs slowly: wait for pids.events, not for time.
 fork_bomb() {
