@@ -1954,6 +1954,20 @@ fn bench_utilization_quick_keeps_the_cpus_busy_and_shares_them_among_demoted_bat
     let managed = case("one-soaker batch groups, under the appease daemon");
     assert!(managed["jain_index"].as_f64().unwrap() >= 0.95, "{managed}");
     assert_eq!(managed["cpu_s"].as_array().map(Vec::len), Some(48));
+    // Beside a server receiving requests (the group idle): 48 one-soaker jobs, then jobs
+    // of 1, 2 and 4 threads, each in the hand-made idle group and under the daemon, with
+    // Jain's index over the jobs and the server's latency.
+    let with_server = v["with_server"].as_array().expect("with_server");
+    assert_eq!(with_server.len(), 2, "{v}");
+    for (level, batch) in with_server.iter().zip(["soak", "mixed"]) {
+        assert_eq!(level["params"]["batch"], batch, "{level}");
+        let modes = level["modes"].as_array().unwrap();
+        assert_eq!(modes.len(), 2, "{level}");
+        for m in modes {
+            assert!(m["batch_jain"].as_f64().is_some(), "{m}");
+            assert!(m["latency_ms"]["p99"].as_f64().unwrap() > 0.0, "{m}");
+        }
+    }
     // Every group the bench made for its batch jobs is gone.
     let root = appease_cgroup::Cgroups::detect()
         .unwrap()
@@ -2977,7 +2991,7 @@ fn every_change_and_its_undoing_is_one_audit_line_and_a_storm_is_held_back() {
         .find(|l| l["change"] == "demote" && l["pid"] == soaker)
         .unwrap_or_else(|| panic!("the demotion is audited: {lines:#?}"));
     assert_eq!(demote["from"], home.as_str());
-    assert_eq!(demote["to"], gpath.as_str());
+    assert_eq!(demote["to"], format!("{gpath}/job-{soaker}").as_str());
     assert!(
         demote["why"]
             .as_str()

@@ -237,7 +237,7 @@ pub(crate) fn on_path(program: &str) -> bool {
         .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
 }
 
-fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
+pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
     if opts.batch == Batch::Compile {
         if let Some(missing) = ["make", "gcc"].into_iter().find(|p| !on_path(p)) {
             bail!("the compile load needs {missing}, which is not installed: apt-get install {missing}");

@@ -3,7 +3,11 @@
 //!   (the old CFS left CPUs idle here), with SCHED_IDLE tasks and with an idle cgroup;
 //! - 48 batch groups of one soaker each must share the CPUs fairly (Jain's index over
 //!   their CPU time): as the kernel treats them under one top-level idle group, and as
-//!   the appease daemon manages them.
+//!   the appease daemon manages them;
+//! - and the case that matters: batch jobs beside a server that receives requests (so the
+//!   group is idle, where the kernel herds its tasks): 48 one-soaker jobs, and jobs of 1, 2
+//!   and 4 threads, in a hand-made idle group and under appease, with Jain's index per job
+//!   and the server's latency (the synthetic scenario's server and client).
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +38,10 @@ pub struct UtilizationResult {
     pub cpus: usize,
     pub measure_s: f64,
     pub cases: Vec<Case>,
+    /// Batch jobs beside a server receiving requests: 48 one-soaker jobs, then jobs of 1,
+    /// 2 and 4 threads (each mode's `batch_jain` is Jain's index over the jobs).
+    #[serde(default)]
+    pub with_server: Vec<crate::report::ScenarioResult>,
 }
 
 /// Jain's fairness index: (Σx)² / (n·Σx²).
@@ -235,11 +243,38 @@ pub fn run(opts: &Options) -> Result<UtilizationResult> {
             run_case(opts, name, count, layout, measure).with_context(|| format!("case {name}"))?,
         );
     }
+    let mut with_server = Vec::new();
+    for (batch, jobs) in [(crate::Batch::Soak, 48.0), (crate::Batch::Mixed, 6.0)] {
+        if opts.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        eprintln!(
+            "{}, beside a server receiving requests:",
+            batch.describe(jobs as usize, jobs / cpus as f64)
+        );
+        let o = Options {
+            scenario: "synthetic".into(),
+            quick: opts.quick,
+            seconds: opts.seconds,
+            modes: vec![crate::Mode::BatchCgroupIdle, crate::Mode::Appease],
+            loads: vec![jobs / cpus as f64],
+            appease: opts.appease.clone(),
+            config: opts.config.clone(),
+            unix: false,
+            port: None,
+            arrivals: crate::client::Arrivals::Fixed,
+            batch,
+            repeat: opts.repeat,
+            stop: opts.stop.clone(),
+        };
+        with_server.extend(crate::run_latency(&o)?);
+    }
     Ok(UtilizationResult {
         scenario: "utilization".into(),
         cpus,
         measure_s: measure.as_secs_f64(),
         cases,
+        with_server,
     })
 }
 
@@ -254,6 +289,10 @@ impl UtilizationResult {
                 "{:<52} {:>7} {:>7.2} {:>8.4} {:>10.2} {:>10.2}\n",
                 c.case, c.soakers, c.cpu_util_pct, c.jain_index, c.min_cpu_s, c.max_cpu_s
             );
+        }
+        for r in &self.with_server {
+            s += "\n";
+            s += &r.table();
         }
         s
     }

@@ -224,10 +224,9 @@ fn appease_run_in_a_docker_container_manages_the_host_and_its_restarted_containe
     let _restore = RestoreAfter(&engine, appease_ctr.id.clone(), run_dir.clone());
     let logs = || engine.log_text(&appease_ctr.id).unwrap_or_default();
     let in_group = |want: bool| {
-        soakers
-            .0
-            .iter()
-            .all(|s| cpu_cgroup(s.id()).is_some_and(|g| (g == format!("/{group}")) == want))
+        soakers.0.iter().all(|s| {
+            cpu_cgroup(s.id()).is_some_and(|g| g.starts_with(&format!("/{group}/job-")) == want)
+        })
     };
     assert!(
         wait_for(Duration::from_secs(10), || in_group(true)).is_some(),
