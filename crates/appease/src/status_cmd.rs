@@ -179,10 +179,11 @@ fn print_processes(status: &Status, now: u64) {
     if let Some(b) = &status.batch {
         let mode = mode_text(b.mode);
         println!(
-            "batch group: {mode}; {:.1} % of all CPUs over the last scan; starvation floor engaged {} time(s){}",
+            "batch group: {mode}; {:.1} % of all CPUs over the last scan; starvation floor engaged {} time(s){}; {} busy thread(s) kept one CPU each",
             b.share_pct,
             b.floor_lifts,
-            if b.floor_lifted { ", engaged now" } else { "" }
+            if b.floor_lifted { ", engaged now" } else { "" },
+            b.pinned
         );
     }
     println!(
