@@ -182,7 +182,6 @@ impl KernelActuator {
             return Ok(());
         }
         g.created.retain(|c| c != group);
-        g.moved.retain(|_, m| m.to != group);
         let mut gone = vec![group.to_string()];
         if group == g.batch_path() {
             g.batch_remade = true;
@@ -197,13 +196,23 @@ impl KernelActuator {
                 g.made.remove(c);
             }
             g.created.retain(|c| !jobs.contains(c));
-            g.moved.retain(|_, m| !jobs.contains(&m.to));
             gone.extend(jobs);
         }
+        // What was moved into a vanished group has left it: nothing to undo.
+        let left: Vec<TaskKey> = g
+            .moved
+            .values()
+            .filter(|m| gone.contains(&m.to))
+            .map(|m| m.key)
+            .collect();
+        g.moved.retain(|_, m| !gone.contains(&m.to));
         tracing::warn!(
             group,
             "one of appease's groups vanished; it is made again on next use"
         );
+        for key in left {
+            self.journal(Record::Return { key })?;
+        }
         for path in gone {
             self.journal(Record::GroupRemoved { path })?;
         }
@@ -275,7 +284,17 @@ impl KernelActuator {
             if g.cg.remove(&path).is_ok() || !g.cg.exists(&path) {
                 g.created.retain(|c| c != &path);
                 g.made.remove(&path);
+                // Its processes have ended: nothing of theirs is left to undo.
+                let ended: Vec<TaskKey> = g
+                    .moved
+                    .values()
+                    .filter(|m| m.to == path)
+                    .map(|m| m.key)
+                    .collect();
                 g.moved.retain(|_, m| m.to != path);
+                for key in ended {
+                    let _logged_by_journal = self.journal(Record::Return { key });
+                }
                 let _logged_by_journal = self.journal(Record::GroupRemoved { path });
                 removed += 1;
             }

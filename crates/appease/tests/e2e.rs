@@ -2482,10 +2482,17 @@ fn a_batch_group_removed_under_the_daemon_is_made_again_on_next_use() {
         daemon.status_json()["pid"].as_u64().is_some(),
         "still running"
     );
-    // On stop the soaker goes home and the group is removed, as usual.
+    // On stop the soaker goes home and the group is removed, as usual, and the journal
+    // holds nothing more (the first soaker's move was closed when its job's group went).
     assert!(daemon.signal(libc::SIGTERM).success());
     assert_eq!(cpu_cgroup(pid).unwrap(), home);
     assert!(!cg.exists(&gpath), "removed on exit");
+    let journal = _dir.0.join("journal.jsonl");
+    assert!(
+        !journal.exists(),
+        "journal left: {}",
+        std::fs::read_to_string(&journal).unwrap_or_default()
+    );
     drop(second);
 }
 
