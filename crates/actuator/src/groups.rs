@@ -157,21 +157,60 @@ impl KernelActuator {
 
     /// Creates the top-level group `name` once (journaled first).
     fn ensure_group(&mut self, name: &str, idle: bool, weight: u32) -> Result<String, ActError> {
-        let path = format!("/{name}");
+        self.make_group(None, name, idle, weight)
+    }
+
+    /// The group of one job (a demoted tree) inside the idle group `top`, created once
+    /// (journaled first) with a normal weight: the jobs share what the idle group gets
+    /// per job, not per thread.
+    fn ensure_job_group(&mut self, top: &str, name: &str) -> Result<String, ActError> {
+        self.make_group(Some(top), name, false, 100)
+    }
+
+    /// Creates group `name` at the top of the hierarchy or inside `parent`, once
+    /// (journaled first); a child group is never idle itself.
+    fn make_group(
+        &mut self,
+        parent: Option<&str>,
+        name: &str,
+        idle: bool,
+        weight: u32,
+    ) -> Result<String, ActError> {
+        let path = format!("{}/{name}", parent.unwrap_or(""));
         if self.groups_mut()?.created.contains(&path) {
             return Ok(path);
         }
         if !self.dry_run {
             self.journal(Record::Group { path: path.clone() })?;
-            self.groups_mut()?
-                .cg
-                .ensure_top_group(name, idle, weight)
-                .map_err(cg_err)?;
+            let cg = &self.groups_mut()?.cg;
+            match parent {
+                None => cg.ensure_top_group(name, idle, weight),
+                Some(parent) => cg.ensure_child_group(parent, name, weight),
+            }
+            .map_err(cg_err)?;
         }
         let g = self.groups_mut()?;
         g.created.push(path.clone());
         g.made.insert(path.clone(), (idle, weight));
         Ok(path)
+    }
+
+    /// Forgets what appease moved into `groups` (they are gone or being removed, and
+    /// what was in them has left): each move is closed in the journal.
+    fn close_moves_into(&mut self, groups: &[String]) {
+        let Some(g) = self.groups.as_mut() else {
+            return;
+        };
+        let keys: Vec<TaskKey> = g
+            .moved
+            .values()
+            .filter(|m| groups.contains(&m.to))
+            .map(|m| m.key)
+            .collect();
+        g.moved.retain(|_, m| !groups.contains(&m.to));
+        for key in keys {
+            let _logged_by_journal = self.journal(Record::Return { key });
+        }
     }
 
     /// Someone removed one of appease's groups (only possible once it is empty): forget
@@ -198,21 +237,12 @@ impl KernelActuator {
             g.created.retain(|c| !jobs.contains(c));
             gone.extend(jobs);
         }
-        // What was moved into a vanished group has left it: nothing to undo.
-        let left: Vec<TaskKey> = g
-            .moved
-            .values()
-            .filter(|m| gone.contains(&m.to))
-            .map(|m| m.key)
-            .collect();
-        g.moved.retain(|_, m| !gone.contains(&m.to));
         tracing::warn!(
             group,
             "one of appease's groups vanished; it is made again on next use"
         );
-        for key in left {
-            self.journal(Record::Return { key })?;
-        }
+        // What was moved into a vanished group has left it: nothing to undo.
+        self.close_moves_into(&gone);
         for path in gone {
             self.journal(Record::GroupRemoved { path })?;
         }
@@ -225,44 +255,22 @@ impl KernelActuator {
         self.forget_vanished(group)?;
         let g = self.groups_mut()?;
         let (idle, weight) = g.made.get(group).copied().unwrap_or((false, 100));
-        match group.trim_start_matches('/').split_once('/') {
-            Some((top, job)) => {
-                let top = format!("/{top}");
-                if !self.groups_mut()?.cg.exists(&top) {
-                    self.remake(&top)?;
-                }
-                self.ensure_job_group(&top, job)?;
-            }
-            None => {
-                self.ensure_group(group.trim_start_matches('/'), idle, weight)?;
+        let (parent, name) = group.rsplit_once('/').unwrap_or(("", group));
+        let parent = (!parent.is_empty()).then_some(parent);
+        if let Some(top) = parent {
+            if !self.groups_mut()?.cg.exists(top) {
+                self.remake(top)?;
             }
         }
+        self.make_group(parent, name, idle, weight)?;
         Ok(())
     }
 
-    /// The group of one job (a demoted tree) inside the idle group `top`, created once
-    /// (journaled first) with a normal weight: the jobs share what the idle group gets
-    /// per job, not per thread.
-    fn ensure_job_group(&mut self, top: &str, name: &str) -> Result<String, ActError> {
-        let path = format!("{top}/{name}");
-        if self.groups_mut()?.created.contains(&path) {
-            return Ok(path);
-        }
-        if !self.dry_run {
-            self.journal(Record::Group { path: path.clone() })?;
-            self.groups_mut()?
-                .cg
-                .ensure_child_group(top, name, 100)
-                .map_err(cg_err)?;
-        }
-        let g = self.groups_mut()?;
-        g.created.push(path.clone());
-        g.made.insert(path.clone(), (false, 100));
-        Ok(path)
-    }
-
-    /// Removes the groups of jobs that have ended (empty). Returns how many went.
-    pub fn remove_ended_job_groups(&mut self) -> usize {
+    /// Removes the groups of jobs that have ended: `alive(root)` says whether the demoted
+    /// tree of that root is still there; only the groups of those that are not are read
+    /// (not every job's group on every scan), and removed once empty. Returns how many
+    /// went.
+    pub fn remove_ended_job_groups(&mut self, alive: impl Fn(u32) -> bool) -> usize {
         let Some(g) = self.groups.as_mut() else {
             return 0;
         };
@@ -273,7 +281,12 @@ impl KernelActuator {
         let ended: Vec<String> = g
             .created
             .iter()
-            .filter(|p| *p != &top && g.in_batch(p))
+            .filter(|p| {
+                p.strip_prefix(&top)
+                    .and_then(|r| r.strip_prefix("/job-"))
+                    .and_then(|root| root.parse().ok())
+                    .is_some_and(|root| !alive(root))
+            })
             .filter(|p| g.cg.processes(p).is_ok_and(|v| v.is_empty()))
             .cloned()
             .collect();
@@ -285,16 +298,7 @@ impl KernelActuator {
                 g.created.retain(|c| c != &path);
                 g.made.remove(&path);
                 // Its processes have ended: nothing of theirs is left to undo.
-                let ended: Vec<TaskKey> = g
-                    .moved
-                    .values()
-                    .filter(|m| m.to == path)
-                    .map(|m| m.key)
-                    .collect();
-                g.moved.retain(|_, m| m.to != path);
-                for key in ended {
-                    let _logged_by_journal = self.journal(Record::Return { key });
-                }
+                self.close_moves_into(std::slice::from_ref(&path));
                 let _logged_by_journal = self.journal(Record::GroupRemoved { path });
                 removed += 1;
             }
@@ -745,19 +749,10 @@ impl KernelActuator {
             }
         }
         let removed = !g.cg.exists(group);
-        let keys: Vec<TaskKey> = g
-            .moved
-            .iter()
-            .filter(|(_, m)| m.to == group)
-            .map(|(_, m)| m.key)
-            .collect();
-        g.moved.retain(|_, m| m.to != group);
         if removed {
             g.created.retain(|c| c != group);
         }
-        for key in keys {
-            let _logged_by_journal = self.journal(Record::Return { key });
-        }
+        self.close_moves_into(&[group.to_string()]);
         if removed {
             let _logged_by_journal = self.journal(Record::GroupRemoved {
                 path: group.to_string(),

@@ -1123,17 +1123,17 @@ mod tests {
             k.spawn(pid, pid, "soak", fair(0));
         }
         let mut a = actuator(&k, &dir, &[]);
-        assert_eq!(a.spread_cpus(), CPUS.len());
-        assert_eq!(a.spread(&[(500, 500, 0), (510, 510, 1)]), 2);
+        assert_eq!(a.spread_cpus(), CPUS.to_vec());
+        assert_eq!(a.spread(&[(500, 500, 0), (510, 510, 1)], &CPUS), 2);
         assert_eq!((k.cpus(500), k.cpus(510)), (vec![0], vec![1]));
         let pinned = journal::read_pending(&dir.0).unwrap().pinned;
         assert_eq!(pinned.len(), 2);
         assert!(pinned.values().all(|orig| orig == &CPUS));
         // The next round turns the order: each moves, nothing new is journaled.
-        assert_eq!(a.spread(&[(500, 500, 1), (510, 510, 0)]), 2);
+        assert_eq!(a.spread(&[(500, 500, 1), (510, 510, 0)], &CPUS), 2);
         assert_eq!((k.cpus(500), k.cpus(510)), (vec![1], vec![0]));
         // 510 is no longer busy: every CPU back, and its record closed.
-        assert_eq!(a.spread(&[(500, 500, 1)]), 1);
+        assert_eq!(a.spread(&[(500, 500, 1)], &CPUS), 1);
         assert_eq!(k.cpus(510), CPUS.to_vec());
         assert_eq!(journal::read_pending(&dir.0).unwrap().pinned.len(), 1);
         assert_eq!(a.unspread("quiet"), 1);
@@ -1150,12 +1150,12 @@ mod tests {
         k.pin_by_other(600, &[2, 3]);
         k.spawn(610, 610, "soak", fair(0));
         let mut a = actuator(&k, &dir, &[]);
-        assert_eq!(a.spread(&[(600, 600, 0), (610, 610, 1)]), 1);
+        assert_eq!(a.spread(&[(600, 600, 0), (610, 610, 1)], &CPUS), 1);
         assert_eq!(k.cpus(600), vec![2, 3], "its own choice stays");
         assert_eq!(k.cpus(610), vec![1]);
         // The owner pins 610 elsewhere: from then on it is theirs, also at exit.
         k.pin_by_other(610, &[3]);
-        assert_eq!(a.spread(&[(600, 600, 1), (610, 610, 0)]), 0);
+        assert_eq!(a.spread(&[(600, 600, 1), (610, 610, 0)], &CPUS), 0);
         assert_eq!((k.cpus(600), k.cpus(610)), (vec![2, 3], vec![3]));
         a.restore_all();
         assert_eq!((k.cpus(600), k.cpus(610)), (vec![2, 3], vec![3]));
@@ -1169,14 +1169,14 @@ mod tests {
         let (k, dir) = (FakeKernel::new(), TempDir::new("spread-child"));
         k.spawn(700, 700, "sh-loop", fair(0));
         let mut a = actuator(&k, &dir, &[]);
-        a.spread(&[(700, 700, 2)]);
+        a.spread(&[(700, 700, 2)], &CPUS);
         // It forks: the child and a new thread inherit its one CPU.
         k.spawn_child(700, 710, 710, "child", fair(0));
         k.pin_by_other(710, &[2]);
         k.spawn(700, 701, "sh-loop", fair(0));
         k.pin_by_other(701, &[2]);
         // A busy child is adopted (its CPUs before are its parent's), not taken as its own.
-        assert_eq!(a.spread(&[(700, 700, 0), (710, 710, 1)]), 2);
+        assert_eq!(a.spread(&[(700, 700, 0), (710, 710, 1)], &CPUS), 2);
         assert_eq!(k.cpus(710), vec![1]);
         let report = a.restore_all();
         assert_eq!(report.failed, 0);
@@ -1194,7 +1194,7 @@ mod tests {
         k.spawn(810, 810, "soak", fair(0));
         k.spawn(820, 820, "soak", fair(0));
         let mut a = actuator(&k, &dir, &[]);
-        a.spread(&[(800, 800, 0), (810, 810, 1), (820, 820, 2)]);
+        a.spread(&[(800, 800, 0), (810, 810, 1), (820, 820, 2)], &CPUS);
         std::mem::forget(a); // the daemon dies: nothing put back
         k.pin_by_other(810, &[0, 1]); // changed by someone else since
         k.exit(820);

@@ -34,15 +34,16 @@ pub(crate) struct Spread {
 }
 
 impl KernelActuator {
-    /// How many CPUs the spreading shares out (the host's online CPUs).
-    pub fn spread_cpus(&self) -> usize {
-        self.kernel.online_cpus().len()
+    /// The CPUs the spreading shares out (the host's online CPUs): read once per scan
+    /// and handed to `may_spread`, `pinned_at` and `spread`.
+    pub fn spread_cpus(&self) -> Vec<usize> {
+        self.kernel.online_cpus()
     }
 
-    /// Whether a thread may be spread: pinned already, or free to run on every CPU (or
-    /// on one it inherited from a thread appease pinned). A thread that chose its CPUs,
-    /// or sits in a cpuset, is not: the plan leaves it out.
-    pub fn may_spread(&self, pid: u32, tid: u32) -> bool {
+    /// Whether a thread may be spread over `online`: pinned already, or free to run on
+    /// every CPU (or on one it inherited from a thread appease pinned). A thread that
+    /// chose its CPUs, or sits in a cpuset, is not: the plan leaves it out.
+    pub fn may_spread(&self, pid: u32, tid: u32, online: &[usize]) -> bool {
         if self.spread.pinned.contains_key(&tid) {
             return true;
         }
@@ -55,16 +56,15 @@ impl KernelActuator {
             return false;
         }
         match self.kernel.affinity(tid) {
-            Ok(now) => now == self.kernel.online_cpus() || self.inherited_pin(pid, &now).is_some(),
+            Ok(now) => now == online || self.inherited_pin(pid, &now).is_some(),
             Err(_) => false,
         }
     }
 
-    /// Pins each `(pid, tid, cpu)` of `plan` (`cpu` indexes the online CPUs) to its CPU,
-    /// and gives every thread pinned before and not in the plan its CPUs back. Returns
-    /// how many threads are pinned now.
-    pub fn spread(&mut self, plan: &[(u32, u32, usize)]) -> usize {
-        let online = self.kernel.online_cpus();
+    /// Pins each `(pid, tid, cpu)` of `plan` (`cpu` indexes `online`) to its CPU, and
+    /// gives every thread pinned before and not in the plan its CPUs back. Returns how
+    /// many threads are pinned now.
+    pub fn spread(&mut self, plan: &[(u32, u32, usize)], online: &[usize]) -> usize {
         if online.len() < 2 || self.dry_run {
             self.unspread("nothing to spread over");
             return 0;
@@ -88,33 +88,20 @@ impl KernelActuator {
             if pid == self.self_pid {
                 continue;
             }
-            self.pin(pid, tid, online[idx % online.len()], &online);
+            self.pin(pid, tid, online[idx % online.len()], online);
         }
         self.spread.pinned.len()
     }
 
     fn pin(&mut self, pid: u32, tid: u32, cpu: usize, online: &[usize]) {
-        let Ok(stat) = self.kernel.task_stat(pid, tid) else {
-            return; // gone
-        };
+        // A pinned thread costs one system call a scan: its CPUs, which say whether
+        // someone else changed them (a thread that ended and whose tid was reused is
+        // caught by its start time when it is unpinned).
         if let Some(p) = self.spread.pinned.get(&tid) {
-            if p.key.start != stat.start {
-                // The thread ended and its tid is another's now: nothing of ours.
-                let key = p.key;
-                self.spread.pinned.remove(&tid);
-                let _logged_by_journal = self.journal(Record::Unpin { key });
-            } else if self.kernel.affinity(tid).ok().as_deref() != Some(&[p.cpu][..]) {
-                // Someone else set its CPUs since: theirs from now on.
-                let key = p.key;
-                self.spread.pinned.remove(&tid);
-                self.spread.foreign.insert(tid, (pid, stat.start));
-                let _logged_by_journal = self.journal(Record::Unpin { key });
-                tracing::info!(pid, tid, "its CPUs were set by someone else: left alone");
-                return;
-            } else if p.cpu == cpu {
-                return;
-            } else {
-                match self.kernel.set_affinity(tid, &[cpu]) {
+            let key = p.key;
+            match self.kernel.affinity(tid) {
+                Ok(now) if now == [p.cpu] && p.cpu == cpu => {}
+                Ok(now) if now == [p.cpu] => match self.kernel.set_affinity(tid, &[cpu]) {
                     Ok(()) => {
                         if let Some(p) = self.spread.pinned.get_mut(&tid) {
                             p.cpu = cpu;
@@ -124,10 +111,25 @@ impl KernelActuator {
                         }
                     }
                     Err(e) => tracing::debug!(tid, error = %e, "could not move a pinned thread"),
+                },
+                Ok(_) => {
+                    // Someone else set its CPUs since: theirs from now on.
+                    self.spread.pinned.remove(&tid);
+                    self.spread.foreign.insert(tid, (pid, key.start));
+                    let _logged_by_journal = self.journal(Record::Unpin { key });
+                    tracing::info!(pid, tid, "its CPUs were set by someone else: left alone");
                 }
-                return;
+                Err(_) => {
+                    // Gone: nothing of ours is left.
+                    self.spread.pinned.remove(&tid);
+                    let _logged_by_journal = self.journal(Record::Unpin { key });
+                }
             }
+            return;
         }
+        let Ok(stat) = self.kernel.task_stat(pid, tid) else {
+            return; // gone
+        };
         if self.spread.foreign.get(&tid) == Some(&(pid, stat.start)) {
             return;
         }
@@ -265,9 +267,8 @@ impl KernelActuator {
         tids.len()
     }
 
-    /// Where each pinned thread is: tid -> index into the online CPUs.
-    pub fn pinned_at(&self) -> HashMap<u32, usize> {
-        let online = self.kernel.online_cpus();
+    /// Where each pinned thread is: tid -> index into `online`.
+    pub fn pinned_at(&self, online: &[usize]) -> HashMap<u32, usize> {
         self.spread
             .pinned
             .iter()

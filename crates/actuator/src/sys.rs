@@ -287,8 +287,7 @@ pub fn task_stat(pid: u32, tid: u32) -> io::Result<TaskStat> {
 
 /// Total CPU time of a thread in ns (first field of schedstat).
 pub fn thread_cpu_ns(pid: u32, tid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
-    text.split_whitespace().next()?.parse().ok()
+    thread_run_wait_ns(pid, tid).map(|(run, _)| run)
 }
 
 /// A thread's time on a CPU and time runnable but waiting for one, ns (the first two

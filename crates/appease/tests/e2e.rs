@@ -2295,23 +2295,9 @@ fn the_batch_group_is_idle_only_while_requests_arrive() {
     drop(service);
 }
 
-/// The CPUs a thread may run on, from /proc (`Cpus_allowed_list`).
-fn cpus_of(pid: u32) -> Vec<usize> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let list = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .unwrap_or("")
-        .trim()
-        .to_string();
-    let mut cpus = Vec::new();
-    for part in list.split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
-            None => cpus.push(part.parse().unwrap()),
-        }
-    }
-    cpus
+/// The CPUs a thread may run on (none once it is gone).
+fn cpus_of(tid: u32) -> Vec<usize> {
+    appease_actuator::sys::affinity(tid).unwrap_or_default()
 }
 
 #[test]

@@ -55,13 +55,6 @@ pub fn jain(xs: &[f64]) -> f64 {
     sum * sum / (n * sq)
 }
 
-fn cpu_ns(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
-        .ok()
-        .and_then(|t| t.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 enum Layout {
     /// n − 1 soakers SCHED_IDLE, one normal.
     SchedIdle,
@@ -171,7 +164,7 @@ fn run_case(
         }
     };
     std::thread::sleep(Duration::from_millis(500));
-    let before: Vec<u64> = pids.iter().map(|&p| cpu_ns(p)).collect();
+    let before: Vec<u64> = pids.iter().map(|&p| crate::process_cpu_ns(p)).collect();
     let (busy0, total0) = cpu_jiffies();
     let t = Instant::now();
     while t.elapsed() < measure && !opts.stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -181,7 +174,7 @@ fn run_case(
     let used: Vec<f64> = pids
         .iter()
         .zip(&before)
-        .map(|(&p, &b)| cpu_ns(p).saturating_sub(b) as f64 / 1e9)
+        .map(|(&p, &b)| crate::process_cpu_ns(p).saturating_sub(b) as f64 / 1e9)
         .collect();
     // Soakers in groups all count; with a normal soaker, fairness is among the idle ones.
     let fair_set = match layout {

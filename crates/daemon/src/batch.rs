@@ -307,7 +307,9 @@ impl BatchManager {
         }
         // A group created by this scan's demotions starts idle: give it its mode.
         self.sync_mode(now, cfg, actuator);
-        actuator.remove_ended_job_groups();
+        // A job whose root is no longer in a demoted tree may have ended.
+        let demoted = &self.demoted;
+        actuator.remove_ended_job_groups(|root| demoted.contains(&root));
         self.spread(now, snap.busy_batch, cfg, actuator);
         // Requests of processes that are gone need not be remembered.
         for (pid, start) in snap.gone {
@@ -335,7 +337,7 @@ impl BatchManager {
     ) {
         let quiet = self.mode.mode(now) == GroupMode::Quiet;
         if quiet || !cfg.batch.enabled || !cfg.batch.spread {
-            if self.pinned > 0 || actuator.pinned() > 0 {
+            if actuator.pinned() > 0 {
                 actuator.unspread(if quiet {
                     "mode quiet: the kernel balances a normal group fairly"
                 } else {
@@ -346,20 +348,21 @@ impl BatchManager {
             return;
         }
         // Only what is still demoted after this scan's promotions, and free to move.
+        let online = actuator.spread_cpus();
         let busy: Vec<BusyThread> = busy
             .into_iter()
-            .filter(|t| self.demoted.contains(&t.pid) && actuator.may_spread(t.pid, t.tid))
+            .filter(|t| self.demoted.contains(&t.pid) && actuator.may_spread(t.pid, t.tid, &online))
             .collect();
         self.spread_round += 1;
-        let at = actuator.pinned_at();
+        let at = actuator.pinned_at(&online);
         let plan: Vec<(u32, u32, usize)> =
-            appease_policy::spread::plan(&busy, actuator.spread_cpus(), self.spread_round, |tid| {
+            appease_policy::spread::plan(&busy, online.len(), self.spread_round, |tid| {
                 at.get(&tid).copied()
             })
             .into_iter()
             .map(|(t, cpu)| (t.pid, t.tid, cpu))
             .collect();
-        self.pinned = actuator.spread(&plan);
+        self.pinned = actuator.spread(&plan, &online);
     }
 
     /// Feeds the idle group's share since the last scan to the starvation floor.

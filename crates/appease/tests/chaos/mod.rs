@@ -21,7 +21,7 @@ struct Snapshot {
 }
 
 /// (pid, tid, (policy, nice, slice), CPUs allowed).
-type ThreadState = (u32, u32, (u32, i32, u64), String);
+type ThreadState = (u32, u32, (u32, i32, u64), Vec<usize>);
 
 fn sched_of(tid: u32) -> Option<(u32, i32, u64)> {
     // struct sched_attr, as far as sched_runtime (the EEVDF slice).
@@ -37,17 +37,6 @@ fn sched_of(tid: u32) -> Option<(u32, i32, u64)> {
     Some((attr[1], attr[4] as i32, runtime))
 }
 
-/// The CPUs a thread may run on, as /proc lists them.
-fn cpus_allowed(pid: u32, tid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
 fn snapshot(pids: &[u32], extra_tids: &[(u32, u32)]) -> Snapshot {
     let mut threads = Vec::new();
     for &pid in pids {
@@ -60,12 +49,12 @@ fn snapshot(pids: &[u32], extra_tids: &[(u32, u32)]) -> Snapshot {
                 continue;
             };
             if let Some(s) = sched_of(tid) {
-                threads.push((pid, tid, s, cpus_allowed(pid, tid)));
+                threads.push((pid, tid, s, cpus_of(tid)));
             }
         }
     }
     for &(pid, tid) in extra_tids {
-        threads.push((pid, tid, sched_of(tid).unwrap(), cpus_allowed(pid, tid)));
+        threads.push((pid, tid, sched_of(tid).unwrap(), cpus_of(tid)));
     }
     threads.sort();
     let cgroups = pids
