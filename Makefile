@@ -5,11 +5,12 @@ CARGO ?= cargo
 # libelf/zlib/pkg-config build the bundled libbpf).
 APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
 # What the tests and the bench run: PostgreSQL (db scenario), gcc (the compile batch
-# load), nginx and wget (web scenario); all tested end to end. QEMU, debootstrap and
+# load), nginx and wget (web scenario), ab (apache2-utils) and sysbench (the closed-loop
+# client sweeps); all tested end to end. QEMU, debootstrap and
 # e2fsprogs boot the Debian VM in which the cgroup v2 layouts are tested (scripts/vm);
 # docker.io runs real containers (the docker batch load and its end-to-end tests).
 # prometheus brings promtool, which checks the metrics endpoint's output.
-TEST_PACKAGES := postgresql gcc nginx wget qemu-system-x86 debootstrap e2fsprogs docker.io prometheus tmux perl
+TEST_PACKAGES := postgresql gcc nginx wget apache2-utils sysbench qemu-system-x86 debootstrap e2fsprogs docker.io prometheus tmux perl
 BENCH_PACKAGES := $(TEST_PACKAGES)
 # Counts the simulator's instructions per event (a figure the host's noise cannot move).
 PROFILE_PACKAGES := valgrind

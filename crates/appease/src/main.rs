@@ -122,7 +122,8 @@ struct BenchArgs {
     /// Also write result.json, result.csv and SVG plots (response-time CDFs, latency against load) into this directory.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Comma-separated subset of modes (default: all).
+    /// Comma-separated subset of modes (default: all; for --clients unmanaged,
+    /// batch-cgroup-idle, appease).
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// Batch jobs per CPU; several (e.g. 0,1,2,4,8) sweep.
@@ -148,9 +149,20 @@ struct BenchArgs {
     /// container of a private engine the bench starts: needs docker.io).
     #[arg(long, default_value = "soak")]
     batch: String,
-    /// Run every mode this many times, interleaved, and report each metric's median.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
-    repeat: u32,
+    /// Run every mode this many times, interleaved, and report each metric's median
+    /// (default 1; 5 for a --clients sweep without --quick).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: Option<u32>,
+    /// web and db: a closed-loop sweep instead of the open-loop run, the Staircase study's
+    /// scalability test: a fixed amount of work by each number of clients (e.g.
+    /// 2,4,8,16,32,64,128,256), with ab against nginx (new connections and keep-alive) or
+    /// sysbench OLTP read-only and read-write against PostgreSQL.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    clients: Vec<u32>,
+    /// The sweep's scalability base A in (T_B / T_A) / (B / A) (default: each mode's
+    /// client count with the lowest completion time).
+    #[arg(long, requires = "clients")]
+    scale_base: Option<u32>,
 }
 
 #[derive(Subcommand)]
@@ -176,6 +188,26 @@ enum SimCommand {
         /// Also write compare.json and requests.csv here.
         #[arg(long)]
         out: Option<PathBuf>,
+    },
+    /// The Staircase study's scalability test, simulated: the file's one closed-loop
+    /// customer becomes N clients, each with an instance of its server, sharing a fixed
+    /// number of requests; completion time, spreads and scalability per policy.
+    Sweep {
+        file: PathBuf,
+        /// Client counts.
+        #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "2,4,8,16,32,64,128,256")]
+        clients: Vec<u32>,
+        /// Requests per run, shared by the clients.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+        requests: u64,
+        /// Comma-separated policies (default: every policy).
+        #[arg(long, value_delimiter = ',')]
+        policies: Vec<String>,
+        /// The scalability base A (default: each policy's fastest client count).
+        #[arg(long)]
+        scale_base: Option<u32>,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -407,6 +439,17 @@ fn run(cmd: Command) -> Result<()> {
         Command::Sim {
             command: SimCommand::Compare { file, json, out },
         } => sim_cmd::compare(&file, json, out.as_deref()),
+        Command::Sim {
+            command:
+                SimCommand::Sweep {
+                    file,
+                    clients,
+                    requests,
+                    policies,
+                    scale_base,
+                    json,
+                },
+        } => sim_cmd::sweep(&file, &clients, requests, &policies, scale_base, json),
         Command::Model {
             command:
                 ModelCommand::Contention {
@@ -564,6 +607,15 @@ fn bench_plot(dir: &std::path::Path) -> Result<()> {
         println!("wrote {}", file.display());
         return Ok(());
     }
+    if value.get("client_loop").is_some() {
+        let r: appease_bench::closed_loop::ClosedLoopResult =
+            serde_json::from_value(value).with_context(|| format!("parsing {}", path.display()))?;
+        for (name, svg) in appease_bench::plot::completion_vs_clients(&r)? {
+            std::fs::write(dir.join(&name), svg)?;
+            println!("wrote {}", dir.join(name).display());
+        }
+        return Ok(());
+    }
     // One batch level is one object; a --load sweep keeps every level under "sweep".
     let results: Vec<appease_bench::report::ScenarioResult> = match value.get("sweep") {
         Some(sweep) => serde_json::from_value(sweep.clone()),
@@ -600,13 +652,20 @@ fn bench(args: BenchArgs) -> Result<()> {
         arrivals,
         batch,
         repeat,
+        clients,
+        scale_base,
     } = args;
+    let repeat = repeat.unwrap_or(if clients.is_empty() || quick { 1 } else { 5 });
     let arrivals = appease_bench::client::Arrivals::parse(&arrivals)?;
     let batch = appease_bench::Batch::parse(&batch)?;
     if let Some(c) = &config {
         appease_config::Config::load(c)?;
     }
-    let modes = if modes.is_empty() {
+    let modes = if modes.is_empty() && !clients.is_empty() {
+        // The sweep's question: appease against doing nothing and the best manual setup.
+        use appease_bench::Mode::{Appease, BatchCgroupIdle, Unmanaged};
+        vec![Unmanaged, BatchCgroupIdle, Appease]
+    } else if modes.is_empty() {
         appease_bench::Mode::ALL.to_vec()
     } else {
         modes
@@ -635,6 +694,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         batch,
         repeat: repeat as usize,
         stop,
+        clients,
+        scale_base,
     };
     let (value, table, csv, plots) = match appease_bench::run(&opts)? {
         appease_bench::Report::Latency(results) => {
@@ -667,6 +728,13 @@ fn bench(args: BenchArgs) -> Result<()> {
                 None => Vec::new(),
             };
             (serde_json::to_value(&u)?, u.table(), None, plots)
+        }
+        appease_bench::Report::ClosedLoop(r) => {
+            let plots = match &out {
+                Some(_) => appease_bench::plot::completion_vs_clients(&r)?,
+                None => Vec::new(),
+            };
+            (serde_json::to_value(&r)?, r.table(), Some(r.csv()), plots)
         }
     };
     if let Some(dir) = &out {

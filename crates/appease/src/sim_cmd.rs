@@ -1,4 +1,4 @@
-//! `appease sim run` and `appease sim compare`.
+//! `appease sim run`, `appease sim compare` and `appease sim sweep`.
 
 use std::path::Path;
 
@@ -76,6 +76,42 @@ pub fn compare(file: &Path, json: bool, out: Option<&Path>) -> Result<()> {
             w.sim.seed
         );
         print!("{}", appease_sim::table(&reports));
+    }
+    Ok(())
+}
+
+pub fn sweep(
+    file: &Path,
+    clients: &[u32],
+    requests: u64,
+    policies: &[String],
+    scale_base: Option<u32>,
+    json: bool,
+) -> Result<()> {
+    let w = Workload::load(file)?;
+    let policies: Vec<&str> = if policies.is_empty() {
+        POLICIES.to_vec()
+    } else {
+        policies.iter().map(String::as_str).collect()
+    };
+    if let Some(bad) = policies.iter().find(|p| !POLICIES.contains(p)) {
+        anyhow::bail!("unknown policy {bad:?} (one of {})", POLICIES.join(", "));
+    }
+    let r = appease_sim::sweep::sweep(&w, clients, requests, &policies, scale_base)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "{}: {} CPUs; {} requests by {:?} to {:?}, split among the clients, each with an \
+             instance of the server of its own (no cost per context switch is simulated)",
+            file.display(),
+            w.sim.cpus,
+            r.requests,
+            r.customer,
+            r.server
+        );
+        print!("{}", appease_sim::sweep::table(&r));
     }
     Ok(())
 }

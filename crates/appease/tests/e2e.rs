@@ -1781,6 +1781,124 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
     );
 }
 
+/// The scalability values of one series of a closed-loop result, recomputed from its
+/// points' completion times with the study's formula: (T_B / T_A) / (B / A).
+fn recomputed_scalability(series: &serde_json::Value, time_key: &str) -> (u64, Vec<(u64, f64)>) {
+    let points: Vec<(u64, f64)> = series["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["clients"].as_u64().unwrap(),
+                p[time_key].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    // The default base: the fastest point.
+    let &(a, ta) = points.iter().min_by(|x, y| x.1.total_cmp(&y.1)).unwrap();
+    let values = points
+        .iter()
+        .map(|&(b, tb)| (b, (tb / ta) / (b as f64 / a as f64)))
+        .collect();
+    (a, values)
+}
+
+/// Checks a series' `scalability` against the values recomputed from its points.
+fn assert_scalability_recomputes(series: &serde_json::Value, time_key: &str) {
+    let (base, values) = recomputed_scalability(series, time_key);
+    let sc = &series["scalability"];
+    assert_eq!(sc["base"].as_u64(), Some(base), "{series}");
+    for (clients, v) in values {
+        let got = sc["values"][clients.to_string()].as_f64().unwrap();
+        assert!(
+            (got - v).abs() < 1e-9 * v.max(1.0),
+            "{clients}: {got} vs {v}: {series}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn bench_web_client_sweep_runs_ab_closed_loop_and_its_scalability_recomputes() {
+    let _g = serial();
+    let dir = TempDir::new("bench-clients");
+    let out_dir = dir.0.display().to_string();
+    let v = bench_json(&["web", "--clients", "2,8", "--quick", "--out", &out_dir]);
+    assert_eq!(v["client_loop"], "closed", "{v}");
+    assert_eq!(v["clients"], serde_json::json!([2, 8]));
+    let series = v["series"].as_array().unwrap();
+    // ab with a new connection per request and keep-alive, each under the three modes
+    // a sweep compares by default.
+    let names: Vec<(String, String)> = series
+        .iter()
+        .map(|s| {
+            (
+                s["variant"].as_str().unwrap().into(),
+                s["mode"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let mut expect = Vec::new();
+    for variant in ["ab", "ab-k"] {
+        for mode in ["unmanaged", "batch-cgroup-idle", "appease"] {
+            expect.push((variant.to_string(), mode.to_string()));
+        }
+    }
+    assert_eq!(names, expect, "{v}");
+    let work = v["work_per_run"].as_f64().unwrap();
+    for s in series {
+        let points = s["points"].as_array().unwrap();
+        assert_eq!(points.len(), 2, "{s}");
+        for p in points {
+            assert_eq!(p["runs"], 1, "{p}");
+            assert_eq!(p["failed"], 0, "every request answered: {p}");
+            let t = p["completion_s"].as_f64().unwrap();
+            // ab's own requests per second is its work over its time.
+            let per_s = p["per_s"].as_f64().unwrap();
+            assert!((per_s * t / work - 1.0).abs() < 0.05, "{p}");
+            let (min, p95, max) = (
+                p["min_ms"].as_f64().unwrap(),
+                p["p95_ms"].as_f64().unwrap(),
+                p["max_ms"].as_f64().unwrap(),
+            );
+            assert!(0.0 < min && min <= p95 && p95 <= max, "{p}");
+            assert!((p["max_minus_min_ms"].as_f64().unwrap() - (max - min)).abs() < 1e-9);
+            // The client ran and its CPU time was counted.
+            assert!(p["client_cpu_s"].as_f64().unwrap() > 0.0, "{p}");
+        }
+        assert_scalability_recomputes(s, "completion_s");
+    }
+    // A table, a CSV row per point and a plot per client variant.
+    let csv = std::fs::read_to_string(dir.0.join("result.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 6 * 2, "{csv}");
+    for variant in ["ab", "ab-k"] {
+        let svg = std::fs::read_to_string(dir.0.join(format!("completion-{variant}.svg"))).unwrap();
+        assert!(
+            svg.contains("\nappease\n") && svg.contains("\nunmanaged\n"),
+            "{variant}"
+        );
+    }
+    // bench-plot redraws them from result.json.
+    std::fs::remove_file(dir.0.join("completion-ab.svg")).unwrap();
+    let replot = Command::new(BIN)
+        .arg("bench-plot")
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    assert!(replot.status.success(), "{replot:?}");
+    assert!(dir.0.join("completion-ab.svg").exists());
+    // Mistakes are named before anything runs.
+    fails_saying(
+        Command::new(BIN).args(["bench", "synthetic", "--clients", "2"]),
+        "--clients applies to the web and db scenarios",
+    );
+    fails_saying(
+        Command::new(BIN).args(["bench", "web", "--clients", "2,8", "--scale-base", "4"]),
+        "--scale-base 4 is not among the client counts (2, 8)",
+    );
+}
+
 /// PostgreSQL processes started from a bench's private directory, still running.
 fn bench_postgres_left() -> Vec<String> {
     std::fs::read_dir("/proc")
@@ -3215,6 +3333,78 @@ fn model_unhappiness_evaluates_every_closed_form() {
             named,
         );
     }
+}
+
+#[test]
+fn sim_sweep_reports_the_studys_figures_and_its_scalability_recomputes() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/sim/staircase-sweep.toml"
+    );
+    let r = json_of(&[
+        "sim",
+        "sweep",
+        example,
+        "--clients",
+        "2,16,64",
+        "--requests",
+        "2000",
+        "--policies",
+        "o1,staircase,cfs",
+        "--json",
+    ]);
+    let series = r["series"].as_array().unwrap();
+    let policies: Vec<&str> = series
+        .iter()
+        .map(|s| s["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["o1", "staircase", "cfs"]);
+    for s in series {
+        assert_eq!(s["points"].as_array().unwrap().len(), 3, "{s}");
+        for p in s["points"].as_array().unwrap() {
+            for k in [
+                "completion_ms",
+                "per_s",
+                "min_ms",
+                "p95_ms",
+                "max_ms",
+                "max_minus_min_ms",
+                "p95_minus_min_ms",
+            ] {
+                assert!(p[k].is_number(), "{k}: {p}");
+            }
+            // 2,000 requests of 1 ms of CPU on one CPU: 2 s at the very least.
+            assert!(p["completion_ms"].as_f64().unwrap() >= 2000.0, "{p}");
+        }
+        assert_scalability_recomputes(s, "completion_ms");
+    }
+    // Same file, same numbers.
+    let again = json_of(&[
+        "sim",
+        "sweep",
+        example,
+        "--clients",
+        "2,16,64",
+        "--requests",
+        "2000",
+        "--policies",
+        "o1,staircase,cfs",
+        "--json",
+    ]);
+    assert_eq!(r, again);
+    fails_saying(
+        Command::new(BIN).args(["sim", "sweep", example, "--policies", "fifo"]),
+        "unknown policy \"fifo\"",
+    );
+    let web_db = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/sim/web-db.toml"
+    );
+    fails_saying(
+        Command::new(BIN).args(["sim", "sweep", web_db]),
+        "exactly one customer with closed-loop arrivals",
+    );
 }
 
 #[test]

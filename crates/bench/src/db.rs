@@ -26,7 +26,7 @@ const CLIENTS: u32 = 4;
 /// A running PostgreSQL of the bench's.
 #[derive(Clone, Debug)]
 pub struct Postgres {
-    socket_dir: PathBuf,
+    pub(crate) socket_dir: PathBuf,
     /// Where pgbench writes its per-transaction logs.
     log_dir: PathBuf,
 }
@@ -65,7 +65,9 @@ fn postgres_account() -> Result<(u32, u32)> {
 
 /// initdb and start a server in `tmp`, owned by the postgres account, stopped with the
 /// run (SIGTERM: it shuts down once pgbench has disconnected), and load pgbench's tables.
-pub(crate) fn start(run: &mut Run, tmp: &Path) -> Result<Postgres> {
+/// `clients`: the most connections a client will open at once (a closed-loop sweep's
+/// largest count), beyond PostgreSQL's default of 100.
+pub(crate) fn start(run: &mut Run, tmp: &Path, clients: Option<u32>) -> Result<Postgres> {
     if !Path::new(PGBENCH).exists() {
         bail!("the db scenario needs pgbench ({PGBENCH} is missing): apt-get install postgresql");
     }
@@ -108,6 +110,11 @@ pub(crate) fn start(run: &mut Run, tmp: &Path) -> Result<Postgres> {
         .args(["-p", &PORT.to_string()])
         .args(["-c", "listen_addresses=", "-c", "fsync=off"])
         .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
+        // Room for the sweep's clients beside pgbench's and the analytic connection.
+        .args([
+            "-c",
+            &format!("max_connections={}", clients.unwrap_or(0).max(80) + 20),
+        ])
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()

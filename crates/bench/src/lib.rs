@@ -2,6 +2,7 @@
 //! in one run on the same machine.
 
 pub mod client;
+pub mod closed_loop;
 mod db;
 pub mod docker;
 mod pipeline;
@@ -168,9 +169,19 @@ pub struct Options {
     pub repeat: usize,
     /// Ctrl-C: stop measuring, clean up, report what was measured.
     pub stop: Arc<AtomicBool>,
+    /// web and db: a closed-loop sweep over these client counts instead of the
+    /// open-loop run (the Staircase study's scalability test).
+    pub clients: Vec<u32>,
+    /// The sweep's scalability base (None: the count with the lowest completion time).
+    pub scale_base: Option<u32>,
 }
 
 impl Options {
+    /// The largest client count of a closed-loop sweep.
+    pub(crate) fn max_clients(&self) -> Option<u32> {
+        self.clients.iter().copied().max()
+    }
+
     /// The idle group the appease mode's daemon uses, as it appears in /proc/PID/cgroup.
     pub(crate) fn batch_group(&self) -> String {
         let name = self
@@ -206,6 +217,8 @@ pub enum Report {
     /// Latency scenarios: one result per batch level.
     Latency(Vec<ScenarioResult>),
     Utilization(utilization::UtilizationResult),
+    /// web and db with `--clients`: the closed-loop sweep.
+    ClosedLoop(closed_loop::ClosedLoopResult),
 }
 
 pub fn run(opts: &Options) -> Result<Report> {
@@ -228,6 +241,9 @@ pub fn run(opts: &Options) -> Result<Report> {
     if opts.scenario == "utilization" {
         return Ok(Report::Utilization(utilization::run(opts)?));
     }
+    if !opts.clients.is_empty() {
+        return Ok(Report::ClosedLoop(closed_loop::run(opts)?));
+    }
     Ok(Report::Latency(run_latency(opts)?))
 }
 
@@ -237,12 +253,8 @@ pub(crate) fn on_path(program: &str) -> bool {
         .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
 }
 
-pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
-    if opts.batch == Batch::Compile {
-        if let Some(missing) = ["make", "gcc"].into_iter().find(|p| !on_path(p)) {
-            bail!("the compile load needs {missing}, which is not installed: apt-get install {missing}");
-        }
-    }
+/// The server, its request rate and the run's timing for the chosen scenario.
+pub(crate) fn scenario_params(opts: &Options) -> Synthetic {
     let (server, transport, cpu_ms, rate_per_s, arrivals) = match opts.scenario.as_str() {
         // nginx's work per request is its own; 2,000 small requests/s.
         "web" => ("nginx", "tcp", 0.0, 2000.0, opts.arrivals),
@@ -271,7 +283,7 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
             opts.arrivals,
         ),
     };
-    let params = Synthetic {
+    Synthetic {
         server: server.into(),
         transport: transport.into(),
         cpu_ms,
@@ -281,7 +293,16 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
         measure_s: opts.seconds.unwrap_or(if opts.quick { 5.0 } else { 30.0 }),
         warmup_s: 1.0,
         rounds: opts.repeat.max(1),
-    };
+    }
+}
+
+pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
+    if opts.batch == Batch::Compile {
+        if let Some(missing) = ["make", "gcc"].into_iter().find(|p| !on_path(p)) {
+            bail!("the compile load needs {missing}, which is not installed: apt-get install {missing}");
+        }
+    }
+    let params = scenario_params(opts);
     let engine = match opts.batch {
         Batch::Docker => {
             let dir =
@@ -492,45 +513,14 @@ fn run_mode(
     std::fs::create_dir_all(&tmp)?;
     run.tmp = Some(tmp.clone());
 
-    // The server, and what sends it requests.
-    let load = match p.server.as_str() {
-        "nginx" => {
-            let (target, protocol) = web::start(&mut run, &tmp, opts.port)?;
-            Load::OpenLoop(target, protocol)
-        }
-        "postgresql" => Load::Pgbench(db::start(&mut run, &tmp)?),
-        "postgresql-analytic" => {
-            let pg = db::start(&mut run, &tmp)?;
-            pg.start_analytic(&mut run, &tmp)?;
-            Load::Pgbench(pg)
-        }
-        "pipeline" => Load::OpenLoop(
-            pipeline::start(&mut run, opts, p.cpu_ms, &tmp)?,
-            client::Protocol::Synthetic,
-        ),
-        _ => Load::OpenLoop(
-            start_synthetic(&mut run, opts, p, &tmp)?,
-            client::Protocol::Synthetic,
-        ),
-    };
+    let load = start_server(&mut run, opts, p, &tmp)?;
 
     // The batch load.
     let n = if mode == Mode::Unloaded { 0 } else { soakers };
     let mut soak_pids = Vec::new();
     let mut containers = Vec::new();
     match p.batch {
-        Batch::Soak | Batch::Mixed => {
-            for i in 0..n {
-                let threads = match p.batch {
-                    Batch::Mixed => MIXED_SIZES[i % MIXED_SIZES.len()],
-                    _ => 1,
-                }
-                .to_string();
-                let c = spawn_worker(&opts.appease, &["soak", "--threads", &threads])?;
-                soak_pids.push(c.id());
-                run.children.push(c);
-            }
-        }
+        Batch::Soak | Batch::Mixed => soak_pids = spawn_soakers(&mut run, opts, p.batch, n)?,
         Batch::Compile | Batch::Script if n > 0 => {
             let src = tmp.join("src").display().to_string();
             let jobs = n.to_string();
@@ -569,31 +559,7 @@ fn run_mode(
         apply_mode(&mut run, opts, mode, &soak_pids, &tmp)?;
     }
 
-    // Warm-up with traffic flowing, as on a real host: the daemon sees a server that
-    // answers requests. For `appease`, until it has demoted the soakers.
-    let warm_stop = Arc::new(AtomicBool::new(false));
-    let warm = {
-        let (stop, load, p) = (warm_stop.clone(), load.clone(), p.clone());
-        std::thread::spawn(move || load.run(&p, Duration::from_secs(3600), Duration::ZERO, &stop))
-    };
-    let settle = Instant::now();
-    std::thread::sleep(Duration::from_secs_f64(p.warmup_s));
-    if mode == Mode::Appease && !soak_pids.is_empty() {
-        let group = opts.batch_group();
-        let waited = wait_until(Duration::from_secs(30), || {
-            opts.stop.load(Ordering::Relaxed) || soak_pids.iter().all(|&p| demoted(&group, p))
-        });
-        warm_stop.store(true, Ordering::Relaxed);
-        let _warmup_latencies_unused = warm.join();
-        waited.context("the daemon did not demote the soakers within 30 s")?;
-        eprintln!(
-            "    soakers demoted by the daemon {:.1} s after they started",
-            settle.elapsed().as_secs_f64()
-        );
-    } else {
-        warm_stop.store(true, Ordering::Relaxed);
-        let _warmup_latencies_unused = warm.join();
-    }
+    warm_up(opts, p, mode, &load, &soak_pids)?;
 
     let jobs_cpu0: Vec<u64> = soak_pids.iter().map(|&p| process_cpu_ns(p)).collect();
     let (busy0, total0) = cpu_jiffies();
@@ -675,6 +641,82 @@ fn run_mode(
         m.frames = Some(report::Frames::new(&result, p.rate_per_s));
     }
     Ok(m)
+}
+
+/// The scenario's server, started for `run`, and what sends it requests.
+fn start_server(run: &mut Run, opts: &Options, p: &Synthetic, tmp: &Path) -> Result<Load> {
+    Ok(match p.server.as_str() {
+        "nginx" => {
+            let (target, protocol) = web::start(run, tmp, opts.port)?;
+            Load::OpenLoop(target, protocol)
+        }
+        "postgresql" => Load::Pgbench(db::start(run, tmp, opts.max_clients())?),
+        "postgresql-analytic" => {
+            let pg = db::start(run, tmp, opts.max_clients())?;
+            pg.start_analytic(run, tmp)?;
+            Load::Pgbench(pg)
+        }
+        "pipeline" => Load::OpenLoop(
+            pipeline::start(run, opts, p.cpu_ms, tmp)?,
+            client::Protocol::Synthetic,
+        ),
+        _ => Load::OpenLoop(
+            start_synthetic(run, opts, p, tmp)?,
+            client::Protocol::Synthetic,
+        ),
+    })
+}
+
+/// `n` soaker jobs (one thread each, or 1, 2 and 4 in turn for the mixed load), ended
+/// with `run`; their pids.
+fn spawn_soakers(run: &mut Run, opts: &Options, batch: Batch, n: usize) -> Result<Vec<u32>> {
+    let mut pids = Vec::new();
+    for i in 0..n {
+        let threads = match batch {
+            Batch::Mixed => MIXED_SIZES[i % MIXED_SIZES.len()],
+            _ => 1,
+        }
+        .to_string();
+        let c = spawn_worker(&opts.appease, &["soak", "--threads", &threads])?;
+        pids.push(c.id());
+        run.children.push(c);
+    }
+    Ok(pids)
+}
+
+/// Warm-up with traffic flowing, as on a real host: the daemon sees a server that
+/// answers requests. For `appease`, until it has demoted the soakers.
+fn warm_up(
+    opts: &Options,
+    p: &Synthetic,
+    mode: Mode,
+    load: &Load,
+    soak_pids: &[u32],
+) -> Result<()> {
+    let warm_stop = Arc::new(AtomicBool::new(false));
+    let warm = {
+        let (stop, load, p) = (warm_stop.clone(), load.clone(), p.clone());
+        std::thread::spawn(move || load.run(&p, Duration::from_secs(3600), Duration::ZERO, &stop))
+    };
+    let settle = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(p.warmup_s));
+    if mode == Mode::Appease && !soak_pids.is_empty() {
+        let group = opts.batch_group();
+        let waited = wait_until(Duration::from_secs(30), || {
+            opts.stop.load(Ordering::Relaxed) || soak_pids.iter().all(|&p| demoted(&group, p))
+        });
+        warm_stop.store(true, Ordering::Relaxed);
+        let _warmup_latencies_unused = warm.join();
+        waited.context("the daemon did not demote the soakers within 30 s")?;
+        eprintln!(
+            "    soakers demoted by the daemon {:.1} s after they started",
+            settle.elapsed().as_secs_f64()
+        );
+    } else {
+        warm_stop.store(true, Ordering::Relaxed);
+        let _warmup_latencies_unused = warm.join();
+    }
+    Ok(())
 }
 
 /// Whether the daemon has put `pid` in the idle class: moved into its group (`group`, as

@@ -241,3 +241,63 @@ pub fn fairness(u: &UtilizationResult) -> anyhow::Result<String> {
         legend(&mut chart, SeriesLabelPosition::UpperRight)
     })
 }
+
+/// A closed-loop sweep's completion time against the number of clients, one plot per
+/// client variant, a line per mode (the Staircase study's Figures 3 and 4). Clients on a
+/// log axis: the sweep doubles them.
+pub fn completion_vs_clients(
+    r: &crate::closed_loop::ClosedLoopResult,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let mut variants: Vec<&str> = r.series.iter().map(|s| s.variant.as_str()).collect();
+    variants.dedup();
+    let mut out = Vec::new();
+    for variant in variants {
+        let series: Vec<_> = r.series.iter().filter(|s| s.variant == variant).collect();
+        let points = || series.iter().flat_map(|s| s.points.iter());
+        let xmin = points().map(|p| p.clients).min().unwrap_or(1).max(1) as f64;
+        let xmax = (points().map(|p| p.clients).max().unwrap_or(2) as f64).max(xmin * 2.0);
+        let ymax = points()
+            .map(|p| p.completion_s)
+            .filter(|t| t.is_finite())
+            .fold(0.0, f64::max)
+            .max(1e-3)
+            * 1.15;
+        let title = format!(
+            "{} {variant}: completion time of {} {} against clients",
+            r.scenario, r.work_per_run, r.unit
+        );
+        let svg = svg(|root| {
+            let mut chart = frame(root, &title)
+                .build_cartesian_2d((xmin * 0.8..xmax * 1.25).log_scale(), 0.0..ymax)
+                .map_err(|e| e.to_string())?;
+            chart
+                .configure_mesh()
+                .x_desc("clients (log scale)")
+                .y_desc("completion time (s)")
+                .draw()
+                .map_err(|e| e.to_string())?;
+            for s in &series {
+                let mode = s.mode;
+                let line: Vec<(f64, f64)> = s
+                    .points
+                    .iter()
+                    .map(|p| (p.clients as f64, p.completion_s))
+                    .collect();
+                chart
+                    .draw_series(LineSeries::new(line.clone(), stroke(mode)))
+                    .map_err(|e| e.to_string())?
+                    .label(mode.name())
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], stroke(mode)));
+                chart
+                    .draw_series(
+                        line.into_iter()
+                            .map(|p| Circle::new(p, 3, colour(mode).filled())),
+                    )
+                    .map_err(|e| e.to_string())?;
+            }
+            legend(&mut chart, SeriesLabelPosition::UpperRight)
+        })?;
+        out.push((format!("completion-{variant}.svg"), svg));
+    }
+    Ok(out)
+}

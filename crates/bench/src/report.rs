@@ -312,7 +312,7 @@ pub fn csv(results: &[ScenarioResult]) -> String {
     s
 }
 
-fn median_of(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median_of(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n == 0 {

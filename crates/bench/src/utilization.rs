@@ -259,6 +259,8 @@ pub fn run(opts: &Options) -> Result<UtilizationResult> {
             batch,
             repeat: opts.repeat,
             stop: opts.stop.clone(),
+            clients: Vec::new(),
+            scale_base: None,
         };
         with_server.extend(crate::run_latency(&o)?);
     }

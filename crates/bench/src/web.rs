@@ -55,7 +55,7 @@ pub(crate) fn start(
     let conf = tmp.join("nginx.conf");
     let config = format!(
         "daemon off;\nmaster_process on;\nworker_processes 1;\npid {tmp}/nginx.pid;\n\
-         error_log {tmp}/nginx-error.log warn;\nevents {{ worker_connections 256; }}\n\
+         error_log {tmp}/nginx-error.log warn;\nworker_rlimit_nofile 4096;\nevents {{ worker_connections 1024; }}\n\
          http {{\n  access_log off;\n  sendfile on;\n  keepalive_requests 100000000;\n  \
          keepalive_timeout 300s;\n  default_type text/html;\n  autoindex on;\n  \
          server {{ listen 127.0.0.1:{port}; root {www}; }}\n}}\n",

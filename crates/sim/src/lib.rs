@@ -6,6 +6,7 @@ mod cpuset;
 pub mod engine;
 pub mod policies;
 mod stops;
+pub mod sweep;
 mod timeline;
 pub mod workload;
 
