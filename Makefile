@@ -11,7 +11,9 @@ APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
 # docker.io runs real containers (the docker batch load and its end-to-end tests).
 # prometheus brings promtool, which checks the metrics endpoint's output.
 TEST_PACKAGES := postgresql gcc nginx wget apache2-utils sysbench qemu-system-x86 debootstrap e2fsprogs docker.io prometheus tmux perl
-BENCH_PACKAGES := $(TEST_PACKAGES)
+# The peer daemons' modes (ananicy, system76-scheduler) also need schedtool and dbus;
+# the peers themselves are built from their own sources (docs/RESULTS.md).
+BENCH_PACKAGES := $(TEST_PACKAGES) schedtool dbus
 # Counts the simulator's instructions per event (a figure the host's noise cannot move).
 PROFILE_PACKAGES := valgrind
 CONFIG ?=

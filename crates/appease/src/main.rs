@@ -122,8 +122,9 @@ struct BenchArgs {
     /// Also write result.json, result.csv and SVG plots (response-time CDFs, latency against load) into this directory.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Comma-separated subset of modes (default: all; for --clients unmanaged,
-    /// batch-cgroup-idle, appease).
+    /// Comma-separated subset of modes (default: all but the peer daemons; for --clients
+    /// unmanaged, batch-cgroup-idle, appease). The peers, ananicy and system76-scheduler,
+    /// run when installed; a missing one is named with how to get it, and the rest run.
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// Batch jobs per CPU; several (e.g. 0,1,2,4,8) sweep.
@@ -163,6 +164,28 @@ struct BenchArgs {
     /// client count with the lowest completion time).
     #[arg(long, requires = "clients")]
     scale_base: Option<u32>,
+    /// A peer daemon's program, for the modes ananicy and system76-scheduler when it is
+    /// not on the PATH: NAME=PATH (repeat or comma-separate).
+    #[arg(long, value_delimiter = ',', value_parser = parse_peer_bin)]
+    peer_bin: Vec<(String, PathBuf)>,
+}
+
+/// `--peer-bin NAME=PATH` with NAME a peer mode.
+fn parse_peer_bin(s: &str) -> std::result::Result<(String, PathBuf), String> {
+    let (name, path) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?}: expected NAME=PATH, e.g. ananicy=/opt/ananicy/usr/bin/ananicy")
+    })?;
+    let peers: Vec<&str> = appease_bench::Mode::PEERS
+        .iter()
+        .map(|m| m.name())
+        .collect();
+    if !peers.contains(&name) {
+        return Err(format!(
+            "{name:?} is not a peer daemon; peers are {}",
+            peers.join(", ")
+        ));
+    }
+    Ok((name.to_string(), PathBuf::from(path)))
 }
 
 #[derive(Subcommand)]
@@ -654,6 +677,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         repeat,
         clients,
         scale_base,
+        peer_bin,
     } = args;
     let repeat = repeat.unwrap_or(if clients.is_empty() || quick { 1 } else { 5 });
     let arrivals = appease_bench::client::Arrivals::parse(&arrivals)?;
@@ -696,6 +720,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         stop,
         clients,
         scale_base,
+        peer_bins: peer_bin,
     };
     let (value, table, csv, plots) = match appease_bench::run(&opts)? {
         appease_bench::Report::Latency(results) => {

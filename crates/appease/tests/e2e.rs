@@ -1899,6 +1899,61 @@ fn bench_web_client_sweep_runs_ab_closed_loop_and_its_scalability_recomputes() {
     );
 }
 
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn bench_names_a_missing_peer_daemon_with_how_to_get_it_and_runs_the_other_modes() {
+    let _g = serial();
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "synthetic",
+            "--quick",
+            "--seconds",
+            "2",
+            "--modes",
+            "unmanaged,ananicy,system76-scheduler,batch-cgroup-idle",
+            "--peer-bin",
+            "ananicy=/nonexistent/ananicy,system76-scheduler=/nonexistent/system76-scheduler",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // One message per missing peer, saying what is missing and how to get it.
+    assert!(
+        err.contains("ananicy: not run: ananicy is not installed") && err.contains("make install"),
+        "{err}"
+    );
+    assert!(
+        err.contains("system76-scheduler: not run: system76-scheduler is not installed")
+            && err.contains("just install"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let modes: Vec<&str> = v["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["unmanaged", "batch-cgroup-idle"], "{v}");
+    for m in v["modes"].as_array().unwrap() {
+        assert!(m["latency_ms"]["p99"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    let not_run: Vec<&str> = v["not_run"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(not_run, ["ananicy", "system76-scheduler"], "{v}");
+    fails_saying(
+        Command::new(BIN).args(["bench", "synthetic", "--peer-bin", "nginx=/usr/sbin/nginx"]),
+        "\"nginx\" is not a peer daemon; peers are ananicy, system76-scheduler",
+    );
+}
+
 /// PostgreSQL processes started from a bench's private directory, still running.
 fn bench_postgres_left() -> Vec<String> {
     std::fs::read_dir("/proc")

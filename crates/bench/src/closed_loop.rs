@@ -22,9 +22,10 @@ use appease_model::scalability::{self, Scalability};
 use serde::{Deserialize, Serialize};
 
 use crate::report::median_of;
+use crate::report::NotRun;
 use crate::{
-    apply_mode, client, scenario_params, spawn_soakers, start_server, warm_up, Batch, Load, Mode,
-    Options, Run,
+    apply_mode, client, scenario_params, spawn_soakers, start_peer, start_server, warm_up, Batch,
+    Load, Mode, Options, Run,
 };
 
 const AB: &str = "/usr/bin/ab";
@@ -133,6 +134,9 @@ pub struct ClosedLoopResult {
     /// The base asked for with --scale-base (None: each series' fastest count).
     pub scale_base: Option<u32>,
     pub series: Vec<Series>,
+    /// Modes asked for that could not run (a peer daemon not installed), and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_run: Vec<NotRun>,
 }
 
 /// One run's figures.
@@ -225,14 +229,13 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
     let load = opts.loads[0];
     let soakers = (load * cpus as f64).round() as usize;
     let rounds = opts.repeat.max(1);
+    let (modes, not_run) = opts.runnable_modes();
     // samples[variant][mode][clients]
-    let mut samples = vec![
-        vec![vec![Vec::<Sample>::new(); opts.clients.len()]; opts.modes.len()];
-        variants.len()
-    ];
+    let mut samples =
+        vec![vec![vec![Vec::<Sample>::new(); opts.clients.len()]; modes.len()]; variants.len()];
     let started = Instant::now();
     'rounds: for round in 0..rounds {
-        for (mi, &mode) in opts.modes.iter().enumerate() {
+        for (mi, &mode) in modes.iter().enumerate() {
             if opts.stop.load(Ordering::Relaxed) {
                 break 'rounds;
             }
@@ -241,7 +244,7 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
                 "[round {}/{rounds}, {}/{}, {:.0} s in] {} with {}: {} {unit} per run at {} clients ...",
                 round + 1,
                 mi + 1,
-                opts.modes.len(),
+                modes.len(),
                 started.elapsed().as_secs_f64(),
                 mode.name(),
                 opts.batch.describe(n, if n == 0 { 0.0 } else { load }),
@@ -256,7 +259,7 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
     }
     let mut series = Vec::new();
     for (vi, v) in variants.iter().enumerate() {
-        for (mi, &mode) in opts.modes.iter().enumerate() {
+        for (mi, &mode) in modes.iter().enumerate() {
             let points: Vec<Point> = opts
                 .clients
                 .iter()
@@ -302,6 +305,7 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
         clients: opts.clients.clone(),
         scale_base: opts.scale_base,
         series,
+        not_run,
     })
 }
 
@@ -331,6 +335,7 @@ fn run_mode(
         }
         _ => bail!("a client sweep needs nginx or PostgreSQL"),
     };
+    start_peer(&mut run, opts, mode, &tmp)?;
     let pids = spawn_soakers(&mut run, opts, opts.batch, soakers)?;
     apply_mode(&mut run, opts, mode, &pids, &tmp)?;
     warm_up(opts, p, mode, &load, &pids)?;
@@ -712,6 +717,9 @@ impl ClosedLoopResult {
                     }
                 );
             }
+        }
+        for n in &self.not_run {
+            s += &format!("\nnot run: {}: {}\n", n.mode, n.why);
         }
         s
     }

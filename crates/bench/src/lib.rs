@@ -5,6 +5,7 @@ pub mod client;
 pub mod closed_loop;
 mod db;
 pub mod docker;
+pub mod peer;
 mod pipeline;
 pub mod plot;
 pub mod report;
@@ -39,6 +40,10 @@ pub enum Mode {
     RbpeClassic,
     /// The daemon with its default config and no rules.
     Appease,
+    /// The original Ananicy, installed, with its packaged rules (a peer daemon).
+    Ananicy,
+    /// system76-scheduler, installed, with its packaged configuration (a peer daemon).
+    System76Scheduler,
 }
 
 impl Mode {
@@ -52,8 +57,22 @@ impl Mode {
         Mode::Appease,
     ];
 
+    /// What users run instead of appease; not among the default modes (they must be
+    /// installed), asked for by name.
+    pub const PEERS: [Mode; 2] = [Mode::Ananicy, Mode::System76Scheduler];
+
+    pub fn peer(self) -> Option<peer::Peer> {
+        match self {
+            Mode::Ananicy => Some(peer::Peer::Ananicy),
+            Mode::System76Scheduler => Some(peer::Peer::System76Scheduler),
+            _ => None,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
+            Mode::Ananicy => "ananicy",
+            Mode::System76Scheduler => "system76-scheduler",
             Mode::Unloaded => "unloaded",
             Mode::Unmanaged => "unmanaged",
             Mode::BatchNice19 => "batch-nice19",
@@ -67,9 +86,14 @@ impl Mode {
     pub fn parse(s: &str) -> Result<Self> {
         Mode::ALL
             .into_iter()
+            .chain(Mode::PEERS)
             .find(|m| m.name() == s)
             .with_context(|| {
-                let names: Vec<_> = Mode::ALL.iter().map(|m| m.name()).collect();
+                let names: Vec<_> = Mode::ALL
+                    .iter()
+                    .chain(&Mode::PEERS)
+                    .map(|m| m.name())
+                    .collect();
                 format!("unknown mode {s:?}; modes are {}", names.join(", "))
             })
     }
@@ -174,9 +198,31 @@ pub struct Options {
     pub clients: Vec<u32>,
     /// The sweep's scalability base (None: the count with the lowest completion time).
     pub scale_base: Option<u32>,
+    /// Peer daemons' programs by mode name (`--peer-bin NAME=PATH`); others from the PATH.
+    pub peer_bins: Vec<(String, PathBuf)>,
 }
 
 impl Options {
+    /// The modes that can run here, and those that cannot (peers not installed) with
+    /// the message that says how to get them, printed once.
+    pub(crate) fn runnable_modes(&self) -> (Vec<Mode>, Vec<report::NotRun>) {
+        let mut run = Vec::new();
+        let mut not_run = Vec::new();
+        for &m in &self.modes {
+            match m.peer().map(|p| peer::locate(p, &self.peer_bins)) {
+                Some(Err(why)) => {
+                    eprintln!("{}: not run: {why}", m.name());
+                    not_run.push(report::NotRun {
+                        mode: m.name().into(),
+                        why,
+                    });
+                }
+                _ => run.push(m),
+            }
+        }
+        (run, not_run)
+    }
+
     /// The largest client count of a closed-loop sweep.
     pub(crate) fn max_clients(&self) -> Option<u32> {
         self.clients.iter().copied().max()
@@ -316,14 +362,15 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
         _ => None,
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (modes, not_run) = opts.runnable_modes();
     let mut out = Vec::new();
     for &load in &opts.loads {
         let soakers = (load * cpus as f64).round() as usize;
         // Rounds interleave the modes, so slow drifts of a shared machine hit all alike.
         let rounds = opts.repeat.max(1);
-        let mut runs: Vec<Vec<ModeResult>> = vec![Vec::new(); opts.modes.len()];
+        let mut runs: Vec<Vec<ModeResult>> = vec![Vec::new(); modes.len()];
         'rounds: for round in 0..rounds {
-            for (i, &mode) in opts.modes.iter().enumerate() {
+            for (i, &mode) in modes.iter().enumerate() {
                 if opts.stop.load(Ordering::Relaxed) {
                     break 'rounds;
                 }
@@ -332,7 +379,7 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                     "[round {}/{rounds}, {}/{}] {} with {}, {} s ...",
                     round + 1,
                     i + 1,
-                    opts.modes.len(),
+                    modes.len(),
                     mode.name(),
                     params.batch.describe(n, if n == 0 { 0.0 } else { load }),
                     params.measure_s
@@ -353,12 +400,12 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                 runs[i].push(r);
             }
         }
-        let modes: Vec<ModeResult> = runs
+        let results: Vec<ModeResult> = runs
             .iter()
             .filter(|r| !r.is_empty())
             .map(|r| report::median(r))
             .collect();
-        if modes.is_empty() {
+        if results.is_empty() && !modes.is_empty() {
             break; // Ctrl-C before this level measured anything: report the levels done
         }
         out.push(ScenarioResult {
@@ -367,7 +414,8 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
             load_per_cpu: load,
             soakers,
             params: params.clone(),
-            modes,
+            modes: results,
+            not_run: not_run.clone(),
         });
     }
     Ok(out)
@@ -380,6 +428,8 @@ pub(crate) struct Run {
     /// Servers that must stop on their own terms (nginx stops its workers on SIGTERM).
     graceful: Vec<Child>,
     daemon: Option<Child>,
+    /// A peer daemon's mode: stopped, and what it changed put back, last.
+    pub(crate) peer: Option<peer::PeerRun>,
     /// Removed in this order once the processes are gone.
     pub(crate) cgroups: Vec<(appease_cgroup::Cgroups, String)>,
     tmp: Option<PathBuf>,
@@ -387,6 +437,7 @@ pub(crate) struct Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
+        let peer = self.peer.take();
         if let Some(mut d) = self.daemon.take() {
             // SAFETY: signalling our own child; it restores everything it changed.
             unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
@@ -429,6 +480,13 @@ impl Drop for Run {
             }
             if let Err(e) = result {
                 tracing::warn!(error = %e, "could not remove the bench's cgroup {group}");
+            }
+        }
+        // After the run's processes are gone: the peer's cgroups are empty by then.
+        if let Some(p) = peer {
+            let name = p.peer.name();
+            for failed in p.stop_and_restore() {
+                tracing::warn!("could not put back what {name} changed: {failed}");
             }
         }
         if let Some(dir) = self.tmp.take() {
@@ -514,6 +572,7 @@ fn run_mode(
     run.tmp = Some(tmp.clone());
 
     let load = start_server(&mut run, opts, p, &tmp)?;
+    start_peer(&mut run, opts, mode, &tmp)?;
 
     // The batch load.
     let n = if mode == Mode::Unloaded { 0 } else { soakers };
@@ -637,6 +696,7 @@ fn run_mode(
         m.batch_jain = Some(utilization::jain(&jobs_cpu));
     }
     m.download_s = download_s;
+    m.peer = run.peer.as_ref().map(peer::PeerRun::report);
     if p.server == "player" {
         m.frames = Some(report::Frames::new(&result, p.rate_per_s));
     }
@@ -665,6 +725,16 @@ fn start_server(run: &mut Run, opts: &Options, p: &Synthetic, tmp: &Path) -> Res
             client::Protocol::Synthetic,
         ),
     })
+}
+
+/// A peer daemon's mode: the peer, started before the batch load as on a host where it
+/// is always running.
+fn start_peer(run: &mut Run, opts: &Options, mode: Mode, tmp: &Path) -> Result<()> {
+    if let Some(p) = mode.peer() {
+        let located = peer::locate(p, &opts.peer_bins).map_err(anyhow::Error::msg)?;
+        run.peer = Some(peer::start(&located, tmp)?);
+    }
+    Ok(())
 }
 
 /// `n` soaker jobs (one thread each, or 1, 2 and 4 in turn for the mixed load), ended
@@ -699,7 +769,14 @@ fn warm_up(
         std::thread::spawn(move || load.run(&p, Duration::from_secs(3600), Duration::ZERO, &stop))
     };
     let settle = Instant::now();
-    std::thread::sleep(Duration::from_secs_f64(p.warmup_s));
+    // A peer acts on what its scan finds: long enough for it to have seen the batch.
+    let wait = mode.peer().map_or(p.warmup_s, |peer| {
+        peer.settle().as_secs_f64().max(p.warmup_s)
+    });
+    if mode.peer().is_some() {
+        eprintln!("    {wait:.0} s for {} to see the batch load", mode.name());
+    }
+    std::thread::sleep(Duration::from_secs_f64(wait));
     if mode == Mode::Appease && !soak_pids.is_empty() {
         let group = opts.batch_group();
         let waited = wait_until(Duration::from_secs(30), || {
@@ -795,6 +872,8 @@ fn apply_mode(
         }
         Mode::BatchSchedIdle => make_sched_idle(soakers)?,
         Mode::BatchCgroupIdle => into_idle_group(run, soakers)?,
+        // Started before the batch load (start_peer).
+        Mode::Ananicy | Mode::System76Scheduler => {}
         Mode::RbpeClassic | Mode::Appease => {
             let cfg = tmp.join("daemon.toml");
             let text = match (&opts.config, mode) {

@@ -21,6 +21,8 @@ fn colour(mode: Mode) -> RGBColor {
         Mode::BatchCgroupIdle => RGBColor(140, 86, 75),
         Mode::RbpeClassic => RGBColor(127, 127, 127),
         Mode::Appease => RGBColor(31, 119, 180),
+        Mode::Ananicy => RGBColor(44, 160, 44),
+        Mode::System76Scheduler => RGBColor(23, 190, 207),
     }
 }
 

@@ -76,6 +76,9 @@ pub struct ModeResult {
     pub cdf_ms: Vec<(f64, f64)>,
     /// The frames scenario: what a viewer sees.
     pub frames: Option<Frames>,
+    /// A peer daemon's mode: what it changed on the machine while it ran (the last round's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<crate::peer::PeerReport>,
     /// The web scenario: seconds to download the whole site with wget -r (mean of 3).
     #[serde(default)]
     pub download_s: Option<f64>,
@@ -129,6 +132,7 @@ impl ModeResult {
                 .collect(),
             frames: None,
             download_s: None,
+            peer: None,
             latency_ms,
         }
     }
@@ -142,6 +146,16 @@ pub struct ScenarioResult {
     pub soakers: usize,
     pub params: Synthetic,
     pub modes: Vec<ModeResult>,
+    /// Modes asked for that could not run (a peer daemon not installed), and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_run: Vec<NotRun>,
+}
+
+/// A mode that was asked for and could not run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NotRun {
+    pub mode: String,
+    pub why: String,
 }
 
 impl ScenarioResult {
@@ -249,6 +263,24 @@ impl ScenarioResult {
                     s += &format!("{:<18} {:>7.3}\n", m.mode.name(), d);
                 }
             }
+        }
+        for m in &self.modes {
+            if let Some(peer) = &m.peer {
+                s += &format!(
+                    "\nwhat {} ({}) changed while it ran:\n",
+                    m.mode.name(),
+                    peer.bin
+                );
+                if peer.changed.is_empty() {
+                    s += "  nothing\n";
+                }
+                for line in &peer.changed {
+                    s += &format!("  {line}\n");
+                }
+            }
+        }
+        for n in &self.not_run {
+            s += &format!("\nnot run: {}: {}\n", n.mode, n.why);
         }
         if self.modes.iter().any(|m| m.frames.is_some()) {
             s += &format!(
@@ -386,6 +418,7 @@ pub fn median(runs: &[ModeResult]) -> ModeResult {
         download_s: runs[0]
             .download_s
             .map(|_| median_of(runs.iter().filter_map(|r| r.download_s).collect())),
+        peer: runs.last().and_then(|r| r.peer.clone()),
         latency_ms,
     }
 }
@@ -430,6 +463,7 @@ mod tests {
                 dropped_pct: x,
             }),
             download_s: Some(x / 10.0),
+            peer: None,
         }
     }
 
@@ -489,6 +523,7 @@ mod tests {
             soakers: 2,
             params: params.clone(),
             modes,
+            not_run: Vec::new(),
         };
         let plots = crate::plot::all(&[level(1.0, vec![result(5.0)]), level(2.0, vec![])]).unwrap();
         let names: Vec<&str> = plots.iter().map(|(n, _)| n.as_str()).collect();

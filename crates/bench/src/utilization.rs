@@ -261,6 +261,7 @@ pub fn run(opts: &Options) -> Result<UtilizationResult> {
             stop: opts.stop.clone(),
             clients: Vec::new(),
             scale_base: None,
+            peer_bins: opts.peer_bins.clone(),
         };
         with_server.extend(crate::run_latency(&o)?);
     }
