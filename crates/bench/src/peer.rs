@@ -37,11 +37,12 @@ impl Peer {
     }
 
     /// How long it needs after the batch starts to have seen it: Ananicy scans every
-    /// 5 s and skips processes younger than that; system76-scheduler, without execsnoop
+    /// 5 s, skips processes younger than that, and on a loaded host its scan (a program
+    /// run per thread to read its I/O class) takes seconds more; system76-scheduler, without execsnoop
     /// (BPF kprobes, which some kernels lack), rescans every 60 s.
     pub fn settle(self) -> Duration {
         match self {
-            Peer::Ananicy => Duration::from_secs(12),
+            Peer::Ananicy => Duration::from_secs(20),
             Peer::System76Scheduler => Duration::from_secs(65),
         }
     }
