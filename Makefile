@@ -113,6 +113,8 @@ bench: bench-deps build
 	./target/release/appease bench synthetic --batch script --repeat 3 --out bench-out/script-r3
 	./target/release/appease bench synthetic --load 1,2,4,8 --modes unloaded,unmanaged,batch-cgroup-idle,rbpe-classic,appease --out bench-out/sweep
 	./target/release/appease bench utilization --out bench-out/utilization
+	./target/release/appease bench web --clients 2,4,8,16,32,64,128,256 --out bench-out/web-clients
+	./target/release/appease bench db --clients 2,4,8,16,32,64,128,256 --out bench-out/db-clients
 	$(CARGO) bench --locked -p appease-sim --bench speed
 
 # Instructions per simulated event, every policy, both speed workloads (about a minute).

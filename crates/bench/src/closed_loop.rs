@@ -323,6 +323,7 @@ fn run_mode(
     let tmp = std::env::temp_dir().join(format!("appease-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     run.tmp = Some(tmp.clone());
+    start_peer(&mut run, opts, mode, &tmp)?;
     let load = start_server(&mut run, opts, p, &tmp)?;
     let target = match &load {
         Load::OpenLoop(client::Target::Tcp(addr), client::Protocol::Http { paths, .. }) => {
@@ -335,7 +336,6 @@ fn run_mode(
         }
         _ => bail!("a client sweep needs nginx or PostgreSQL"),
     };
-    start_peer(&mut run, opts, mode, &tmp)?;
     let pids = spawn_soakers(&mut run, opts, opts.batch, soakers)?;
     apply_mode(&mut run, opts, mode, &pids, &tmp)?;
     warm_up(opts, p, mode, &load, &pids)?;

@@ -571,8 +571,8 @@ fn run_mode(
     std::fs::create_dir_all(&tmp)?;
     run.tmp = Some(tmp.clone());
 
-    let load = start_server(&mut run, opts, p, &tmp)?;
     start_peer(&mut run, opts, mode, &tmp)?;
+    let load = start_server(&mut run, opts, p, &tmp)?;
 
     // The batch load.
     let n = if mode == Mode::Unloaded { 0 } else { soakers };
@@ -727,8 +727,8 @@ fn start_server(run: &mut Run, opts: &Options, p: &Synthetic, tmp: &Path) -> Res
     })
 }
 
-/// A peer daemon's mode: the peer, started before the batch load as on a host where it
-/// is always running.
+/// A peer daemon's mode: the peer, started before the server and the batch load, as on a
+/// host where it is always running.
 fn start_peer(run: &mut Run, opts: &Options, mode: Mode, tmp: &Path) -> Result<()> {
     if let Some(p) = mode.peer() {
         let located = peer::locate(p, &opts.peer_bins).map_err(anyhow::Error::msg)?;

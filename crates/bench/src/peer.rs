@@ -234,6 +234,12 @@ pub(crate) fn start(located: &Located, tmp: &Path) -> Result<PeerRun> {
                     text.lines().last().unwrap_or("no message")
                 );
             }
+            // Both peers turn autogroup off. A running task keeps the task group it had
+            // (the kernel looks it up again only when the task moves), so the bench's own
+            // threads, its client among them, would stay in their session's autogroup, a
+            // group of weight 1024 against tasks started later at the root: seated again,
+            // they are where a process started after the peer is.
+            reseat_own_threads();
             Ok(run)
         }
         Err(e) => {
@@ -356,7 +362,11 @@ impl PeerRun {
         if std::env::var_os("APPEASE_BENCH_KEEP").is_some() {
             eprintln!("    {}'s log: {}", self.peer.name(), self.log.display());
         }
-        self.before.restore()
+        let failed = self.before.restore();
+        // Autogroup back on: the bench's threads back in their session's group, as the
+        // modes before this one ran.
+        reseat_own_threads();
+        failed
     }
 }
 
@@ -608,6 +618,35 @@ fn setting_value(was: &str) -> String {
         (Some(a), Some(b)) if a < b => was[a + 1..b].to_string(),
         _ => was.trim().to_string(),
     }
+}
+
+/// Makes the kernel look up the task group of each of the bench's own threads again (an
+/// autogroup switched on or off applies to a running task only once it moves): through
+/// a group of the bench's and back into its own.
+fn reseat_own_threads() {
+    let Ok(cg) = Cgroups::detect() else { return };
+    let me = std::process::id();
+    let Ok(home) = cg.group_of(me) else { return };
+    let Ok(via) = cg.ensure_top_group(&format!("appease-bench-{me}.reseat"), false, 100) else {
+        return;
+    };
+    for tid in threads_of(me) {
+        let _moved = move_thread(&cg, me, tid, &via);
+        let _back = move_thread(&cg, me, tid, &home);
+    }
+    if let Err(e) = cg.remove(&via) {
+        tracing::warn!(error = %e, "could not remove the bench's cgroup {via}");
+    }
+}
+
+/// The threads of process `pid`.
+fn threads_of(pid: u32) -> Vec<u32> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 /// Moves one thread back (cgroup v1 moves threads; v2 moves the whole process).
