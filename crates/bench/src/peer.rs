@@ -328,9 +328,21 @@ fn launch(located: &Located, tmp: &Path, bus: &mut Option<Child>) -> Result<(Chi
 impl PeerRun {
     /// What it has changed so far, against the state before it started.
     pub(crate) fn report(&self) -> PeerReport {
+        let mut now = Snapshot::take();
+        // Not its doing: the peer's own processes (started at its unit's nice).
+        let own = self.child.id();
+        let tree: Vec<u32> = now
+            .threads
+            .iter()
+            .filter(|(_, t)| descends_from(&now, t.pid, own))
+            .map(|(&tid, _)| tid)
+            .collect();
+        for tid in tree {
+            now.threads.remove(&tid);
+        }
         PeerReport {
             bin: self.bin.display().to_string(),
-            changed: summarize(&self.before, &Snapshot::take()),
+            changed: summarize(&self.before, &now),
         }
     }
 
@@ -712,6 +724,20 @@ fn summarize(before: &Snapshot, after: &Snapshot) -> Vec<String> {
         }
     }
     out
+}
+
+/// Whether process `pid` is `root` or below it.
+fn descends_from(s: &Snapshot, mut pid: u32, root: u32) -> bool {
+    for _ in 0..64 {
+        if pid == root {
+            return true;
+        }
+        match s.threads.get(&pid).map(|t| t.ppid) {
+            Some(parent) if parent > 1 => pid = parent,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// What a thread born while the peer ran would have had without it: what it inherited,
