@@ -295,8 +295,15 @@ pub fn run(opts: &Options) -> Result<Report> {
 
 /// Whether `program` is on the PATH.
 pub(crate) fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+    find_on_path(program).is_some()
+}
+
+/// Where `program` is on the PATH.
+pub(crate) fn find_on_path(program: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
 }
 
 /// The server, its request rate and the run's timing for the chosen scenario.

@@ -20,6 +20,8 @@ use anyhow::{bail, Context, Result};
 use appease_cgroup::{Cgroups, ProcStat, Version};
 use serde::{Deserialize, Serialize};
 
+use crate::find_on_path;
+
 /// A peer daemon.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Peer {
@@ -158,13 +160,6 @@ pub fn locate(peer: Peer, given: &[(String, PathBuf)]) -> std::result::Result<Lo
             })
         }
     }
-}
-
-fn find_on_path(program: &str) -> Option<PathBuf> {
-    let paths = std::env::var_os("PATH")?;
-    std::env::split_paths(&paths)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
 }
 
 /// What the peer changed while it ran, for the report.
@@ -726,41 +721,43 @@ fn summarize(before: &Snapshot, after: &Snapshot) -> Vec<String> {
     out
 }
 
+/// Process `pid`, then its parent, and so on up to (not including) init, as `s` knows them.
+fn ancestors(s: &Snapshot, pid: u32) -> impl Iterator<Item = u32> + '_ {
+    std::iter::successors(Some(pid), |&p| {
+        s.threads.get(&p).map(|t| t.ppid).filter(|&pp| pp > 1)
+    })
+    .take(64)
+}
+
 /// Whether process `pid` is `root` or below it.
-fn descends_from(s: &Snapshot, mut pid: u32, root: u32) -> bool {
-    for _ in 0..64 {
-        if pid == root {
-            return true;
-        }
-        match s.threads.get(&pid).map(|t| t.ppid) {
-            Some(parent) if parent > 1 => pid = parent,
-            _ => return false,
-        }
-    }
-    false
+fn descends_from(s: &Snapshot, pid: u32, root: u32) -> bool {
+    ancestors(s, pid).any(|p| p == root)
 }
 
 /// What a thread born while the peer ran would have had without it: what it inherited,
 /// its process's first thread's or its nearest ancestor's state from before (a build
 /// started at nice 19 is not the peer's doing); a fresh thread's when nothing is known.
 fn inherited(before: &Snapshot, after: &Snapshot, t: &ThreadState) -> ThreadState {
-    let mut pid = t.pid;
-    for _ in 0..64 {
-        if let Some(known) = before.threads.get(&pid).filter(|w| w.pid == pid) {
-            return ThreadState {
-                pid: t.pid,
-                ppid: t.ppid,
-                comm: t.comm.clone(),
-                start: t.start,
-                ..known.clone()
-            };
-        }
-        match after.threads.get(&pid).map(|p| p.ppid) {
-            Some(parent) if parent > 1 => pid = parent,
-            _ => break,
-        }
+    // The same process before as now (its pid's first thread, started at the same time
+    // if it is still there; a parent that has ended since is taken as it was).
+    let known = ancestors(after, t.pid).find_map(|pid| {
+        let was = before.threads.get(&pid).filter(|w| w.pid == pid)?;
+        let same = after
+            .threads
+            .get(&pid)
+            .is_none_or(|is| is.start == was.start);
+        same.then_some(was)
+    });
+    match known {
+        Some(known) => ThreadState {
+            pid: t.pid,
+            ppid: t.ppid,
+            comm: t.comm.clone(),
+            start: t.start,
+            ..known.clone()
+        },
+        None => ThreadState::default_for(t.pid, &t.comm, t.start),
     }
-    ThreadState::default_for(t.pid, &t.comm, t.start)
 }
 
 fn policy_name(p: u32) -> String {
@@ -897,6 +894,21 @@ mod tests {
                 "/proc/sys/kernel/sched_autogroup_enabled: 1 → 0",
             ]
         );
+    }
+
+    #[test]
+    fn a_reused_pid_is_not_taken_for_the_parent_it_was() {
+        // pid 60 was a process at nice 19 that ended; a new process got pid 60 and its
+        // child was reniced by the peer: the old one's nice is not what it inherited.
+        let mut old = thread("sh", 19, 0, 0, "/");
+        (old.pid, old.start) = (60, 5);
+        let before = snapshot(vec![(60, old)], &[], "1\n");
+        let mut new = thread("sh", 0, 0, 0, "/");
+        (new.pid, new.start) = (60, 9);
+        let mut child = thread("make", 19, 0, 0, "/");
+        (child.pid, child.ppid, child.start) = (61, 60, 10);
+        let after = snapshot(vec![(60, new), (61, child)], &[], "1\n");
+        assert_eq!(summarize(&before, &after), ["make (1 thread): nice 0 → 19"]);
     }
 
     #[test]

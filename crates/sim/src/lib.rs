@@ -148,6 +148,15 @@ impl<'w> policies::WithPolicy<'w> for Timed<'w> {
     }
 }
 
+/// The `p`th percentile of sorted values by nearest rank (0 when there are none).
+pub(crate) fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[i.clamp(1, sorted.len()) - 1]
+}
+
 /// Runs `w` under `policy` (the workload's own when None).
 pub fn run(w: &Workload, policy: Option<&str>) -> Result<Report, String> {
     let name = policy.unwrap_or(w.sim.policy.get_ref()).to_string();
@@ -203,13 +212,7 @@ pub fn run(w: &Workload, policy: Option<&str>) -> Result<Report, String> {
     }
     let mut rt: Vec<f64> = records.iter().map(|r| r.response_ms).collect();
     rt.sort_by(f64::total_cmp);
-    let pct = |p: f64| -> f64 {
-        if rt.is_empty() {
-            return 0.0;
-        }
-        let i = ((p / 100.0) * rt.len() as f64).ceil() as usize;
-        rt[i.clamp(1, rt.len()) - 1]
-    };
+    let pct = |p: f64| nearest_rank(&rt, p);
     let requests = RequestSummary {
         count: rt.len(),
         unfinished,

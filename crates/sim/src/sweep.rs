@@ -145,10 +145,7 @@ pub fn sweep(
                 ));
             }
             rt.sort_by(f64::total_cmp);
-            let at = |p: f64| {
-                rt[(((p / 100.0) * rt.len() as f64).ceil() as usize).clamp(1, rt.len()) - 1]
-            };
-            let (min, p95, max) = (rt[0], at(95.0), rt[rt.len() - 1]);
+            let (min, p95, max) = (rt[0], crate::nearest_rank(&rt, 95.0), rt[rt.len() - 1]);
             points.push(SweepPoint {
                 clients: n,
                 completion_ms: last,
