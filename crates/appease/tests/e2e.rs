@@ -3982,7 +3982,14 @@ fn besteffort_pods_are_the_idle_class_in_place_under_both_kubelet_drivers_and_a_
         "the rewrite is undone: {}",
         daemon.log_text()
     );
-    assert!(daemon.log_text().contains("applied again"), "and logged");
+    // The log line follows the write that undid the rewrite: wait for it as well.
+    assert!(
+        wait_for(Duration::from_secs(3), || daemon
+            .log_text()
+            .contains("applied again"))
+        .is_some(),
+        "and logged"
+    );
     assert!(daemon.signal(libc::SIGTERM).success());
     for pod in [&fs_pod, &sd_pod] {
         assert!(!cg.idle(pod).unwrap(), "{pod} not idle after exit");
