@@ -1143,6 +1143,28 @@ mod tests {
     }
 
     #[test]
+    fn the_unpins_of_a_round_walk_the_process_table_once() {
+        use crate::testing::CPUS;
+        let (k, dir) = (FakeKernel::new(), TempDir::new("spread-walks"));
+        for pid in [520, 530, 540, 550] {
+            k.spawn(pid, pid, "soak", fair(0));
+        }
+        let mut a = actuator(&k, &dir, &[]);
+        a.spread(
+            &[(520, 520, 0), (530, 530, 1), (540, 540, 2), (550, 550, 3)],
+            &CPUS,
+        );
+        let before = k.process_table_walks();
+        // None busy any more: four unpins, each looking for the children that inherited
+        // its CPU, from one reading of the process table.
+        assert_eq!(a.spread(&[], &CPUS), 0);
+        assert_eq!(k.process_table_walks() - before, 1);
+        for pid in [520, 530, 540, 550] {
+            assert_eq!(k.cpus(pid), CPUS.to_vec());
+        }
+    }
+
+    #[test]
     fn a_thread_with_cpus_of_its_own_is_never_pinned_nor_one_repinned_by_someone_else() {
         use crate::testing::CPUS;
         let (k, dir) = (FakeKernel::new(), TempDir::new("spread-own"));

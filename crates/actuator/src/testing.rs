@@ -39,6 +39,8 @@ struct State {
     /// Changes the journal did not record before they were made.
     unjournaled: Vec<String>,
     changes: u64,
+    /// Walks of the process table (each reads every process's stat on a real host).
+    process_table_walks: u64,
 }
 
 /// Shared: the test keeps a handle while the actuator owns another.
@@ -141,6 +143,11 @@ impl FakeKernel {
     }
 
     /// How many changes the kernel accepted.
+    /// How often the process table was walked.
+    pub fn process_table_walks(&self) -> u64 {
+        self.state().process_table_walks
+    }
+
     pub fn changes(&self) -> u64 {
         self.state().changes
     }
@@ -276,7 +283,8 @@ impl Kernel for FakeKernel {
     }
 
     fn processes(&self) -> Vec<u32> {
-        let s = self.state();
+        let mut s = self.state();
+        s.process_table_walks += 1;
         let mut pids: Vec<u32> = s.tasks.values().map(|t| t.pid).collect();
         pids.sort_unstable();
         pids.dedup();
