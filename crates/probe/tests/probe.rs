@@ -543,3 +543,76 @@ fn a_serving_threads_lock_wait_in_a_sunk_application_is_reported_with_its_end() 
     let events = collect(&mut probe, Duration::from_millis(100));
     assert_eq!(waits(&events), Vec::<&str>::new(), "no sunk thread");
 }
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_stream_of_deferred_events_does_not_wake_the_reader() {
+    let _serial = assert_root();
+    let mut storage = ProbeStorage::uninit();
+    // A read after 2 ms of quiet is an event; after 4 ms it wakes the reader.
+    let cfg = ProbeConfig {
+        min_gap: Duration::from_millis(2),
+        ignore_pid: None,
+        ..ProbeConfig::default()
+    };
+    let mut probe = Probe::load(&cfg, &mut storage).expect("probe loads as root");
+    // 40 busy request threads, each reading every 2.5 ms: an event every 60 µs or so, few
+    // of them after enough quiet to wake the reader.
+    let (tx, rx) = mpsc::channel();
+    let mut threads = Vec::new();
+    for _ in 0..40 {
+        let (mut client, mut server) = UnixStream::pair().unwrap();
+        let tx = tx.clone();
+        threads.push(thread::spawn(move || {
+            tx.send(gettid()).unwrap();
+            let mut buf = [0u8; 1];
+            while server.read(&mut buf).is_ok_and(|n| n > 0) {}
+        }));
+        threads.push(thread::spawn(move || {
+            let end = Instant::now() + Duration::from_millis(1600);
+            while Instant::now() < end {
+                client.write_all(b"x").unwrap();
+                thread::sleep(Duration::from_micros(2500));
+            }
+        }));
+    }
+    drop(tx);
+    let tids: Vec<u32> = rx.iter().collect();
+    thread::sleep(Duration::from_millis(100));
+    // One second of waits of up to 250 ms, each followed by 200 µs of other work (the
+    // daemon's loop does some): a wait ends by its timeout or by a request that woke the
+    // reader, never because deferred events arrive in the ring meanwhile.
+    let (mut returns, mut deferred, mut woke) = (0, 0, 0);
+    let end = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < end {
+        probe
+            .poll(Duration::from_millis(250), |e| {
+                if let Event::Request { tid, woke: w, .. } = e {
+                    if tids.contains(&tid) {
+                        if w {
+                            woke += 1
+                        } else {
+                            deferred += 1
+                        }
+                    }
+                }
+            })
+            .unwrap();
+        returns += 1;
+        let work = Instant::now();
+        while work.elapsed() < Duration::from_micros(200) {
+            std::hint::spin_loop();
+        }
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(
+        deferred >= 1000,
+        "the deferred events are all read: {deferred} (woke {woke})"
+    );
+    assert!(
+        returns <= woke + 4 + 3,
+        "the reader woke {returns} times in a second for {woke} waking and {deferred} deferred events"
+    );
+}
