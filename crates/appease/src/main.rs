@@ -125,6 +125,7 @@ struct BenchArgs {
     /// Comma-separated subset of modes (default: all but the peer daemons; for --clients
     /// unmanaged, batch-cgroup-idle, appease). The peers, ananicy and system76-scheduler,
     /// run when installed; a missing one is named with how to get it, and the rest run.
+    /// utilization's cases beside a server run batch-cgroup-idle, appease and the peers named.
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// Batch jobs per CPU; several (e.g. 0,1,2,4,8) sweep.

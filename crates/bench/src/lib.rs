@@ -703,7 +703,7 @@ fn run_mode(
         m.batch_jain = Some(utilization::jain(&jobs_cpu));
     }
     m.download_s = download_s;
-    m.peer = run.peer.as_ref().map(peer::PeerRun::report);
+    m.peer = run.peer.as_mut().map(peer::PeerRun::report);
     if p.server == "player" {
         m.frames = Some(report::Frames::new(&result, p.rate_per_s));
     }

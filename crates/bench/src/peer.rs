@@ -14,6 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -166,8 +168,84 @@ pub fn locate(peer: Peer, given: &[(String, PathBuf)]) -> std::result::Result<Lo
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PeerReport {
     pub bin: String,
-    /// One line per kind of change: "make (12 threads): nice 0 → 19", …
+    /// At the end of the measurement, one line per kind of change: "make (12 threads):
+    /// nice 0 → 19", …
     pub changed: Vec<String>,
+    /// Changes seen while it ran (sampled every `SAMPLE_EVERY` from its start) and gone
+    /// by the end: a short-lived process it caught, with the most threads seen at once.
+    #[serde(default)]
+    pub changed_before_end: Vec<String>,
+}
+
+/// How often what a peer has changed is sampled while it runs: the peers scan every 5 s
+/// (Ananicy) or 60 s (system76-scheduler without execsnoop).
+const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+
+/// Threads changed, per (command, change): how many.
+type Counts = BTreeMap<(String, String), usize>;
+
+/// Samples what a peer has changed until stopped; returns the most threads seen at once
+/// per (command, change).
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Counts>,
+}
+
+impl Sampler {
+    fn start(before: Arc<Snapshot>, own: u32, every: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = Counts::new();
+            while !flag.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                while t.elapsed() < every && !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                if !flag.load(Ordering::Relaxed) {
+                    most_at_once(&mut seen, count_changes(&before, &without_tree(own)));
+                }
+            }
+            seen
+        });
+        Sampler { stop, thread }
+    }
+
+    fn finish(self) -> Counts {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// The changes seen while the peer ran that are not there at the end.
+fn gone_by_end(seen: Counts, at_end: &Counts) -> Counts {
+    seen.into_iter()
+        .filter(|(key, _)| !at_end.contains_key(key))
+        .collect()
+}
+
+/// Keeps in `seen` the most threads each change had at once.
+fn most_at_once(seen: &mut Counts, now: Counts) {
+    for (key, n) in now {
+        let most = seen.entry(key).or_default();
+        *most = (*most).max(n);
+    }
+}
+
+/// The machine's state now, without the peer's own processes (started at its unit's
+/// nice: not its doing).
+fn without_tree(own: u32) -> Snapshot {
+    let mut now = Snapshot::take();
+    let tree: Vec<u32> = now
+        .threads
+        .iter()
+        .filter(|(_, t)| descends_from(&now, t.pid, own))
+        .map(|(&tid, _)| tid)
+        .collect();
+    for tid in tree {
+        now.threads.remove(&tid);
+    }
+    now
 }
 
 /// Starts Ananicy's daemon class from its installed program (argv 1) with its rules'
@@ -193,7 +271,9 @@ pub(crate) struct PeerRun {
     pub peer: Peer,
     child: Child,
     bus: Option<Child>,
-    before: Snapshot,
+    before: Arc<Snapshot>,
+    /// What it changes while it runs, sampled until the report.
+    sampler: Option<Sampler>,
     bin: PathBuf,
     log: PathBuf,
 }
@@ -201,15 +281,17 @@ pub(crate) struct PeerRun {
 /// Starts `located` (and for system76-scheduler a system bus of its own) after
 /// recording the machine's state.
 pub(crate) fn start(located: &Located, tmp: &Path) -> Result<PeerRun> {
-    let before = Snapshot::take();
+    let before = Arc::new(Snapshot::take());
     let mut bus = None;
     match launch(located, tmp, &mut bus) {
         Ok((child, log)) => {
+            let sampler = Some(Sampler::start(before.clone(), child.id(), SAMPLE_EVERY));
             let mut run = PeerRun {
                 peer: located.peer,
                 child,
                 bus,
                 before,
+                sampler,
                 bin: located.bin.clone(),
                 log: log.clone(),
             };
@@ -321,28 +403,23 @@ fn launch(located: &Located, tmp: &Path, bus: &mut Option<Child>) -> Result<(Chi
 }
 
 impl PeerRun {
-    /// What it has changed so far, against the state before it started.
-    pub(crate) fn report(&self) -> PeerReport {
-        let mut now = Snapshot::take();
-        // Not its doing: the peer's own processes (started at its unit's nice).
-        let own = self.child.id();
-        let tree: Vec<u32> = now
-            .threads
-            .iter()
-            .filter(|(_, t)| descends_from(&now, t.pid, own))
-            .map(|(&tid, _)| tid)
-            .collect();
-        for tid in tree {
-            now.threads.remove(&tid);
-        }
+    /// What it has changed, against the state before it started: at the end of the
+    /// measurement, and what it changed meanwhile that is gone by then. Ends the sampling.
+    pub(crate) fn report(&mut self) -> PeerReport {
+        let seen = self.sampler.take().map(Sampler::finish).unwrap_or_default();
+        let now = without_tree(self.child.id());
         PeerReport {
             bin: self.bin.display().to_string(),
             changed: summarize(&self.before, &now),
+            changed_before_end: lines(gone_by_end(seen, &count_changes(&self.before, &now))),
         }
     }
 
     /// Stops the peer and its helpers (its process group) and its bus.
     fn stop(&mut self) {
+        if let Some(s) = self.sampler.take() {
+            s.finish();
+        }
         if matches!(self.child.try_wait(), Ok(None)) {
             let group = self.child.id() as libc::pid_t;
             // SAFETY: the process group our own child leads.
@@ -684,25 +761,7 @@ fn all_groups(cg: &Cgroups) -> BTreeSet<String> {
 /// What changed between two snapshots, one line per command name and kind of change,
 /// most threads first. A thread born in between is compared with a fresh thread's state.
 fn summarize(before: &Snapshot, after: &Snapshot) -> Vec<String> {
-    let mut counts: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for (tid, is) in &after.threads {
-        let was = match before.threads.get(tid).filter(|w| w.start == is.start) {
-            Some(w) => w.clone(),
-            None => inherited(before, after, is),
-        };
-        for change in differences(&was, is) {
-            *counts.entry((is.comm.clone(), change)).or_default() += 1;
-        }
-    }
-    let mut lines: Vec<(usize, String)> = counts
-        .into_iter()
-        .map(|((comm, change), n)| {
-            let threads = if n == 1 { "thread" } else { "threads" };
-            (n, format!("{comm} ({n} {threads}): {change}"))
-        })
-        .collect();
-    lines.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-    let mut out: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
+    let mut out = lines(count_changes(before, after));
     for g in after.groups.difference(&before.groups) {
         out.push(format!("made the cgroup {g}"));
     }
@@ -719,6 +778,34 @@ fn summarize(before: &Snapshot, after: &Snapshot) -> Vec<String> {
         }
     }
     out
+}
+
+/// The threads' changes from `before` to `after`, per (command, change).
+fn count_changes(before: &Snapshot, after: &Snapshot) -> Counts {
+    let mut counts = Counts::new();
+    for (tid, is) in &after.threads {
+        let was = match before.threads.get(tid).filter(|w| w.start == is.start) {
+            Some(w) => w.clone(),
+            None => inherited(before, after, is),
+        };
+        for change in differences(&was, is) {
+            *counts.entry((is.comm.clone(), change)).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// One line per (command, change), most threads first.
+fn lines(counts: Counts) -> Vec<String> {
+    let mut lines: Vec<(usize, String)> = counts
+        .into_iter()
+        .map(|((comm, change), n)| {
+            let threads = if n == 1 { "thread" } else { "threads" };
+            (n, format!("{comm} ({n} {threads}): {change}"))
+        })
+        .collect();
+    lines.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    lines.into_iter().map(|(_, l)| l).collect()
 }
 
 /// Process `pid`, then its parent, and so on up to (not including) init, as `s` knows them.
@@ -928,8 +1015,10 @@ mod tests {
         let mut child = Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id();
         let cg = Cgroups::detect().unwrap();
-        let before = Snapshot::take();
+        let before = Arc::new(Snapshot::take());
         assert!(before.threads.contains_key(&pid));
+        // Samples while the changes are made (own: a pid nothing descends from).
+        let sampler = Sampler::start(before.clone(), u32::MAX, Duration::from_millis(100));
         let group = format!("/appease-peer-test-{}", std::process::id());
         fs::create_dir(cg.root().join(&group[1..])).unwrap();
         cg.move_process(pid, &group).unwrap();
@@ -955,6 +1044,25 @@ mod tests {
         ] {
             assert!(changed.iter().any(|l| l == want), "{want} in {changed:?}");
         }
+        // A change undone before the end is reported as seen before it.
+        std::thread::sleep(Duration::from_millis(400));
+        // SAFETY: our own child.
+        unsafe {
+            let best_effort_4 = (2 << 13) | 4;
+            assert_eq!(
+                libc::syscall(
+                    libc::SYS_ioprio_set,
+                    IOPRIO_WHO_PROCESS,
+                    pid as i32,
+                    best_effort_4
+                ),
+                0
+            );
+        }
+        let seen = sampler.finish();
+        let at_end = count_changes(&before, &Snapshot::take());
+        let gone = lines(gone_by_end(seen, &at_end));
+        assert_eq!(gone, vec!["sleep (1 thread): I/O none → idle".to_string()]);
         assert!(
             changed
                 .iter()

@@ -277,6 +277,12 @@ impl ScenarioResult {
                 for line in &peer.changed {
                     s += &format!("  {line}\n");
                 }
+                if !peer.changed_before_end.is_empty() {
+                    s += "  and before the end, no longer at it (sampled every 5 s):\n";
+                }
+                for line in &peer.changed_before_end {
+                    s += &format!("  {line}\n");
+                }
             }
         }
         for n in &self.not_run {

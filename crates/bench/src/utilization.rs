@@ -193,6 +193,15 @@ fn run_case(
     })
 }
 
+/// The modes of the cases beside a server: the hand-made idle group, the peer daemons
+/// named in `--modes` (they are never run unless asked for), and appease.
+fn with_server_modes(asked: &[crate::Mode]) -> Vec<crate::Mode> {
+    std::iter::once(crate::Mode::BatchCgroupIdle)
+        .chain(asked.iter().copied().filter(|m| m.peer().is_some()))
+        .chain(std::iter::once(crate::Mode::Appease))
+        .collect()
+}
+
 pub fn run(opts: &Options) -> Result<UtilizationResult> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let measure =
@@ -249,7 +258,7 @@ pub fn run(opts: &Options) -> Result<UtilizationResult> {
             scenario: "synthetic".into(),
             quick: opts.quick,
             seconds: opts.seconds,
-            modes: vec![crate::Mode::BatchCgroupIdle, crate::Mode::Appease],
+            modes: with_server_modes(&opts.modes),
             loads: vec![jobs / cpus as f64],
             appease: opts.appease.clone(),
             config: opts.config.clone(),
@@ -297,6 +306,19 @@ impl UtilizationResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peers_asked_for_join_the_cases_beside_a_server() {
+        use crate::Mode::*;
+        assert_eq!(
+            with_server_modes(&crate::Mode::ALL),
+            vec![BatchCgroupIdle, Appease]
+        );
+        assert_eq!(
+            with_server_modes(&[Unmanaged, System76Scheduler, Appease, Ananicy]),
+            vec![BatchCgroupIdle, System76Scheduler, Ananicy, Appease]
+        );
+    }
 
     #[test]
     fn jain_index() {
