@@ -9,6 +9,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use appease_policy::tree;
+
 use crate::journal::{JournalState, Record, TaskKey};
 use crate::sys::{self, Kernel};
 use crate::trail::{audit, Change};
@@ -315,20 +317,19 @@ fn cpu_list(cpus: &[usize]) -> String {
 /// process's stat once per pinned thread, on the event loop: with 500 processes and 8
 /// unpins, 45 ms a scan).
 #[derive(Default)]
-struct Children(Option<HashMap<u32, Vec<u32>>>);
+struct Children(Option<tree::Children>);
 
 impl Children {
     fn of(&mut self, k: &dyn Kernel, pid: u32) -> &[u32] {
-        let all = self.0.get_or_insert_with(|| {
-            let mut all: HashMap<u32, Vec<u32>> = HashMap::new();
-            for c in k.processes() {
-                if let Some(parent) = k.ppid(c).filter(|&p| p != c) {
-                    all.entry(parent).or_default().push(c);
-                }
-            }
-            all
-        });
-        all.get(&pid).map_or(&[], Vec::as_slice)
+        self.0
+            .get_or_insert_with(|| {
+                tree::Children::new(
+                    k.processes()
+                        .into_iter()
+                        .filter_map(|c| Some((c, k.ppid(c)?))),
+                )
+            })
+            .of(pid)
     }
 }
 

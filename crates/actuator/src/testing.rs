@@ -142,12 +142,12 @@ impl FakeKernel {
         self.state().unjournaled.clone()
     }
 
-    /// How many changes the kernel accepted.
     /// How often the process table was walked.
     pub fn process_table_walks(&self) -> u64 {
         self.state().process_table_walks
     }
 
+    /// How many changes the kernel accepted.
     pub fn changes(&self) -> u64 {
         self.state().changes
     }

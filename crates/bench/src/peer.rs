@@ -14,8 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -179,32 +178,26 @@ pub struct PeerReport {
 
 /// How often what a peer has changed is sampled while it runs: the peers scan every 5 s
 /// (Ananicy) or 60 s (system76-scheduler without execsnoop).
-const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 
 /// Threads changed, per (command, change): how many.
 type Counts = BTreeMap<(String, String), usize>;
 
-/// Samples what a peer has changed until stopped; returns the most threads seen at once
+/// Samples what a peer has changed until finished; returns the most threads seen at once
 /// per (command, change).
 struct Sampler {
-    stop: Arc<AtomicBool>,
+    /// Dropped to end the sampling at once.
+    stop: mpsc::Sender<()>,
     thread: std::thread::JoinHandle<Counts>,
 }
 
 impl Sampler {
     fn start(before: Arc<Snapshot>, own: u32, every: Duration) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let mut seen = Counts::new();
-            while !flag.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                while t.elapsed() < every && !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                if !flag.load(Ordering::Relaxed) {
-                    most_at_once(&mut seen, count_changes(&before, &without_tree(own)));
-                }
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+                most_at_once(&mut seen, count_changes(&before, &without_tree(own)));
             }
             seen
         });
@@ -212,7 +205,7 @@ impl Sampler {
     }
 
     fn finish(self) -> Counts {
-        self.stop.store(true, Ordering::Relaxed);
+        drop(self.stop);
         self.thread.join().unwrap_or_default()
     }
 }
@@ -408,10 +401,11 @@ impl PeerRun {
     pub(crate) fn report(&mut self) -> PeerReport {
         let seen = self.sampler.take().map(Sampler::finish).unwrap_or_default();
         let now = without_tree(self.child.id());
+        let at_end = count_changes(&self.before, &now);
         PeerReport {
             bin: self.bin.display().to_string(),
-            changed: summarize(&self.before, &now),
-            changed_before_end: lines(gone_by_end(seen, &count_changes(&self.before, &now))),
+            changed_before_end: lines(gone_by_end(seen, &at_end)),
+            changed: summarize(at_end, &self.before, &now),
         }
     }
 
@@ -758,10 +752,11 @@ fn all_groups(cg: &Cgroups) -> BTreeSet<String> {
     out
 }
 
-/// What changed between two snapshots, one line per command name and kind of change,
-/// most threads first. A thread born in between is compared with a fresh thread's state.
-fn summarize(before: &Snapshot, after: &Snapshot) -> Vec<String> {
-    let mut out = lines(count_changes(before, after));
+/// What changed between two snapshots: the threads' changes (`count_changes`), one line
+/// per command name and kind of change, most threads first, then the cgroups made and
+/// the settings changed.
+fn summarize(threads: Counts, before: &Snapshot, after: &Snapshot) -> Vec<String> {
+    let mut out = lines(threads);
     for g in after.groups.difference(&before.groups) {
         out.push(format!("made the cgroup {g}"));
     }
@@ -780,7 +775,8 @@ fn summarize(before: &Snapshot, after: &Snapshot) -> Vec<String> {
     out
 }
 
-/// The threads' changes from `before` to `after`, per (command, change).
+/// The threads' changes from `before` to `after`, per (command, change); a thread born in
+/// between is compared with what it inherited, or a fresh thread's state.
 fn count_changes(before: &Snapshot, after: &Snapshot) -> Counts {
     let mut counts = Counts::new();
     for (tid, is) in &after.threads {
@@ -964,7 +960,7 @@ mod tests {
         after.threads.insert(51, cargo);
         let mut before = before;
         before.threads.insert(50, shell);
-        let lines = summarize(&before, &after);
+        let lines = summarize(count_changes(&before, &after), &before, &after);
         assert_eq!(
             lines,
             [
@@ -995,7 +991,10 @@ mod tests {
         let mut child = thread("make", 19, 0, 0, "/");
         (child.pid, child.ppid, child.start) = (61, 60, 10);
         let after = snapshot(vec![(60, new), (61, child)], &[], "1\n");
-        assert_eq!(summarize(&before, &after), ["make (1 thread): nice 0 → 19"]);
+        assert_eq!(
+            summarize(count_changes(&before, &after), &before, &after),
+            ["make (1 thread): nice 0 → 19"]
+        );
     }
 
     #[test]
@@ -1036,7 +1035,8 @@ mod tests {
                 0
             );
         }
-        let changed = summarize(&before, &Snapshot::take());
+        let now = Snapshot::take();
+        let changed = summarize(count_changes(&before, &now), &before, &now);
         for want in [
             "sleep (1 thread): nice 0 → 19",
             "sleep (1 thread): policy normal → idle",

@@ -278,7 +278,10 @@ impl ScenarioResult {
                     s += &format!("  {line}\n");
                 }
                 if !peer.changed_before_end.is_empty() {
-                    s += "  and before the end, no longer at it (sampled every 5 s):\n";
+                    s += &format!(
+                        "  and before the end, no longer at it (sampled every {} s):\n",
+                        crate::peer::SAMPLE_EVERY.as_secs()
+                    );
                 }
                 for line in &peer.changed_before_end {
                     s += &format!("  {line}\n");
