@@ -150,6 +150,21 @@ fn destination(pid: u32, origin_of: impl Fn(u32) -> Option<String>) -> String {
     "/".to_string()
 }
 
+/// The idle group and its jobs' groups, as a handle another thread can read.
+#[derive(Clone, Debug)]
+pub struct BatchGroup {
+    cg: Cgroups,
+    path: String,
+}
+
+impl BatchGroup {
+    /// Every process in the group and below it now (none if it cannot be read, or
+    /// before the group exists).
+    pub fn processes(&self) -> Vec<u32> {
+        self.cg.processes_below(&self.path).unwrap_or_default()
+    }
+}
+
 impl KernelActuator {
     fn groups_mut(&mut self) -> Result<&mut Groups, ActError> {
         self.groups.as_mut().ok_or(ActError::NoCgroups)
@@ -760,13 +775,17 @@ impl KernelActuator {
         }
     }
 
-    /// Processes now in the idle group (none before it exists, or in a dry run).
-    pub fn batch_processes(&self) -> Vec<u32> {
+    /// The idle group (with its jobs' groups), for reading its members off the event
+    /// loop: reading a cgroup.procs per job costs about 15 µs, 0.8 ms a scan with 48
+    /// jobs, which a real-time loop would take from the server it shares a CPU with.
+    /// None before the group exists, or in a dry run.
+    pub fn batch_group(&self) -> Option<BatchGroup> {
         match &self.groups {
-            Some(g) if !self.dry_run && g.created.contains(&g.batch_path()) => {
-                g.cg.processes_below(&g.batch_path()).unwrap_or_default()
-            }
-            _ => Vec::new(),
+            Some(g) if !self.dry_run && g.created.contains(&g.batch_path()) => Some(BatchGroup {
+                cg: g.cg.clone(),
+                path: g.batch_path(),
+            }),
+            _ => None,
         }
     }
 

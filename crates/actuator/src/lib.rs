@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use appease_policy::elevated_nice;
 use serde::Serialize;
 
-pub use groups::{Groups, MovedView};
+pub use groups::{BatchGroup, Groups, MovedView};
 pub use journal::{Journal, JournalState, Pending, PendingMove, Record, TaskKey};
 use sys::Sched;
 use trail::{audit, Change, Trail};

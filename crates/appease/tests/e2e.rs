@@ -1174,6 +1174,59 @@ fn a_cgroup_filesystem_that_refuses_writes_leaves_nothing_changed() {
     drop(soakers);
 }
 
+/// The daemon's thread named `name`.
+fn thread_named(pid: u32, name: &str) -> Option<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|tid| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+                .is_ok_and(|c| c.trim() == name)
+        })
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn scans_wait_in_the_idle_class_and_are_raised_when_they_stall() {
+    let _g = serial();
+    let dir = TempDir::new("scan-class");
+    let group = format!("appease-e2e-{}", std::process::id());
+    let cfg = dir.file("batch.toml", &batch_config(&group));
+    let daemon = Daemon::start(&dir.0, &cfg);
+    let scanner = thread_named(daemon.pid(), "appease-scan").expect("the scanner thread");
+    let scanned = wait_for(Duration::from_secs(5), || {
+        daemon.status_json()["batch"]["scan"]["processes"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0
+    });
+    assert!(scanned.is_some(), "a scan ended: {}", daemon.log_text());
+    // Off the CPUs a server wants: a scan does not take one from a request.
+    assert_eq!(
+        policy_of(daemon.pid(), scanner),
+        5,
+        "the scanner is in the idle class (SCHED_IDLE)"
+    );
+    // Eight normal-class soakers per CPU in the daemon's own task group (this test's
+    // children, never batch, in its session's autogroup): in the idle class a scan
+    // would get about a 2,700th of a CPU beside them, seconds for one scan of 200 ms
+    // apart. The loop raises each scan that stalls, and the scans go on.
+    let _soakers = Soakers::start(8 * host_cpus());
+    let mut st = daemon.status_json();
+    let raised = wait_for(Duration::from_secs(5), || {
+        st = daemon.status_json();
+        st["batch"]["scans_raised"].as_u64().unwrap_or(0) >= 3
+    });
+    assert!(
+        raised.is_some(),
+        "stalled scans were raised and went on: {}\n{}",
+        st["batch"],
+        daemon.log_text()
+    );
+    eprintln!("3 scans raised within {raised:?}");
+}
+
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn soakers_go_to_the_idle_group_with_their_children_servers_never_and_all_come_back() {

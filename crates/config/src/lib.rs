@@ -189,7 +189,8 @@ pub struct BatchSection {
     /// A tree that received a request this recently is never demoted.
     #[serde(deserialize_with = "positive_ms")]
     pub request_memory_ms: u64,
-    /// How often the process table is scanned.
+    /// How often the process table is scanned, on average (each period is drawn from
+    /// 0.8–1.2 times it, out of step with any periodic load).
     #[serde(deserialize_with = "positive_ms")]
     pub scan_ms: u64,
     /// Starvation floor: batch work that waits for CPU yet gets less than this share of

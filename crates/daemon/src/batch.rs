@@ -13,6 +13,7 @@ use appease_policy::spread::BusyThread;
 use appease_policy::LiftBudget;
 use serde::{Deserialize, Serialize};
 
+use crate::cadence::Cadence;
 use crate::scanner::{FloorSample, ScanCost, ScanRequest, Snapshot};
 
 /// A process: its pid and its start (clock ticks after boot), so a pid reused by another
@@ -34,6 +35,8 @@ pub struct BatchManager {
     forget: Vec<u32>,
     forget_demoted: bool,
     next_scan: u64,
+    /// Spreads the scans' start times so they never keep step with the load.
+    cadence: Cadence,
     /// Idle, quiet or floor: what the batch group should be, and what it is.
     mode: GroupModeKeeper,
     applied: GroupMode,
@@ -72,6 +75,10 @@ pub struct BatchView {
     /// Busy threads of the idle group kept one CPU each (`[batch] spread`).
     #[serde(default)]
     pub pinned: usize,
+    /// Scans raised from the idle class to the normal one because they stalled there
+    /// (normal-class work kept every CPU busy).
+    #[serde(default)]
+    pub scans_raised: u64,
 }
 
 impl BatchManager {
@@ -85,6 +92,7 @@ impl BatchManager {
             forget: Vec::new(),
             forget_demoted: false,
             next_scan: 0,
+            cadence: Cadence::default(),
             mode: GroupModeKeeper::new(cfg.quiet_after(), cfg.floor_params(), now),
             applied: GroupMode::Idle,
             share_pct: 0.0,
@@ -116,6 +124,7 @@ impl BatchManager {
             scan: self.cost.clone(),
             scan_loop_us: self.loop_us,
             pinned: self.pinned,
+            scans_raised: 0, // the scanner counts them: Daemon::publish_status
         }
     }
 
@@ -241,19 +250,20 @@ impl BatchManager {
         self.last_request.remove(&pid);
     }
 
-    /// A scan is due: what to ask the scanner for. The next is due `scan_ms` later.
+    /// A scan is due: what to ask the scanner for. The next is due about `scan_ms`
+    /// later (0.8–1.2 times it, `crate::cadence`).
     pub fn scan_request(
         &mut self,
         now: u64,
         cfg: &Arc<Config>,
         actuator: &mut KernelActuator,
     ) -> ScanRequest {
-        self.next_scan = now + cfg.batch.scan_ms * 1_000_000;
+        self.next_scan = now + self.cadence.next(cfg.batch.scan_ms * 1_000_000);
         // A removed group was empty: what this daemon demoted has all left it.
         self.forget_demoted |= actuator.batch_group_vanished();
         ScanRequest {
             cfg: Arc::clone(cfg),
-            in_group: actuator.batch_processes(),
+            batch_group: actuator.batch_group(),
             last_request: self.last_request.clone(),
             forget: std::mem::take(&mut self.forget),
             forget_demoted: std::mem::take(&mut self.forget_demoted),

@@ -300,17 +300,6 @@ fn uptime_ns() -> u64 {
         .map_or(0, |s| (s * 1e9) as u64)
 }
 
-/// Gives the calling thread this nice (threads have their own).
-pub fn set_thread_nice(nice: i32) {
-    // SAFETY: gettid and setpriority on the calling thread have no preconditions.
-    unsafe {
-        let tid = libc::gettid() as libc::id_t;
-        if libc::setpriority(libc::PRIO_PROCESS, tid, nice) != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), nice, "could not set a thread's nice");
-        }
-    }
-}
-
 /// A process's sample from its /proc/PID/stat text, its times in ticks of `tick_ns`.
 pub fn parse_proc_stat(text: &str, tick_ns: u64) -> Option<ProcSample> {
     let s = appease_cgroup::ProcStat::parse(text)?;
@@ -383,6 +372,22 @@ pub fn parse_status_uid(text: &str) -> Option<u32> {
         .nth(1)?
         .parse()
         .ok()
+}
+
+/// Puts a thread of this process (0: the calling one) in the idle class (`SCHED_IDLE`),
+/// or back in the normal class at nice 0.
+pub fn set_thread_idle_class(tid: u32, idle: bool) -> std::io::Result<()> {
+    let policy = if idle {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_OTHER
+    };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler with a valid param; tid 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(tid as libc::pid_t, policy, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! the pure policy; its decisions go to the actuator; everything is put back on exit.
 
 pub mod batch;
+pub mod cadence;
 pub mod control;
 pub mod host;
 pub mod lock;
@@ -369,13 +370,24 @@ impl<'obj> Daemon<'obj> {
     fn event_loop(&mut self, controls: &Controls) -> Result<()> {
         let start = monotonic_ns();
         let (mut next_tick, mut next_load, mut next_status) = (start, start, start);
+        // Status upkeep about once a second, out of step with any load (crate::cadence).
+        let mut status_cadence = cadence::Cadence::default();
         while !controls.shutdown.load(Ordering::Relaxed) {
             if controls.reload.swap(false, Ordering::Relaxed) {
                 self.reload();
             }
             let now = monotonic_ns();
             let next_scan = self.batch.as_ref().map_or(u64::MAX, |b| b.next_scan());
-            let due = next_tick.min(next_load).min(next_status).min(next_scan);
+            let stall = self
+                .scanner
+                .as_ref()
+                .and_then(|s| s.stall_due())
+                .unwrap_or(u64::MAX);
+            let due = next_tick
+                .min(next_load)
+                .min(next_status)
+                .min(next_scan)
+                .min(stall);
             // The ring buffer waits in whole milliseconds: round up, or the last
             // fraction of a millisecond before each deadline would spin.
             let wait = Duration::from_millis(due.saturating_sub(now).div_ceil(1_000_000));
@@ -386,6 +398,9 @@ impl<'obj> Daemon<'obj> {
             self.events = events;
             self.take_snapshot();
             let now = monotonic_ns();
+            if let Some(s) = self.scanner.as_mut() {
+                s.raise_if_stalled(now);
+            }
             if now >= next_load {
                 self.sample_load(now);
                 next_load = now + LOAD_SAMPLE_NS;
@@ -418,11 +433,11 @@ impl<'obj> Daemon<'obj> {
                 self.resync_after_lost_events();
                 self.publish_status();
                 self.actuator.trail.report_held();
-                // The loop runs: systemd's watchdog (WatchdogSec=) hears it once a second.
+                // The loop runs: systemd's watchdog (WatchdogSec=) hears it about once a second.
                 if self.watchdog {
                     notify_systemd(&[sd_notify::NotifyState::Watchdog]);
                 }
-                next_status = now + 1_000_000_000;
+                next_status = now + status_cadence.next(1_000_000_000);
             }
         }
         Ok(())
@@ -934,7 +949,10 @@ impl<'obj> Daemon<'obj> {
             watched: self.policy.tracked(),
             threads,
             processes: self.actuator.moved(),
-            batch: self.batch.as_ref().map(|b| b.view()),
+            batch: self.batch.as_ref().map(|b| batch::BatchView {
+                scans_raised: self.scanner.as_ref().map_or(0, |s| s.raised_scans),
+                ..b.view()
+            }),
             layout: self.layout.clone(),
         };
         self.metrics.update(&status);

@@ -49,6 +49,7 @@ pub struct Metrics {
     demotions: IntCounter,
     promotions: IntCounter,
     floor_engagements: IntCounter,
+    scans_raised: IntCounter,
     failures: IntCounterVec,
     threads: IntGaugeVec,
     processes: IntGaugeVec,
@@ -133,6 +134,11 @@ impl Metrics {
                 "Times the idle group's idle flag was lifted because batch work starved.",
             )
             .expect("valid metric"),
+            scans_raised: IntCounter::new(
+                "scans_raised_total",
+                "Scans raised from the idle class to the normal one: normal-class work kept every CPU busy.",
+            )
+            .expect("valid metric"),
             failures: counter_vec(
                 "actuator_failures_total",
                 "Changes the kernel or systemd refused, by errno name (or journal, systemd).",
@@ -195,6 +201,7 @@ impl Metrics {
             Box::new(m.demotions.clone()),
             Box::new(m.promotions.clone()),
             Box::new(m.floor_engagements.clone()),
+            Box::new(m.scans_raised.clone()),
             Box::new(m.failures.clone()),
             Box::new(m.threads.clone()),
             Box::new(m.processes.clone()),
@@ -258,6 +265,7 @@ impl Metrics {
         self.ladder_step.set(st.load.ladder_step as i64);
         if let Some(b) = &st.batch {
             raise_to(&self.floor_engagements, b.floor_lifts);
+            raise_to(&self.scans_raised, b.scans_raised);
             self.group_share.set(b.share_pct / 100.0);
             let now = b.mode.map(|m| format!("{m:?}").to_lowercase());
             for mode in ["idle", "quiet", "floor"] {

@@ -1,4 +1,5 @@
-//! The process scan, off the event loop: a thread of its own, in the fair class, reads
+//! The process scan, off the event loop: a thread of its own, in the idle class unless
+//! that starves it (`STALL_NS`), reads
 //! the process table (from the probe's task iterator, else /proc) when the loop asks,
 //! classifies it (batch trees, rules, services, roles, the idle group's share) and hands
 //! back what to do; the loop, which must stay free for elevations, only acts on it.
@@ -6,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -22,8 +24,8 @@ use crate::host;
 #[derive(Clone, Debug)]
 pub struct ScanRequest {
     pub cfg: Arc<Config>,
-    /// Processes in the idle group now.
-    pub in_group: Vec<u32>,
+    /// The idle group, if there is one: the scan reads its members.
+    pub batch_group: Option<appease_actuator::BatchGroup>,
     /// pid -> (its start, when any of its threads last received a request).
     pub last_request: HashMap<u32, (u64, u64)>,
     /// Trees the loop could not demote or promote, or found gone: forgotten.
@@ -108,12 +110,24 @@ pub struct ScanCost {
     pub wall_us: u64,
 }
 
+/// A scan not done this long after it was asked for is starved in the idle class:
+/// work of the normal class keeps every CPU busy, which is when a scan must not wait
+/// (a soaker not demoted yet). The scan is raised to the normal class for its rest.
+pub const STALL_NS: u64 = 50_000_000;
+
 pub struct Scanner {
     requests: Option<Sender<ScanRequest>>,
     snapshots: Receiver<Snapshot>,
     wake: OwnedFd,
     pending: bool,
     thread: Option<JoinHandle<()>>,
+    /// The scanner thread's id (0 until it has started).
+    tid: Arc<AtomicU32>,
+    /// When the scan under way was asked for, and whether it has been raised.
+    asked_at: u64,
+    raised: bool,
+    /// Scans raised to the normal class because they stalled.
+    pub raised_scans: u64,
 }
 
 impl Scanner {
@@ -136,15 +150,24 @@ impl Scanner {
         let params = cfg.batch_params();
         let (req_tx, req_rx) = mpsc::channel::<ScanRequest>();
         let (snap_tx, snap_rx) = mpsc::channel::<Snapshot>();
+        let tid = Arc::new(AtomicU32::new(0));
+        let tid_of_thread = Arc::clone(&tid);
         let thread = std::thread::Builder::new()
             .name("appease-scan".into())
             .spawn(move || {
-                // Threads of a real-time daemon start in the fair class (reset on
-                // fork). Nice 0: at -20 a scan of 10,000 processes held a CPU for 16 ms
-                // at a stretch, ahead of the servers appease is there for.
-                host::set_thread_nice(0);
+                // SAFETY: gettid has no preconditions.
+                tid_of_thread.store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
                 let mut worker = Worker::new(Source::new(iter), &params, listening);
                 while let Ok(req) = req_rx.recv() {
+                    // Each scan starts in the idle class: it runs on the CPU the loop
+                    // woke on, the one where a request just arrived, and in the normal
+                    // class it took the CPU from that request for a millisecond (at
+                    // nice -20, 16 ms with 10,000 processes). In the idle class it
+                    // waits for a moment no server wants; `raise_if_stalled` ends the
+                    // wait when there is no such moment.
+                    if let Err(e) = host::set_thread_idle_class(0, true) {
+                        tracing::debug!(error = %e, "the scanner could not enter the idle class");
+                    }
                     #[cfg(feature = "failpoints")]
                     fail::fail_point!("scan");
                     let snap = worker.scan(req);
@@ -163,7 +186,32 @@ impl Scanner {
             wake,
             pending: false,
             thread: Some(thread),
+            tid,
+            asked_at: 0,
+            raised: false,
+            raised_scans: 0,
         })
+    }
+
+    /// When the scan under way counts as stalled, if one is under way and not raised.
+    pub fn stall_due(&self) -> Option<u64> {
+        (self.pending && !self.raised).then_some(self.asked_at + STALL_NS)
+    }
+
+    /// Raises a stalled scan to the normal class (nice 0) for the rest of it.
+    pub fn raise_if_stalled(&mut self, now: u64) {
+        if self.stall_due().is_none_or(|due| now < due) {
+            return;
+        }
+        self.raised = true;
+        self.raised_scans += 1;
+        let tid = self.tid.load(Ordering::Relaxed);
+        if tid == 0 {
+            return;
+        }
+        if let Err(e) = host::set_thread_idle_class(tid, false) {
+            tracing::debug!(error = %e, tid, "could not raise a stalled scan");
+        }
     }
 
     /// Becomes readable when a snapshot is ready.
@@ -178,6 +226,8 @@ impl Scanner {
         }
         let sent = self.requests.as_ref().is_some_and(|t| t.send(req).is_ok());
         self.pending = sent;
+        self.asked_at = appease_probe::monotonic_ns();
+        self.raised = false;
         sent
     }
 
@@ -220,17 +270,17 @@ impl Source {
         }
     }
 
-    fn read(&mut self, req: &ScanRequest) -> Reading {
+    fn read(&mut self, req: &ScanRequest, in_group: &[u32]) -> Reading {
         let mut reading = match self {
             Source::Kernel(iter) => match iter.read() {
                 Ok(tasks) => from_tasks(&tasks, appease_cgroup::clock_tick_ns()),
                 Err(e) => {
                     tracing::warn!(error = %e, "the task iterator failed; scanning /proc from now on");
                     *self = Source::Proc(HashMap::new());
-                    return self.read(req);
+                    return self.read(req, in_group);
                 }
             },
-            Source::Proc(seen) => from_proc(seen, &req.in_group),
+            Source::Proc(seen) => from_proc(seen, in_group),
         };
         let (cgroups, uids) = req.cfg.matching_needs();
         for p in reading.procs.iter().filter(|p| !p.kernel_thread) {
@@ -292,17 +342,22 @@ impl Worker {
                 self.classifier.forget(root);
             }
         }
-        let mut reading = self.source.read(&req);
+        let in_group_now = req
+            .batch_group
+            .as_ref()
+            .map(|g| g.processes())
+            .unwrap_or_default();
+        let mut reading = self.source.read(&req, &in_group_now);
         if !self.listening.is_empty() {
             for p in &mut reading.procs {
                 p.listens |= self.listening.contains(&(p.pid, p.start));
             }
         }
         let procs = &reading.procs;
-        let in_group: HashSet<u32> = req.in_group.iter().copied().collect();
+        let in_group: HashSet<u32> = in_group_now.iter().copied().collect();
         let floor = self.floor_sample(taken_at, procs, &in_group, &reading.runnable);
         let busy_batch = if cfg.batch.spread {
-            self.busy_threads(taken_at, &req.in_group)
+            self.busy_threads(taken_at, &in_group_now)
         } else {
             self.thread_cpu.clear();
             Vec::new()
