@@ -158,19 +158,26 @@ impl Scanner {
                 // SAFETY: gettid has no preconditions.
                 tid_of_thread.store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
                 let mut worker = Worker::new(Source::new(iter), &params, listening);
-                while let Ok(req) = req_rx.recv() {
-                    // Each scan starts in the idle class: it runs on the CPU the loop
-                    // woke on, the one where a request just arrived, and in the normal
-                    // class it took the CPU from that request for a millisecond (at
-                    // nice -20, 16 ms with 10,000 processes). In the idle class it
-                    // waits for a moment no server wants; `raise_if_stalled` ends the
-                    // wait when there is no such moment.
+                // Each scan waits in the idle class: the loop asks for it on the CPU
+                // where a request was just read, and in the normal class the scan took
+                // the CPU from that request for a millisecond (at nice -20, 16 ms with
+                // 10,000 processes). In the idle class it waits for a moment no server
+                // wants; `raise_if_stalled` ends the wait when there is no such moment.
+                // The class is set between scans, never during one: set at its start, it
+                // would undo a raise that came while the thread waited to run.
+                let idle = || {
                     if let Err(e) = host::set_thread_idle_class(0, true) {
                         tracing::debug!(error = %e, "the scanner could not enter the idle class");
                     }
+                };
+                idle();
+                while let Ok(req) = req_rx.recv() {
                     #[cfg(feature = "failpoints")]
                     fail::fail_point!("scan");
                     let snap = worker.scan(req);
+                    // Before the loop hears of the snapshot: it raises only a scan it
+                    // has asked for and not received.
+                    idle();
                     if snap_tx.send(snap).is_err() {
                         break;
                     }
