@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -123,6 +123,9 @@ pub struct Scanner {
     thread: Option<JoinHandle<()>>,
     /// The scanner thread's id (0 until it has started).
     tid: Arc<AtomicU32>,
+    /// Scans may wait in the idle class: cleared when a raise is refused, since an idle
+    /// scan that cannot be raised could wait for seconds.
+    idle_class: Arc<AtomicBool>,
     /// When the scan under way was asked for, and whether it has been raised.
     asked_at: u64,
     raised: bool,
@@ -152,6 +155,8 @@ impl Scanner {
         let (snap_tx, snap_rx) = mpsc::channel::<Snapshot>();
         let tid = Arc::new(AtomicU32::new(0));
         let tid_of_thread = Arc::clone(&tid);
+        let idle_class = Arc::new(AtomicBool::new(true));
+        let idle_class_of_thread = Arc::clone(&idle_class);
         let thread = std::thread::Builder::new()
             .name("appease-scan".into())
             .spawn(move || {
@@ -166,6 +171,9 @@ impl Scanner {
                 // The class is set between scans, never during one: set at its start, it
                 // would undo a raise that came while the thread waited to run.
                 let idle = || {
+                    if !idle_class_of_thread.load(Ordering::Relaxed) {
+                        return;
+                    }
                     if let Err(e) = host::set_thread_idle_class(0, true) {
                         tracing::debug!(error = %e, "the scanner could not enter the idle class");
                     }
@@ -194,6 +202,7 @@ impl Scanner {
             pending: false,
             thread: Some(thread),
             tid,
+            idle_class,
             asked_at: 0,
             raised: false,
             raised_scans: 0,
@@ -211,13 +220,16 @@ impl Scanner {
             return;
         }
         self.raised = true;
-        self.raised_scans += 1;
         let tid = self.tid.load(Ordering::Relaxed);
         if tid == 0 {
             return;
         }
-        if let Err(e) = host::set_thread_idle_class(tid, false) {
-            tracing::debug!(error = %e, tid, "could not raise a stalled scan");
+        match host::set_thread_idle_class(tid, false) {
+            Ok(()) => self.raised_scans += 1,
+            Err(e) => {
+                self.idle_class.store(false, Ordering::Relaxed);
+                tracing::warn!(error = %e, tid, "could not raise a stalled scan: scans stay in the normal class from now on");
+            }
         }
     }
 
