@@ -209,9 +209,11 @@ impl Scanner {
         })
     }
 
-    /// When the scan under way counts as stalled, if one is under way and not raised.
+    /// When the scan under way counts as stalled, if one is under way in the idle class
+    /// and not raised yet.
     pub fn stall_due(&self) -> Option<u64> {
-        (self.pending && !self.raised).then_some(self.asked_at + STALL_NS)
+        (self.pending && !self.raised && self.idle_class.load(Ordering::Relaxed))
+            .then_some(self.asked_at + STALL_NS)
     }
 
     /// Raises a stalled scan to the normal class (nice 0) for the rest of it.
