@@ -20,7 +20,7 @@ group_idle() { [ "$(cat /sys/fs/cgroup/limited/cpu.idle)" = "$1" ]; }
 check "the limited group, holding only the soaker, is made idle in place" wait_until 60 group_idle 1
 check "the class is the group's, not per thread" is_normal "$LIMITED"
 check "the limited soaker stays in its cgroup" in_cgroup "$LIMITED" /limited
-check "status says how" sh -c "$A status --json | grep -q 'in place: the group is idle'"
+check "status says how" wait_until 5 sh -c "$A status --json | grep -q 'in place: the group is idle'"
 used=$(cpus_used /limited 3)
 echo "/limited used $used CPUs after demotion (cpu.max 50000 100000)"
 check "cpu.max still binds" at_most "$used" 0.6

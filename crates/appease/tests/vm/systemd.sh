@@ -42,8 +42,8 @@ check "the service soaker is still in its unit" in_cgroup "$SVC_SOAK" $SVC
 check "the user soaker is still in its scope" in_cgroup "$USER_SOAK" $USR
 check "the mixed soaker is still in its unit" in_cgroup "$MIX_SOAK" $MIX
 check "systemctl status still lists the service's soaker" sh -c "systemctl status soak-svc --no-pager | grep -q \"$SVC_SOAK\""
-check "status says how: the unit idle" sh -c "$A status --json | grep -q 'unit soak-svc.service idle'"
-check "status says how: per thread" sh -c "$A status --json | grep -q 'in place: systemd owns'"
+check "status says how: the unit idle" wait_until 5 sh -c "$A status --json | grep -q 'unit soak-svc.service idle'"
+check "status says how: per thread" wait_until 5 sh -c "$A status --json | grep -q 'in place: systemd owns'"
 # With the other soakers stopped, the idle service takes what it may: its quota.
 kill -STOP "$USER_SOAK" "$MIX_SOAK"
 used=$(cpus_used $SVC 3)
