@@ -115,7 +115,8 @@ impl BatchManager {
         self.scan_now();
     }
 
-    pub fn view(&self) -> BatchView {
+    /// `scans_raised`: the scanner keeps that count.
+    pub fn view(&self, scans_raised: u64) -> BatchView {
         BatchView {
             share_pct: self.share_pct,
             mode: Some(self.applied),
@@ -124,7 +125,7 @@ impl BatchManager {
             scan: self.cost.clone(),
             scan_loop_us: self.loop_us,
             pinned: self.pinned,
-            scans_raised: 0, // the scanner counts them: Daemon::publish_status
+            scans_raised,
         }
     }
 

@@ -949,10 +949,10 @@ impl<'obj> Daemon<'obj> {
             watched: self.policy.tracked(),
             threads,
             processes: self.actuator.moved(),
-            batch: self.batch.as_ref().map(|b| batch::BatchView {
-                scans_raised: self.scanner.as_ref().map_or(0, |s| s.raised_scans),
-                ..b.view()
-            }),
+            batch: self
+                .batch
+                .as_ref()
+                .map(|b| b.view(self.scanner.as_ref().map_or(0, |s| s.raised_scans))),
             layout: self.layout.clone(),
         };
         self.metrics.update(&status);
