@@ -1236,6 +1236,62 @@ fn scans_wait_in_the_idle_class_and_are_raised_when_they_stall() {
 
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn the_load_leaves_out_the_idle_group_and_servers_beside_demoted_soakers_keep_their_nice() {
+    let _g = serial();
+    let dir = TempDir::new("idle-load");
+    let group = format!("appease-e2e-{}", std::process::id());
+    // The group idle even without requests (quiet_after_ms = 0); the default ladder
+    // (a unix server -3 from 1 runnable task per CPU).
+    let cfg = dir.file(
+        "batch.toml",
+        &format!("{}quiet_after_ms = 0\n", batch_config(&group)),
+    );
+    let soakers = Soakers::start(4 * host_cpus());
+    let pids: Vec<u32> = soakers.0.iter().map(|c| c.id()).collect();
+    let daemon = Daemon::start(&dir.0, &cfg);
+    let load = || {
+        daemon.status_json()["load"]["runnable_per_cpu"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+    };
+    // At nice 0 they compete with every server: counted.
+    let counted = wait_for(Duration::from_secs(5), || load() >= 2.0);
+    assert!(
+        counted.is_some(),
+        "soakers of the normal class count as load: {}",
+        daemon.log_text()
+    );
+    let top = format!("/{group}");
+    let demoted = wait_for(Duration::from_secs(10), || {
+        pids.iter().all(|&p| in_idle_group(p, &top))
+    });
+    assert!(demoted.is_some(), "soakers demoted: {}", daemon.log_text());
+    // In the idle group they get a CPU only when no server wants it: left out.
+    let left_out = wait_for(Duration::from_secs(5), || load() < 0.7);
+    assert!(
+        left_out.is_some(),
+        "the idle group's tasks left out of the load (now {:.2} per CPU): {}",
+        load(),
+        daemon.log_text()
+    );
+    // A server receiving requests beside them is not elevated: elevation would only
+    // change which of its requests lose a tick to the idle group.
+    let unix = Service::unix(Duration::from_millis(2), Duration::from_millis(50));
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        seen.push(nice_of(unix.server_tid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        seen.iter().all(|&n| n == 0),
+        "the server kept nice 0 beside idle soakers (load {:.2}): {seen:?}",
+        load()
+    );
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn soakers_go_to_the_idle_group_with_their_children_servers_never_and_all_come_back() {
     let _g = serial();
     let dir = TempDir::new("batch");

@@ -393,11 +393,13 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                 );
                 let r = run_mode(opts, &params, mode, soakers, engine.as_ref())?;
                 eprintln!(
-                    "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms; batch {:.1} {}/s on {:.2} CPUs{}",
+                    "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms{}; batch {:.1} {}/s on {:.2} CPUs{}",
                     r.latency_ms.mean,
                     r.latency_ms.p95,
                     r.latency_ms.p99,
                     r.latency_ms.max,
+                    r.late
+                        .map_or(String::new(), |n| format!(", {n} waited ≥ 1 ms")),
                     r.batch_throughput,
                     params.batch.unit(),
                     r.batch_cpus,

@@ -61,6 +61,9 @@ pub struct Snapshot {
     pub gone: Vec<(u32, u64)>,
     /// The idle group's busy threads (`[batch] spread`), to be spread over the CPUs.
     pub busy_batch: Vec<BusyThread>,
+    /// Threads running or waiting for a CPU in an idle cgroup at the scan: no competition
+    /// for a server, so the load signal leaves them out.
+    pub idle_group_runnable: u32,
     pub cost: ScanCost,
 }
 
@@ -94,6 +97,8 @@ struct Reading {
     uids: HashMap<u32, u32>,
     /// Processes that belong to another's application (a server's forks): pid -> app.
     apps: HashMap<u32, u32>,
+    /// Threads running or waiting in an idle cgroup (none counted when reading /proc).
+    idle_group_runnable: u32,
     cost: ScanCost,
 }
 
@@ -426,6 +431,7 @@ impl Worker {
             roles,
             floor,
             busy_batch,
+            idle_group_runnable: reading.idle_group_runnable,
             ..Default::default()
         };
         let started = &start_of;
@@ -621,12 +627,14 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
             },
         );
     }
+    let mut idle_group_runnable = 0;
     for t in tasks {
         if let Some(p) = by_pid.get_mut(&t.pid) {
             p.cpu_ns += t.cpu_ns;
             p.wait_ns += t.wait_ns;
             if t.running {
                 runnable.insert(t.pid);
+                idle_group_runnable += u32::from(t.idle_group);
             }
         }
     }
@@ -642,6 +650,7 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
         procs,
         runnable,
         apps,
+        idle_group_runnable,
         cost: ScanCost {
             source: "task iterator".into(),
             threads: tasks.len(),
@@ -715,6 +724,7 @@ mod tests {
             running,
             has_tty: pid == tid,
             listens: false,
+            idle_group: running && tid == 41,
             app: pid,
             comm: if pid == tid {
                 "make".into()
@@ -844,5 +854,9 @@ mod tests {
         assert!(!snap.runnable.contains(&50));
         assert!(!snap.procs.iter().any(|p| p.pid == 60));
         assert_eq!(snap.cost.threads, 5);
+        assert_eq!(
+            snap.idle_group_runnable, 1,
+            "thread 41, running in an idle group"
+        );
     }
 }

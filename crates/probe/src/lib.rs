@@ -122,6 +122,9 @@ pub struct TaskRecord {
     pub has_tty: bool,
     /// A thread of the process listened on a TCP socket since the probe was loaded.
     pub listens: bool,
+    /// Running or waiting, in a cgroup with `cpu.idle` set or below one (read only for
+    /// running threads).
+    pub idle_group: bool,
     /// Its application: the server whose fork made it, or itself (leader only).
     pub app: u32,
     pub comm: String,
@@ -173,6 +176,7 @@ fn decode_task(data: &[u8]) -> TaskRecord {
         running: r.running != 0,
         has_tty: r.has_tty != 0,
         listens: r.listens != 0,
+        idle_group: r.idle_group != 0,
         app: r.app,
         comm: comm(&r.comm),
     }

@@ -49,6 +49,7 @@ struct appease_task {
 	unsigned char running;            /* running or waiting for a CPU now */
 	unsigned char has_tty;            /* leader: has a controlling terminal */
 	unsigned char listens;            /* leader: listened on a TCP socket */
+	unsigned char idle_group;         /* in a cgroup with cpu.idle set, or below one */
 	char comm[16];                    /* leader: the process's name */
 };
 

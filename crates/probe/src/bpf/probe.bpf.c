@@ -297,6 +297,20 @@ int BPF_PROG(on_sock_state, const struct sock *sk, int oldstate, int newstate)
 	return 0;
 }
 
+/* Whether the task's group or one above it is idle (cpu.idle = 1): such a task gets a
+ * CPU only when nothing of the normal class at that level wants it, so it is no
+ * competition for a server there. A few levels cover every layout appease makes. */
+static __always_inline unsigned char in_idle_group(struct task_struct *t)
+{
+	struct task_group *tg = t->sched_task_group;
+	for (int i = 0; i < 8 && tg; i++) {
+		if (tg->idle)
+			return 1;
+		tg = tg->parent;
+	}
+	return 0;
+}
+
 /* One record per thread for the daemon's scan; the process's own fields (name, parent,
  * start, terminal, reaped children) come from its leader. */
 SEC("iter/task")
@@ -314,6 +328,8 @@ int dump_task(struct bpf_iter__task *ctx)
 	r.wait_ns = t->sched_info.run_delay;
 	r.kernel_thread = (t->flags & PF_KTHREAD) != 0;
 	r.running = t->__state == 0 && t->exit_state == 0;
+	if (r.running)
+		r.idle_group = in_idle_group(t);
 	if (t == leader) {
 		struct task_struct *parent = t->real_parent;
 		r.ppid = parent ? parent->tgid : 0;
