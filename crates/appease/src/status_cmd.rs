@@ -108,8 +108,16 @@ fn print_status(status: &Status) {
         h.effects
     );
     let l = &status.load;
+    let idle = if l.idle_group_runnable > 0 {
+        format!(
+            " (and {} waiting in idle groups, not counted)",
+            l.idle_group_runnable
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "load: {:.2} runnable/CPU on {} CPUs, CPU pressure {:.1} % -> ladder step {} (unix {}, inet {}, fade {} ms/level)",
+        "load: {:.2} runnable/CPU{idle} on {} CPUs, CPU pressure {:.1} % -> ladder step {} (unix {}, inet {}, fade {} ms/level)",
         l.runnable_per_cpu, status.cpus, l.psi_some_pct, l.ladder_step, l.unix_nice, l.inet_nice, l.decay_ms
     );
     println!(

@@ -1267,7 +1267,13 @@ fn the_load_leaves_out_the_idle_group_and_servers_beside_demoted_soakers_keep_th
     });
     assert!(demoted.is_some(), "soakers demoted: {}", daemon.log_text());
     // In the idle group they get a CPU only when no server wants it: left out.
-    let left_out = wait_for(Duration::from_secs(5), || load() < 0.7);
+    let left_out = wait_for(Duration::from_secs(5), || {
+        load() < 0.7
+            && daemon.status_json()["load"]["idle_group_runnable"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 8
+    });
     assert!(
         left_out.is_some(),
         "the idle group's tasks left out of the load (now {:.2} per CPU): {}",

@@ -942,6 +942,7 @@ impl<'obj> Daemon<'obj> {
             cpus: self.cpus,
             load: LoadView {
                 runnable_per_cpu: load.runnable_per_cpu,
+                idle_group_runnable: self.idle_group_runnable,
                 psi_some_pct: load.psi_some_pct,
                 ladder_step: step_no,
                 unix_nice: step.unix_nice,

@@ -66,6 +66,9 @@ pub type ProcessStatus = MovedView;
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LoadView {
     pub runnable_per_cpu: f64,
+    /// Threads waiting in an idle cgroup at the last scan, left out of `runnable_per_cpu`.
+    #[serde(default)]
+    pub idle_group_runnable: u32,
     pub psi_some_pct: f64,
     pub ladder_step: usize,
     pub unix_nice: i32,
