@@ -336,7 +336,8 @@ struct Worker {
     /// Processes that listened before the probe was loaded (it sees the rest).
     listening: HashSet<(u32, u64)>,
     /// (pid, tid) -> ns running or runnable at the last scan, of the idle group's threads.
-    thread_cpu: HashMap<(u32, u32), u64>,
+    /// With whether it was busy over the interval before that scan.
+    thread_cpu: HashMap<(u32, u32), (u64, bool)>,
 }
 
 impl Worker {
@@ -487,12 +488,25 @@ impl Worker {
                     continue;
                 };
                 let wanted = run + wait;
-                if let Some(&before) = self.thread_cpu.get(&(pid, tid)) {
-                    if appease_policy::spread::busy(wanted.saturating_sub(before), interval) {
-                        busy.push(BusyThread { job, pid, tid });
-                    }
+                // Busy over two intervals in a row: a compiler run that outlived one scan
+                // (beside many others in the idle group, a third of a second of CPU takes
+                // over a second) is over before the next, and pinning each one cost the
+                // event loop about a millisecond a scan on the server's CPU.
+                let busy_now = self
+                    .thread_cpu
+                    .get(&(pid, tid))
+                    .is_some_and(|&(before, _)| {
+                        appease_policy::spread::busy(wanted.saturating_sub(before), interval)
+                    });
+                if busy_now
+                    && self
+                        .thread_cpu
+                        .get(&(pid, tid))
+                        .is_some_and(|&(_, was)| was)
+                {
+                    busy.push(BusyThread { job, pid, tid });
                 }
-                seen_now.insert((pid, tid), wanted);
+                seen_now.insert((pid, tid), (wanted, busy_now));
             }
         }
         self.thread_cpu = seen_now;

@@ -124,10 +124,10 @@ pub fn plan(
 /// Whether a thread that wanted a CPU (ran, or was runnable and waited) for `wanted_ns`
 /// of the `interval_ns` since the last scan, and was seen at that scan, counts as busy:
 /// half the time or more. Beside many others in an idle group, a CPU-bound thread gets
-/// little CPU but waits the rest; a shell waiting on its children does neither. A thread
-/// born since is left to the kernel until the next scan: most short processes (a
-/// compiler run, a shell command) are over by then, and pinning them would only keep them
-/// off a free CPU.
+/// little CPU but waits the rest; a shell waiting on its children does neither. The
+/// scanner spreads a thread only once it was busy over two intervals in a row: short
+/// processes (a compiler run, a shell command) are over by then, and pinning them would
+/// only keep them off a free CPU and cost the daemon a system call each.
 pub fn busy(wanted_ns: u64, interval_ns: u64) -> bool {
     interval_ns > 0 && wanted_ns.saturating_mul(2) >= interval_ns
 }
