@@ -492,18 +492,14 @@ impl Worker {
                 // (beside many others in the idle group, a third of a second of CPU takes
                 // over a second) is over before the next, and pinning each one cost the
                 // event loop about a millisecond a scan on the server's CPU.
-                let busy_now = self
-                    .thread_cpu
-                    .get(&(pid, tid))
-                    .is_some_and(|&(before, _)| {
-                        appease_policy::spread::busy(wanted.saturating_sub(before), interval)
-                    });
-                if busy_now
-                    && self
-                        .thread_cpu
+                let (busy_now, busy_before) =
+                    self.thread_cpu
                         .get(&(pid, tid))
-                        .is_some_and(|&(_, was)| was)
-                {
+                        .map_or((false, false), |&(before, was)| {
+                            let now = wanted.saturating_sub(before);
+                            (appease_policy::spread::busy(now, interval), was)
+                        });
+                if busy_now && busy_before {
                     busy.push(BusyThread { job, pid, tid });
                 }
                 seen_now.insert((pid, tid), (wanted, busy_now));
