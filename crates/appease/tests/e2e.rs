@@ -2186,6 +2186,26 @@ fn ctrl_c_during_a_compile_load_stops_every_compiler_and_removes_the_group() {
         .is_some(),
         "the compile never started"
     );
+    // The compilers' temporaries (a killed gcc leaves its `.s`) go in the bench's own
+    // directory, which it removes, not in /tmp.
+    let tmpdirs: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "make")
+        })
+        .filter_map(|e| std::fs::read(e.path().join("environ")).ok())
+        .filter_map(|env| {
+            env.split(|&b| b == 0)
+                .find_map(|v| v.strip_prefix(b"TMPDIR="))
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+        .filter(|d| d.contains(&format!("appease-bench-{pid}")))
+        .collect();
+    assert!(
+        !tmpdirs.is_empty(),
+        "no make of the bench's has its TMPDIR in the bench's directory"
+    );
     // Two seconds of measuring, for the report an interrupted bench still gives.
     std::thread::sleep(Duration::from_secs(2));
     // SAFETY: signalling our own child.

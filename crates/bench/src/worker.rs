@@ -277,6 +277,10 @@ pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
     use std::io::BufRead;
     let stop = tree_worker(c"bench-compile")?;
     write_sources(dir, FILES)?;
+    // gcc's temporary files go in the tree, which the bench removes: a compiler ended
+    // mid-file leaves its `.s` behind, and in /tmp they piled up run after run.
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp)?;
     wait_for_go()?;
     let mut built: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -284,6 +288,7 @@ pub fn compile(dir: &std::path::Path, jobs: usize) -> io::Result<()> {
         let mut make = std::process::Command::new("make")
             .args(["-s", "-B", "-j", &jobs.to_string(), "-C"])
             .arg(dir)
+            .env("TMPDIR", &tmp)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .spawn()?;
