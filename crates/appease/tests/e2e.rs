@@ -670,6 +670,71 @@ fn a_forking_server_elevates_fresh_connections_and_sinks_a_heavy_one_at_the_thre
 
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn the_load_follows_the_run_queues_between_scans() {
+    let _g = serial();
+    let dir = TempDir::new("live-load");
+    // Scans about every 30 s: the first at start, the next long after this test's end.
+    // No demotion (after_ms far away): the idle cgroup below is the test's own.
+    let cfg = dir.file(
+        "test.toml",
+        &TEST_CONFIG.replace(
+            "enabled = false",
+            "enabled = true\nafter_ms = 600000\nscan_ms = 30000",
+        ),
+    );
+    let daemon = Daemon::start(&dir.0, &cfg);
+    let scanned = wait_for(Duration::from_secs(5), || {
+        daemon.status_json()["batch"]["scan"]["processes"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0
+    });
+    assert!(scanned.is_some(), "a first scan: {}", daemon.log_text());
+    let load = || {
+        daemon.status_json()["load"]["runnable_per_cpu"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+    };
+    let soakers = Soakers::start(4 * host_cpus());
+    let counted = wait_for(Duration::from_secs(5), || load() >= 2.0);
+    assert!(
+        counted.is_some(),
+        "soakers of the normal class count: {:.2}",
+        load()
+    );
+    // Into an idle cgroup made by hand, between two scans: the next sample sees them
+    // there, the load falls as it is smoothed (a 1 s time constant).
+    let cg = appease_cgroup::Cgroups::detect().unwrap();
+    let group = cg
+        .root()
+        .join(format!("appease-e2e-live-{}", std::process::id()));
+    std::fs::create_dir(&group).unwrap();
+    std::fs::write(group.join("cpu.idle"), "1").unwrap();
+    for c in &soakers.0 {
+        std::fs::write(group.join("cgroup.procs"), c.id().to_string()).unwrap();
+    }
+    let left_out = wait_for(Duration::from_secs(6), || {
+        load() < 0.7
+            && daemon.status_json()["load"]["idle_group_runnable"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 4 * host_cpus() as u64
+    });
+    let (now, status) = (load(), daemon.status_json()["load"].clone());
+    drop(soakers);
+    let _gone = wait_for(Duration::from_secs(2), || {
+        std::fs::read_to_string(group.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
+    });
+    std::fs::remove_dir(&group).unwrap();
+    assert!(
+        left_out.is_some(),
+        "tasks moved into an idle cgroup leave the load before the next scan (now {now:.2} per CPU, {status}): {}",
+        daemon.log_text()
+    );
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn an_elevation_does_not_wait_for_a_scan_under_way() {
     let _g = serial();
     let dir = TempDir::new("slow-scan");
@@ -1276,8 +1341,9 @@ fn the_load_leaves_out_the_idle_group_and_servers_beside_demoted_soakers_keep_th
     });
     assert!(
         left_out.is_some(),
-        "the idle group's tasks left out of the load (now {:.2} per CPU): {}",
+        "the idle group's tasks left out of the load (now {:.2} per CPU, status {}): {}",
         load(),
+        daemon.status_json()["load"],
         daemon.log_text()
     );
     // A server receiving requests beside them is not elevated: elevation would only

@@ -69,13 +69,14 @@ impl LoadFiles {
         }
     }
 
-    /// Runnable tasks but the caller, and the CPU pressure total (µs), as
-    /// `runnable` and `psi_cpu_some_total_us` give them.
-    pub fn read(&mut self) -> (Option<u32>, Option<u64>) {
-        let runnable =
-            read_from_start(self.loadavg.as_ref(), &mut self.buf).and_then(parse_loadavg_running);
-        let psi = read_from_start(self.psi.as_ref(), &mut self.buf).and_then(parse_psi_some_total);
-        (runnable, psi)
+    /// Runnable tasks but the caller, from /proc/loadavg.
+    pub fn runnable(&mut self) -> Option<u32> {
+        read_from_start(self.loadavg.as_ref(), &mut self.buf).and_then(parse_loadavg_running)
+    }
+
+    /// The CPU pressure total (µs), as `psi_cpu_some_total_us` gives it.
+    pub fn psi(&mut self) -> Option<u64> {
+        read_from_start(self.psi.as_ref(), &mut self.buf).and_then(parse_psi_some_total)
     }
 }
 
@@ -558,9 +559,8 @@ mod tests {
         assert!(cpus() >= 1);
         let mut files = LoadFiles::open();
         for _ in 0..2 {
-            let (r, psi) = files.read();
-            assert!(r.is_some(), "read again from the start");
-            assert_eq!(psi.is_some(), psi_cpu_some_total_us().is_some());
+            assert!(files.runnable().is_some(), "read again from the start");
+            assert_eq!(files.psi().is_some(), psi_cpu_some_total_us().is_some());
         }
     }
 

@@ -317,8 +317,15 @@ struct Daemon<'obj> {
     /// Threads in an idle cgroup wanting a CPU at the last scan: left out of the load
     /// signal. They get a CPU only when no server wants it, so they are no reason to
     /// elevate one; elevated beside them, a server's requests lost more scheduler ticks
-    /// to them than without elevation (docs/RESULTS.md, the synthetic scenario).
+    /// to them than without elevation (docs/RESULTS.md, the synthetic scenario). Used
+    /// only when the probe cannot read the run queues, which count them as they are now.
     idle_group_runnable: u32,
+    /// `SCHED_IDLE` threads outside idle cgroups wanting a CPU at the last scan: the run
+    /// queues count them as idle, yet in a group of their own they compete at its full
+    /// weight, so the load signal adds them back.
+    sched_idle_runnable: u32,
+    /// The idle groups' runnable threads at the last load sample (the status shows it).
+    idle_group_now: u32,
     layout: status::LayoutView,
 }
 
@@ -360,6 +367,8 @@ impl<'obj> Daemon<'obj> {
             metrics,
             load_files: host::LoadFiles::open(),
             idle_group_runnable: 0,
+            sched_idle_runnable: 0,
+            idle_group_now: 0,
             layout: Default::default(),
         }
     }
@@ -499,6 +508,7 @@ impl<'obj> Daemon<'obj> {
         };
         if let Some(snap) = s.take() {
             self.idle_group_runnable = snap.idle_group_runnable;
+            self.sched_idle_runnable = snap.sched_idle_runnable;
             b.on_snapshot(snap, &self.opts.config, &mut self.actuator);
             self.probe
                 .set_exec_events(self.actuator.wants_exec_events());
@@ -806,11 +816,24 @@ impl<'obj> Daemon<'obj> {
         }
     }
 
+    /// Runnable tasks but the idle class's and the loop's own, from the run queues now
+    /// (or, if the probe cannot read them, /proc/loadavg less the last scan's idle-group
+    /// count, which lags by up to a scan).
     fn sample_load(&mut self, now: u64) {
-        let (runnable, psi) = self.load_files.read();
-        let runnable = runnable
-            .unwrap_or(0)
-            .saturating_sub(self.idle_group_runnable);
+        let runnable = match self.probe.runnable() {
+            Some(r) => {
+                self.idle_group_now = r.idle_class.saturating_sub(self.sched_idle_runnable);
+                (r.all.saturating_sub(r.idle_class) + self.sched_idle_runnable).saturating_sub(1)
+            }
+            None => {
+                self.idle_group_now = self.idle_group_runnable;
+                self.load_files
+                    .runnable()
+                    .unwrap_or(0)
+                    .saturating_sub(self.idle_group_runnable)
+            }
+        };
+        let psi = self.load_files.psi();
         self.load.sample(now, runnable, psi);
     }
 
@@ -942,7 +965,7 @@ impl<'obj> Daemon<'obj> {
             cpus: self.cpus,
             load: LoadView {
                 runnable_per_cpu: load.runnable_per_cpu,
-                idle_group_runnable: self.idle_group_runnable,
+                idle_group_runnable: self.idle_group_now,
                 psi_some_pct: load.psi_some_pct,
                 ladder_step: step_no,
                 unix_nice: step.unix_nice,

@@ -64,6 +64,10 @@ pub struct Snapshot {
     /// Threads running or waiting for a CPU in an idle cgroup at the scan: no competition
     /// for a server, so the load signal leaves them out.
     pub idle_group_runnable: u32,
+    /// Threads of the `SCHED_IDLE` policy running or waiting outside idle cgroups: the
+    /// kernel counts them as idle, but in a group of their own they compete at its full
+    /// weight, so the load signal counts them.
+    pub sched_idle_runnable: u32,
     pub cost: ScanCost,
 }
 
@@ -99,6 +103,8 @@ struct Reading {
     apps: HashMap<u32, u32>,
     /// Threads running or waiting in an idle cgroup (none counted when reading /proc).
     idle_group_runnable: u32,
+    /// `SCHED_IDLE` threads running or waiting outside idle cgroups (as above).
+    sched_idle_runnable: u32,
     cost: ScanCost,
 }
 
@@ -433,6 +439,7 @@ impl Worker {
             floor,
             busy_batch,
             idle_group_runnable: reading.idle_group_runnable,
+            sched_idle_runnable: reading.sched_idle_runnable,
             ..Default::default()
         };
         let started = &start_of;
@@ -637,7 +644,7 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
             },
         );
     }
-    let mut idle_group_runnable = 0;
+    let (mut idle_group_runnable, mut sched_idle_runnable) = (0, 0);
     for t in tasks {
         if let Some(p) = by_pid.get_mut(&t.pid) {
             p.cpu_ns += t.cpu_ns;
@@ -645,6 +652,9 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
             if t.running {
                 runnable.insert(t.pid);
                 idle_group_runnable += u32::from(t.idle_group);
+                // Not the scanner itself, SCHED_IDLE and running as it reads.
+                let own = t.pid == std::process::id();
+                sched_idle_runnable += u32::from(t.sched_idle && !t.idle_group && !own);
             }
         }
     }
@@ -661,6 +671,7 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
         runnable,
         apps,
         idle_group_runnable,
+        sched_idle_runnable,
         cost: ScanCost {
             source: "task iterator".into(),
             threads: tasks.len(),
@@ -735,6 +746,7 @@ mod tests {
             has_tty: pid == tid,
             listens: false,
             idle_group: running && tid == 41,
+            sched_idle: tid == 42 || tid == 41,
             app: pid,
             comm: if pid == tid {
                 "make".into()
@@ -840,7 +852,7 @@ mod tests {
         let tasks = [
             task(40, 40, 100, 10, false),
             task(40, 41, 200, 20, true),
-            task(40, 42, 300, 30, false),
+            task(40, 42, 300, 30, true),
             task(50, 50, 5, 0, false),
             // A thread whose leader was not listed (it ended mid-read) is dropped.
             task(60, 61, 9, 9, true),
@@ -867,6 +879,10 @@ mod tests {
         assert_eq!(
             snap.idle_group_runnable, 1,
             "thread 41, running in an idle group"
+        );
+        assert_eq!(
+            snap.sched_idle_runnable, 1,
+            "thread 42, SCHED_IDLE and running outside an idle group (41 is in one)"
         );
     }
 }

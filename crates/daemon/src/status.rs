@@ -66,7 +66,8 @@ pub type ProcessStatus = MovedView;
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LoadView {
     pub runnable_per_cpu: f64,
-    /// Threads waiting in an idle cgroup at the last scan, left out of `runnable_per_cpu`.
+    /// Threads running or waiting in an idle cgroup at the last load sample, left out of
+    /// `runnable_per_cpu`.
     #[serde(default)]
     pub idle_group_runnable: u32,
     pub psi_some_pct: f64,

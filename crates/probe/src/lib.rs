@@ -125,6 +125,8 @@ pub struct TaskRecord {
     /// Running or waiting, in a cgroup with `cpu.idle` set or below one (read only for
     /// running threads).
     pub idle_group: bool,
+    /// Of the `SCHED_IDLE` policy.
+    pub sched_idle: bool,
     /// Its application: the server whose fork made it, or itself (leader only).
     pub app: u32,
     pub comm: String,
@@ -177,6 +179,7 @@ fn decode_task(data: &[u8]) -> TaskRecord {
         has_tty: r.has_tty != 0,
         listens: r.listens != 0,
         idle_group: r.idle_group != 0,
+        sched_idle: r.sched_idle != 0,
         app: r.app,
         comm: comm(&r.comm),
     }
@@ -216,6 +219,15 @@ impl Default for ProbeConfig {
             serving_window: None,
         }
     }
+}
+
+/// Runnable tasks, from the run queues (`Probe::runnable`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Runnable {
+    /// Every runnable task, of every class, the reader included.
+    pub all: u32,
+    /// Of them, those of the idle class: in an idle cgroup, or `SCHED_IDLE`.
+    pub idle_class: u32,
 }
 
 pub struct Probe<'obj> {
@@ -311,6 +323,29 @@ impl<'obj> Probe<'obj> {
         Some(TaskIter {
             link,
             buf: Vec::new(),
+        })
+    }
+
+    /// Tasks runnable on every CPU now (running or waiting; the caller counts too), and
+    /// how many of them are of the idle class (in an idle group, or `SCHED_IDLE`), read
+    /// from the kernel's run queues: one system call, as cheap as a read of
+    /// /proc/loadavg. None until the task iterator has found every CPU's run queue (at
+    /// the first scan), or if the kernel refused to run the program.
+    pub fn runnable(&self) -> Option<Runnable> {
+        let out = self
+            .skel
+            .progs
+            .count_runnable
+            .test_run(libbpf_rs::ProgramInput::default())
+            .ok()?;
+        let bss = self.skel.maps.bss_data.as_deref()?;
+        // Until a scan has met a task on every CPU, some run queues are not known.
+        if out.return_value != 0 || (bss.runnable_cpus as usize) < online_cpus() {
+            return None;
+        }
+        Some(Runnable {
+            all: bss.runnable_all,
+            idle_class: bss.runnable_idle,
         })
     }
 
@@ -493,6 +528,11 @@ fn route_libbpf_logs() {
             libbpf_rs::PrintLevel::Debug => tracing::trace!(target: "libbpf", "{msg}"),
         }
     })));
+}
+
+fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
 }
 
 /// Monotonic clock in ns, the same clock as the events' `ts_ns`.

@@ -616,3 +616,64 @@ fn a_stream_of_deferred_events_does_not_wake_the_reader() {
         "the reader woke {returns} times in a second for {woke} waking and {deferred} deferred events"
     );
 }
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn the_run_queues_count_idle_class_tasks_apart() {
+    let _serial = assert_root();
+    let mut storage = ProbeStorage::uninit();
+    let mut probe = Probe::load(&ProbeConfig::default(), &mut storage).unwrap();
+    // The run queues are found by the task iterator (a scan): not known before it.
+    assert_eq!(probe.runnable(), None);
+    probe.take_task_iter().unwrap().read().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Two spinners of the normal class and two of the idle class.
+    let spinners: Vec<_> = (0..4)
+        .map(|i| {
+            let stop = stop.clone();
+            let (tx, rx) = mpsc::channel();
+            let h = thread::spawn(move || {
+                if i >= 2 {
+                    let param = libc::sched_param { sched_priority: 0 };
+                    // SAFETY: changes this thread's own policy.
+                    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+                    assert_eq!(r, 0, "SCHED_IDLE: {}", std::io::Error::last_os_error());
+                }
+                tx.send(()).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+            rx.recv().unwrap();
+            h
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(100));
+    let readings = |n: usize| -> Vec<appease_probe::Runnable> {
+        (0..n)
+            .map(|_| {
+                thread::sleep(Duration::from_millis(20));
+                probe.runnable().expect("the kernel runs the counter")
+            })
+            .collect()
+    };
+    let busy = readings(10);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in spinners {
+        h.join().unwrap();
+    }
+    thread::sleep(Duration::from_millis(100));
+    let quiet = readings(10);
+    // Every reading sees the idle-class spinners waiting or running, and the normal ones
+    // and the reader beside them.
+    for r in &busy {
+        assert!(r.idle_class >= 2, "{busy:?}");
+        assert!(r.all - r.idle_class >= 3, "{busy:?}");
+    }
+    // Once they end, the idle class is empty again (nothing else here is of it) and the
+    // reader is counted.
+    assert!(
+        quiet.iter().all(|r| r.idle_class < 2 && r.all >= 1),
+        "{quiet:?}"
+    );
+}

@@ -50,6 +50,7 @@ struct appease_task {
 	unsigned char has_tty;            /* leader: has a controlling terminal */
 	unsigned char listens;            /* leader: listened on a TCP socket */
 	unsigned char idle_group;         /* in a cgroup with cpu.idle set, or below one */
+	unsigned char sched_idle;         /* of the SCHED_IDLE policy */
 	char comm[16];                    /* leader: the process's name */
 };
 

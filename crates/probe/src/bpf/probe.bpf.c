@@ -20,6 +20,7 @@ char LICENSE[] SEC("license") = "GPL";
 #define AF_INET 2
 #define AF_INET6 10
 #define PF_KTHREAD 0x00200000
+#define SCHED_IDLE 5
 
 /* Set by user space before load. */
 const volatile u64 min_gap_ns = 20 * 1000 * 1000;
@@ -297,6 +298,86 @@ int BPF_PROG(on_sock_state, const struct sock *sk, int oldstate, int newstate)
 	return 0;
 }
 
+/* The load as a server meets it: runnable tasks on every CPU, and how many of them are
+ * of the idle class (in an idle group or SCHED_IDLE), read from the run queues
+ * themselves when the daemon runs count_runnable (BPF_PROG_RUN), as often as it samples
+ * the load. A scan's count of the idle group is a second old; a build's compilers come
+ * and go within that second, and the difference, read as load, elevated servers for
+ * nothing.
+ *
+ * The run queues are per-CPU data, which BPF reaches by symbol only on kernels built
+ * with CONFIG_KALLSYMS_ALL. Every task knows its CPU's run queue, though: the task
+ * iterator notes each CPU's as it meets a task there (each CPU has kernel threads of
+ * its own), and count_runnable reads those addresses. */
+#define MAX_CPUS 1024
+u64 rq_of_cpu[MAX_CPUS] = {};
+u32 runnable_all = 0;
+u32 runnable_idle = 0;
+u32 runnable_cpus = 0;
+
+static __always_inline void note_rq(struct task_struct *t)
+{
+	struct cfs_rq *cfs_rq = t->se.cfs_rq;
+	if (!cfs_rq)
+		return;
+	struct rq *rq = cfs_rq->rq;
+	if (!rq)
+		return;
+	u32 cpu = rq->cpu;
+	if (cpu < MAX_CPUS && !rq_of_cpu[cpu])
+		rq_of_cpu[cpu] = (u64)rq;
+}
+
+/* Kernels before 6.14 name the idle count so. */
+struct cfs_rq___before_6_14 {
+	unsigned int idle_h_nr_running;
+} __attribute__((preserve_access_index));
+
+struct runnable_sum {
+	u64 nr_running_off, h_nr_idle_off;
+	u32 all, idle, cpus, failed;
+};
+
+/* One CPU's run queue, if known (bpf_loop: the verifier checks the body once). */
+static long add_cpu(u32 cpu, struct runnable_sum *sum)
+{
+	if (cpu >= MAX_CPUS)
+		return 1;
+	u64 rq = rq_of_cpu[cpu];
+	if (!rq)
+		return 0;
+	unsigned int n = 0, i = 0;
+	if (bpf_probe_read_kernel(&n, sizeof(n), (void *)(rq + sum->nr_running_off)) ||
+	    bpf_probe_read_kernel(&i, sizeof(i), (void *)(rq + sum->h_nr_idle_off))) {
+		sum->failed = 1;
+		return 1;
+	}
+	sum->all += n;
+	sum->idle += i;
+	sum->cpus++;
+	return 0;
+}
+
+SEC("raw_tp")
+int count_runnable(void *ctx)
+{
+	struct runnable_sum sum = {};
+	sum.nr_running_off = bpf_core_field_offset(struct rq, nr_running);
+	sum.h_nr_idle_off = bpf_core_field_offset(struct rq, cfs);
+	if (bpf_core_field_exists(struct cfs_rq, h_nr_idle))
+		sum.h_nr_idle_off += bpf_core_field_offset(struct cfs_rq, h_nr_idle);
+	else
+		sum.h_nr_idle_off +=
+			bpf_core_field_offset(struct cfs_rq___before_6_14, idle_h_nr_running);
+	bpf_loop(MAX_CPUS, add_cpu, &sum, 0);
+	if (sum.failed)
+		return 1;
+	runnable_all = sum.all;
+	runnable_idle = sum.idle;
+	runnable_cpus = sum.cpus;
+	return 0;
+}
+
 /* Whether the task's group or one above it is idle (cpu.idle = 1): such a task gets a
  * CPU only when nothing of the normal class at that level wants it, so it is no
  * competition for a server there. A few levels cover every layout appease makes. */
@@ -328,8 +409,10 @@ int dump_task(struct bpf_iter__task *ctx)
 	r.wait_ns = t->sched_info.run_delay;
 	r.kernel_thread = (t->flags & PF_KTHREAD) != 0;
 	r.running = t->__state == 0 && t->exit_state == 0;
+	note_rq(t);
 	if (r.running)
 		r.idle_group = in_idle_group(t);
+	r.sched_idle = t->policy == SCHED_IDLE;
 	if (t == leader) {
 		struct task_struct *parent = t->real_parent;
 		r.ppid = parent ? parent->tgid : 0;
