@@ -314,6 +314,8 @@ u64 rq_of_cpu[MAX_CPUS] = {};
 u32 runnable_all = 0;
 u32 runnable_idle = 0;
 u32 runnable_cpus = 0;
+/* One past the highest CPU whose run queue is known: count_runnable looks no further. */
+u32 cpus_known = 0;
 
 static __always_inline void note_rq(struct task_struct *t)
 {
@@ -324,8 +326,11 @@ static __always_inline void note_rq(struct task_struct *t)
 	if (!rq)
 		return;
 	u32 cpu = rq->cpu;
-	if (cpu < MAX_CPUS && !rq_of_cpu[cpu])
+	if (cpu < MAX_CPUS && !rq_of_cpu[cpu]) {
 		rq_of_cpu[cpu] = (u64)rq;
+		if (cpu >= cpus_known)
+			cpus_known = cpu + 1;
+	}
 }
 
 /* Kernels before 6.14 name the idle count so. */
@@ -369,7 +374,7 @@ int count_runnable(void *ctx)
 	else
 		sum.h_nr_idle_off +=
 			bpf_core_field_offset(struct cfs_rq___before_6_14, idle_h_nr_running);
-	bpf_loop(MAX_CPUS, add_cpu, &sum, 0);
+	bpf_loop(cpus_known, add_cpu, &sum, 0);
 	if (sum.failed)
 		return 1;
 	runnable_all = sum.all;
