@@ -2569,6 +2569,21 @@ fn bench_names_the_package_a_compile_load_is_missing() {
 
 /// A daemon with the batch config plus `extra` ([batch] keys), and one soaker it has
 /// demoted: (run dir, the group's path, the soaker, the daemon).
+/// The host's processes running or waiting for a CPU now, (pid, name): what else
+/// competed with a test's soaker when it was not found soaking.
+fn running_processes() -> Vec<(u32, String)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+            rest.starts_with('R').then(|| (pid, name.to_string()))
+        })
+        .collect()
+}
+
 fn demoted_soaker(name: &str, extra: &str) -> (TempDir, String, Soakers, Daemon) {
     let dir = TempDir::new(name);
     let group = format!("appease-e2e-{name}{}", std::process::id());
@@ -2583,7 +2598,9 @@ fn demoted_soaker(name: &str, extra: &str) -> (TempDir, String, Soakers, Daemon)
     let gpath = format!("/{group}");
     assert!(
         wait_for(Duration::from_secs(8), || in_idle_group(pid, &gpath)).is_some(),
-        "demoted: {}",
+        "demoted (running now: {:?}; status: {}): {}",
+        running_processes(),
+        daemon.status_json()["batch"],
         daemon.log_text()
     );
     // The soaker alone: this process started the daemon, so it (and whatever runs it)

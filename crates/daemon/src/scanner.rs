@@ -274,6 +274,17 @@ impl Scanner {
         unsafe { libc::read(self.wake.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
         let snap = self.snapshots.try_recv().ok()?;
         self.pending = false;
+        // A scan is a few milliseconds of CPU: one that took seconds delays every
+        // demotion as long, and says the scanner waited (for a CPU, or for /proc).
+        let took_ms = appease_probe::monotonic_ns().saturating_sub(self.asked_at) / 1_000_000;
+        if took_ms >= SLOW_SCAN_MS {
+            tracing::warn!(
+                took_ms,
+                raised = self.raised,
+                processes = snap.cost.processes,
+                "a scan took long"
+            );
+        }
         Some(snap)
     }
 }
@@ -286,6 +297,9 @@ impl Drop for Scanner {
         }
     }
 }
+
+/// A scan that takes this long is logged.
+const SLOW_SCAN_MS: u64 = 1_000;
 
 enum Source {
     Kernel(TaskIter),
