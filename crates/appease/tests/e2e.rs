@@ -2567,8 +2567,6 @@ fn bench_names_the_package_a_compile_load_is_missing() {
     );
 }
 
-/// A daemon with the batch config plus `extra` ([batch] keys), and one soaker it has
-/// demoted: (run dir, the group's path, the soaker, the daemon).
 /// The host's processes running or waiting for a CPU now, (pid, name): what else
 /// competed with a test's soaker when it was not found soaking.
 fn running_processes() -> Vec<(u32, String)> {
@@ -2584,6 +2582,8 @@ fn running_processes() -> Vec<(u32, String)> {
         .collect()
 }
 
+/// A daemon with the batch config plus `extra` ([batch] keys), and one soaker it has
+/// demoted: (run dir, the group's path, the soaker, the daemon).
 fn demoted_soaker(name: &str, extra: &str) -> (TempDir, String, Soakers, Daemon) {
     let dir = TempDir::new(name);
     let group = format!("appease-e2e-{name}{}", std::process::id());

@@ -820,7 +820,12 @@ impl<'obj> Daemon<'obj> {
     /// (or, if the probe cannot read them, /proc/loadavg less the last scan's idle-group
     /// count, which lags by up to a scan).
     fn sample_load(&mut self, now: u64) {
-        let runnable = match self.probe.runnable() {
+        // Until a scan has met a task on every CPU, some run queues are not known.
+        let live = self
+            .probe
+            .runnable()
+            .filter(|r| r.cpus as usize >= self.cpus);
+        let runnable = match live {
             Some(r) => {
                 self.idle_group_now = r.idle_class.saturating_sub(self.sched_idle_runnable);
                 (r.all.saturating_sub(r.idle_class) + self.sched_idle_runnable).saturating_sub(1)

@@ -228,6 +228,9 @@ pub struct Runnable {
     pub all: u32,
     /// Of them, those of the idle class: in an idle cgroup, or `SCHED_IDLE`.
     pub idle_class: u32,
+    /// CPUs whose run queues were read: those the task iterator has met a task on. The
+    /// counts are the host's once this is every online CPU.
+    pub cpus: u32,
 }
 
 pub struct Probe<'obj> {
@@ -329,8 +332,8 @@ impl<'obj> Probe<'obj> {
     /// Tasks runnable on every CPU now (running or waiting; the caller counts too), and
     /// how many of them are of the idle class (in an idle group, or `SCHED_IDLE`), read
     /// from the kernel's run queues: one system call, as cheap as a read of
-    /// /proc/loadavg. None until the task iterator has found every CPU's run queue (at
-    /// the first scan), or if the kernel refused to run the program.
+    /// /proc/loadavg. Before the first scan no run queue is known (`cpus` 0); None if
+    /// the kernel refused to run the program.
     pub fn runnable(&self) -> Option<Runnable> {
         let out = self
             .skel
@@ -338,14 +341,14 @@ impl<'obj> Probe<'obj> {
             .count_runnable
             .test_run(libbpf_rs::ProgramInput::default())
             .ok()?;
-        let bss = self.skel.maps.bss_data.as_deref()?;
-        // Until a scan has met a task on every CPU, some run queues are not known.
-        if out.return_value != 0 || (bss.runnable_cpus as usize) < online_cpus() {
+        if out.return_value != 0 {
             return None;
         }
+        let bss = self.skel.maps.bss_data.as_deref()?;
         Some(Runnable {
             all: bss.runnable_all,
             idle_class: bss.runnable_idle,
+            cpus: bss.runnable_cpus,
         })
     }
 
@@ -528,11 +531,6 @@ fn route_libbpf_logs() {
             libbpf_rs::PrintLevel::Debug => tracing::trace!(target: "libbpf", "{msg}"),
         }
     })));
-}
-
-fn online_cpus() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
 }
 
 /// Monotonic clock in ns, the same clock as the events' `ts_ns`.

@@ -623,9 +623,12 @@ fn the_run_queues_count_idle_class_tasks_apart() {
     let _serial = assert_root();
     let mut storage = ProbeStorage::uninit();
     let mut probe = Probe::load(&ProbeConfig::default(), &mut storage).unwrap();
-    // The run queues are found by the task iterator (a scan): not known before it.
-    assert_eq!(probe.runnable(), None);
+    // The run queues are found by the task iterator (a scan): none known before it,
+    // every CPU's after.
+    assert_eq!(probe.runnable().map(|r| r.cpus), Some(0));
     probe.take_task_iter().unwrap().read().unwrap();
+    let online = std::thread::available_parallelism().unwrap().get() as u32;
+    assert!(probe.runnable().unwrap().cpus >= online);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Two spinners of the normal class and two of the idle class.
     let spinners: Vec<_> = (0..4)
