@@ -219,27 +219,31 @@ pub fn open_loop(
     let (sender_stop, sender_count) = (stop.clone(), sent_count.clone());
     let sender_protocol = protocol.clone();
 
-    let sender = thread::spawn(move || -> Result<u64> {
-        let _prio = Latency::enter();
-        let mut sent = 0u64;
-        loop {
-            let due = start + offsets.next().expect("schedules are endless");
-            if due >= start + duration || sender_stop.load(Ordering::Relaxed) {
-                return Ok(sent);
+    // Named so that a scheduler trace tells the client's two threads apart.
+    let sender = thread::Builder::new()
+        .name("bench-sender".into())
+        .spawn(move || -> Result<u64> {
+            let _prio = Latency::enter();
+            let mut sent = 0u64;
+            loop {
+                let due = start + offsets.next().expect("schedules are endless");
+                if due >= start + duration || sender_stop.load(Ordering::Relaxed) {
+                    return Ok(sent);
+                }
+                let now = Instant::now();
+                if due > now {
+                    thread::sleep(due - now);
+                }
+                // The send time goes first: the answer cannot overtake it.
+                due_tx.send(due).ok();
+                tx_sock
+                    .write_all(&sender_protocol.request(sent))
+                    .context("sending a request")?;
+                sent += 1;
+                sender_count.store(sent, Ordering::Release);
             }
-            let now = Instant::now();
-            if due > now {
-                thread::sleep(due - now);
-            }
-            // The send time goes first: the answer cannot overtake it.
-            due_tx.send(due).ok();
-            tx_sock
-                .write_all(&sender_protocol.request(sent))
-                .context("sending a request")?;
-            sent += 1;
-            sender_count.store(sent, Ordering::Release);
-        }
-    });
+        })
+        .context("starting the client's sender thread")?;
 
     let _prio = Latency::enter();
     let mut lat = hist();
