@@ -1165,6 +1165,31 @@ mod tests {
     }
 
     #[test]
+    fn a_pinned_process_that_ended_is_unpinned_without_walking_the_process_table() {
+        use crate::testing::CPUS;
+        let (k, dir) = (FakeKernel::new(), TempDir::new("spread-ended"));
+        for pid in [560, 570] {
+            k.spawn(pid, pid, "cc1", fair(0));
+        }
+        let mut a = actuator(&k, &dir, &[]);
+        assert_eq!(a.spread(&[(560, 560, 0), (570, 570, 1)], &CPUS), 2);
+        k.exit(560);
+        let before = k.process_table_walks();
+        assert_eq!(a.spread(&[(570, 570, 1)], &CPUS), 1);
+        assert_eq!(
+            k.process_table_walks(),
+            before,
+            "the ended one has no children to find"
+        );
+        assert_eq!(journal::read_pending(&dir.0).unwrap().pinned.len(), 1);
+        // One that lives still gives back what its children inherited.
+        assert_eq!(a.spread(&[], &CPUS), 0);
+        assert_eq!(k.process_table_walks() - before, 1);
+        assert_eq!(k.cpus(570), CPUS.to_vec());
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
+    }
+
+    #[test]
     fn a_thread_with_cpus_of_its_own_is_never_pinned_nor_one_repinned_by_someone_else() {
         use crate::testing::CPUS;
         let (k, dir) = (FakeKernel::new(), TempDir::new("spread-own"));

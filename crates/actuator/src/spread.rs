@@ -247,17 +247,28 @@ impl KernelActuator {
                 }
             }
         }
-        let ours: HashSet<u32> = self
-            .spread
-            .pinned
-            .keys()
-            .chain(self.spread.foreign.keys())
-            .copied()
-            .collect();
-        let kids = children.of(&*self.kernel, p.key.pid);
-        put_back_inherited(&*self.kernel, p.key.pid, kids, &p.held, &p.orig, |t| {
-            ours.contains(&t)
-        });
+        // A process that ended took its threads with it, and its children now have
+        // another parent: there is nothing to look for, and the look (every process's
+        // stat, on the event loop: milliseconds beside a build whose compilers end each
+        // second) is skipped.
+        let process_lives = if tid == p.key.pid {
+            same
+        } else {
+            self.kernel.task_stat(p.key.pid, p.key.pid).is_ok()
+        };
+        if process_lives {
+            let ours: HashSet<u32> = self
+                .spread
+                .pinned
+                .keys()
+                .chain(self.spread.foreign.keys())
+                .copied()
+                .collect();
+            let kids = children.of(&*self.kernel, p.key.pid);
+            put_back_inherited(&*self.kernel, p.key.pid, kids, &p.held, &p.orig, |t| {
+                ours.contains(&t)
+            });
+        }
         let _logged_by_journal = self.journal(Record::Unpin { key: p.key });
     }
 
