@@ -417,7 +417,7 @@ impl<'obj> Daemon<'obj> {
                 s.raise_if_stalled(now);
             }
             if now >= next_load {
-                self.sample_load(now);
+                self.sample_load(now, false);
                 next_load = now + LOAD_SAMPLE_NS;
             }
             if now >= next_tick {
@@ -509,10 +509,17 @@ impl<'obj> Daemon<'obj> {
         if let Some(snap) = s.take() {
             self.idle_group_runnable = snap.idle_group_runnable;
             self.sched_idle_runnable = snap.sched_idle_runnable;
+            let demoting = !snap.demotions.is_empty();
             b.on_snapshot(snap, &self.opts.config, &mut self.actuator);
             self.probe
                 .set_exec_events(self.actuator.wants_exec_events());
             self.mark_apps(Ok(()));
+            if demoting {
+                // The run queues show the batch in the idle class at once: the load the
+                // ladder sees drops now rather than over the smoothing's second, and so
+                // does the elevation it held up.
+                self.sample_load(monotonic_ns(), true);
+            }
         }
     }
 
@@ -819,7 +826,9 @@ impl<'obj> Daemon<'obj> {
     /// Runnable tasks but the idle class's and the loop's own, from the run queues now
     /// (or, if the probe cannot read them, /proc/loadavg less the last scan's idle-group
     /// count, which lags by up to a scan).
-    fn sample_load(&mut self, now: u64) {
+    /// `rebase`: the count changed by the daemon's own doing (a demotion), taken
+    /// unsmoothed when read from the run queues (the fallback's idle count predates it).
+    fn sample_load(&mut self, now: u64, rebase: bool) {
         // Until a scan has met a task on every CPU, some run queues are not known.
         let live = self
             .probe
@@ -827,6 +836,9 @@ impl<'obj> Daemon<'obj> {
             .filter(|r| r.cpus as usize >= self.cpus);
         let runnable = match live {
             Some(r) => {
+                if rebase {
+                    self.load.rebase();
+                }
                 self.idle_group_now = r.idle_class.saturating_sub(self.sched_idle_runnable);
                 (r.all.saturating_sub(r.idle_class) + self.sched_idle_runnable).saturating_sub(1)
             }

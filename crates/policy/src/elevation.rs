@@ -440,15 +440,22 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             }
         }
         let mut raised = false;
+        let pace = step.decay.as_nanos() as u64;
         if !a.exhausted && target > 0 {
             // Re-elevation: the timer restarts; a stronger elevation from higher load
             // is kept.
-            t.decay_ns = step.decay.as_nanos() as u64;
+            t.decay_ns = pace;
             t.next_decay_at = now + t.decay_ns;
             if target > t.levels {
                 t.levels = target;
                 raised = true;
             }
+        } else if target == 0 && t.levels > 0 && pace < t.decay_ns {
+            // The load fell below the ladder's first step since it was elevated (the
+            // batch went idle): the fade goes at the pace of the load now, not of the
+            // load then, so nothing is held up over a batch that no longer competes.
+            t.decay_ns = pace;
+            t.next_decay_at = t.next_decay_at.min(now + pace);
         }
         self.due[slot] = due_time(t, a.exhausted, forget_ns, watch);
         if raised {
@@ -1210,6 +1217,41 @@ mod tests {
             }]
         );
         assert!(p.on_tick(900 * MS, cpu).is_empty());
+    }
+
+    #[test]
+    fn a_request_once_the_load_has_fallen_fades_at_the_pace_of_the_load_now() {
+        let mut p = ElevationPolicy::new(params());
+        let cpu = |_, _| Some(0);
+        assert_eq!(
+            levels(&p.on_request(0, 1, 1, Source::Unix, 0, load(2.0))),
+            4
+        );
+        // Below the first step (the batch went idle): no elevation at this load, so
+        // the next tick restores the thread instead of fading it a level per 100 ms.
+        assert_eq!(
+            p.on_request(30 * MS, 1, 1, Source::Unix, 0, load(0.2)),
+            None
+        );
+        assert_eq!(
+            p.on_tick(50 * MS, cpu),
+            vec![Decision::Restore {
+                pid: 1,
+                tid: 1,
+                reason: Reason::Faded
+            }]
+        );
+        // A load still on the ladder keeps the slower fade of its own step.
+        assert_eq!(
+            levels(&p.on_request(60 * MS, 2, 2, Source::Unix, 0, load(2.0))),
+            4
+        );
+        assert_eq!(
+            p.on_request(90 * MS, 2, 2, Source::Unix, 0, load(1.2)),
+            None
+        );
+        assert!(p.on_tick(120 * MS, cpu).is_empty());
+        assert_eq!(p.levels(2), 4);
     }
 
     #[test]

@@ -91,6 +91,13 @@ impl LoadTracker {
     pub fn current(&self) -> Load {
         self.current
     }
+
+    /// The next sample is taken as it is, unsmoothed: the runnable count changed by
+    /// something the caller did (a demotion moved the batch out of it), not by the
+    /// noise the smoothing is for.
+    pub fn rebase(&mut self) {
+        self.runnable_ema = None;
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +123,19 @@ mod tests {
             l = t.sample(i * 20 * MS, 8, None);
         }
         assert!((l.runnable_per_cpu - 4.0).abs() < 0.05);
+    }
+
+    #[test]
+    fn a_rebase_takes_the_next_sample_as_it_is() {
+        let mut t = LoadTracker::new(2);
+        for i in 0..=200 {
+            t.sample(i * 20 * MS, 8, None);
+        }
+        t.rebase();
+        assert_eq!(t.sample(201 * 20 * MS, 1, None).runnable_per_cpu, 0.5);
+        // Smoothed again from there.
+        let l = t.sample(202 * 20 * MS, 8, None).runnable_per_cpu;
+        assert!(l > 0.5 && l < 1.0, "{l}");
     }
 
     #[test]
