@@ -235,7 +235,9 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
         vec![vec![vec![Vec::<Sample>::new(); opts.clients.len()]; modes.len()]; variants.len()];
     let started = Instant::now();
     'rounds: for round in 0..rounds {
-        for (mi, &mode) in modes.iter().enumerate() {
+        // Each round starts one mode later, as the open-loop rounds do.
+        for (place, mi) in crate::rotated(modes.len(), round).enumerate() {
+            let mode = modes[mi];
             if opts.stop.load(Ordering::Relaxed) {
                 break 'rounds;
             }
@@ -243,7 +245,7 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
             eprintln!(
                 "[round {}/{rounds}, {}/{}, {:.0} s in] {} with {}: {} {unit} per run at {} clients ...",
                 round + 1,
-                mi + 1,
+                place + 1,
                 modes.len(),
                 started.elapsed().as_secs_f64(),
                 mode.name(),

@@ -293,6 +293,12 @@ pub fn run(opts: &Options) -> Result<Report> {
     Ok(Report::Latency(run_latency(opts)?))
 }
 
+/// The order of `n` modes in round `round` (0-based): the list turned by one place
+/// per round.
+pub(crate) fn rotated(n: usize, round: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |k| (k + round) % n)
+}
+
 /// Whether `program` is on the PATH.
 pub(crate) fn on_path(program: &str) -> bool {
     find_on_path(program).is_some()
@@ -373,11 +379,15 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
     let mut out = Vec::new();
     for &load in &opts.loads {
         let soakers = (load * cpus as f64).round() as usize;
-        // Rounds interleave the modes, so slow drifts of a shared machine hit all alike.
+        // Rounds interleave the modes, so slow drifts of a shared machine hit all alike,
+        // and each round starts one mode later, so no mode always runs in the same place
+        // (a compile's late requests were about 10 % more frequent in the second of two
+        // places whichever mode ran there, over ten alternated invocations).
         let rounds = opts.repeat.max(1);
         let mut runs: Vec<Vec<ModeResult>> = vec![Vec::new(); modes.len()];
         'rounds: for round in 0..rounds {
-            for (i, &mode) in modes.iter().enumerate() {
+            for (place, i) in rotated(modes.len(), round).enumerate() {
+                let mode = modes[i];
                 if opts.stop.load(Ordering::Relaxed) {
                     break 'rounds;
                 }
@@ -385,7 +395,7 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                 eprintln!(
                     "[round {}/{rounds}, {}/{}] {} with {}, {} s ...",
                     round + 1,
-                    i + 1,
+                    place + 1,
                     modes.len(),
                     mode.name(),
                     params.batch.describe(n, if n == 0 { 0.0 } else { load }),
@@ -1040,4 +1050,24 @@ pub(crate) fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Resu
         std::thread::sleep(Duration::from_millis(50));
     }
     bail!("timed out after {timeout:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn each_round_runs_every_mode_once_and_each_mode_takes_every_place() {
+        let rounds: Vec<Vec<usize>> = (0..4).map(|r| super::rotated(4, r).collect()).collect();
+        assert_eq!(rounds[0], [0, 1, 2, 3]);
+        assert_eq!(rounds[1], [1, 2, 3, 0]);
+        for round in &rounds {
+            let mut sorted = round.clone();
+            sorted.sort();
+            assert_eq!(sorted, [0, 1, 2, 3]);
+        }
+        for place in 0..4 {
+            let mut at: Vec<usize> = rounds.iter().map(|r| r[place]).collect();
+            at.sort();
+            assert_eq!(at, [0, 1, 2, 3], "place {place}");
+        }
+    }
 }
