@@ -248,13 +248,16 @@ impl KernelActuator {
             }
         }
         // A process that ended took its threads with it, and its children now have
-        // another parent: there is nothing to look for, and the look (every process's
-        // stat, on the event loop: milliseconds beside a build whose compilers end each
-        // second) is skipped.
+        // another parent, which the look by parent cannot find: the look (every
+        // process's stat, on the event loop: milliseconds beside a build whose compilers
+        // end each second) is skipped. A leader younger than the pinned thread is
+        // another process that got the pid.
         let process_lives = if tid == p.key.pid {
             same
         } else {
-            self.kernel.task_stat(p.key.pid, p.key.pid).is_ok()
+            self.kernel
+                .task_stat(p.key.pid, p.key.pid)
+                .is_ok_and(|s| s.start <= p.key.start)
         };
         if process_lives {
             let ours: HashSet<u32> = self

@@ -826,8 +826,9 @@ impl<'obj> Daemon<'obj> {
     /// Runnable tasks but the idle class's and the loop's own, from the run queues now
     /// (or, if the probe cannot read them, /proc/loadavg less the last scan's idle-group
     /// count, which lags by up to a scan).
-    /// `rebase`: the count changed by the daemon's own doing (a demotion), taken
-    /// unsmoothed when read from the run queues (the fallback's idle count predates it).
+    /// `rebase`: the count may have fallen by the daemon's own doing (a demotion), taken
+    /// unsmoothed if lower when read from the run queues (the fallback's idle count
+    /// predates the demotion).
     fn sample_load(&mut self, now: u64, rebase: bool) {
         // Until a scan has met a task on every CPU, some run queues are not known.
         let live = self
@@ -837,7 +838,7 @@ impl<'obj> Daemon<'obj> {
         let runnable = match live {
             Some(r) => {
                 if rebase {
-                    self.load.rebase();
+                    self.load.rebase_down();
                 }
                 self.idle_group_now = r.idle_class.saturating_sub(self.sched_idle_runnable);
                 (r.all.saturating_sub(r.idle_class) + self.sched_idle_runnable).saturating_sub(1)

@@ -418,10 +418,9 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let (burst, forget_ns) = (self.burst_ns, self.forget_ns);
         let watch = self.sink_ns.is_some();
         let share = self.params.budget.cpu_share;
-        let step = self
-            .params
-            .ladder
-            .step_for(load.ladder_index(self.params.min_psi_pct));
+        let index = load.ladder_index(self.params.min_psi_pct);
+        let step = self.params.ladder.step_for(index);
+        let below_first_step = self.params.ladder.step_index_for(index) == 0;
         let target = step.levels(source == Source::Unix);
         let t = &mut self.threads[slot];
         t.pid = pid;
@@ -450,7 +449,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 t.levels = target;
                 raised = true;
             }
-        } else if target == 0 && t.levels > 0 && pace < t.decay_ns {
+        } else if below_first_step && t.levels > 0 && pace < t.decay_ns {
             // The load fell below the ladder's first step since it was elevated (the
             // batch went idle): the fade goes at the pace of the load now, not of the
             // load then, so nothing is held up over a batch that no longer competes.

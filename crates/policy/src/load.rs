@@ -34,6 +34,8 @@ impl Load {
 pub struct LoadTracker {
     cpus: f64,
     runnable_ema: Option<f64>,
+    /// The next sample replaces the smoothed count if it is lower (`rebase_down`).
+    rebase_down: bool,
     last_sample: Nanos,
     /// (time, cumulative PSI some µs), oldest first, spanning about PSI_WINDOW_NS.
     psi_history: std::collections::VecDeque<(Nanos, u64)>,
@@ -45,6 +47,7 @@ impl LoadTracker {
         LoadTracker {
             cpus: cpus.max(1) as f64,
             runnable_ema: None,
+            rebase_down: false,
             last_sample: 0,
             psi_history: Default::default(),
             current: Load::default(),
@@ -55,8 +58,10 @@ impl LoadTracker {
     /// `some total=` counter in µs if the kernel has PSI.
     pub fn sample(&mut self, now: Nanos, runnable: u32, psi_some_total_us: Option<u64>) -> Load {
         let per_cpu = runnable as f64 / self.cpus;
+        let rebase_down = std::mem::take(&mut self.rebase_down);
         let ema = match self.runnable_ema {
             None => per_cpu,
+            Some(prev) if rebase_down && per_cpu < prev => per_cpu,
             Some(prev) => {
                 let dt = now.saturating_sub(self.last_sample) as f64;
                 let a = 1.0 - (-dt / RUNNABLE_TAU_NS).exp();
@@ -92,11 +97,12 @@ impl LoadTracker {
         self.current
     }
 
-    /// The next sample is taken as it is, unsmoothed: the runnable count changed by
-    /// something the caller did (a demotion moved the batch out of it), not by the
-    /// noise the smoothing is for.
-    pub fn rebase(&mut self) {
-        self.runnable_ema = None;
+    /// The next sample is taken as it is, unsmoothed, if it is lower: the runnable count
+    /// fell by something the caller did (a demotion moved the batch out of it), not by
+    /// the noise the smoothing is for. A higher reading (a demotion that moved nothing,
+    /// or into a group that is not idle) is smoothed as always.
+    pub fn rebase_down(&mut self) {
+        self.rebase_down = true;
     }
 }
 
@@ -126,16 +132,20 @@ mod tests {
     }
 
     #[test]
-    fn a_rebase_takes_the_next_sample_as_it_is() {
+    fn a_rebase_takes_the_next_sample_as_it_is_only_if_lower() {
         let mut t = LoadTracker::new(2);
         for i in 0..=200 {
             t.sample(i * 20 * MS, 8, None);
         }
-        t.rebase();
+        t.rebase_down();
         assert_eq!(t.sample(201 * 20 * MS, 1, None).runnable_per_cpu, 0.5);
         // Smoothed again from there.
         let l = t.sample(202 * 20 * MS, 8, None).runnable_per_cpu;
         assert!(l > 0.5 && l < 1.0, "{l}");
+        // A rebase with a higher reading (nothing moved to the idle class): smoothed.
+        t.rebase_down();
+        let m = t.sample(203 * 20 * MS, 8, None).runnable_per_cpu;
+        assert!(m > l && m < 1.5, "{m}");
     }
 
     #[test]
