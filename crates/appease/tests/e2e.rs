@@ -3451,10 +3451,14 @@ impl Drop for Tmux {
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn top_shows_an_elevated_server_and_a_demoted_soaker_sorts_filters_and_quits_on_q() {
     let _g = serial();
-    let (dir, gpath, soakers, daemon) = demoted_soaker("top", LATENCY_CONFIG);
+    // The load that engages the ladder is kept out of the idle class by a rule: once all
+    // of the batch is idle, nothing competes with the server and its elevation ends.
+    let keep_normal = "[[rule]]\ncomm = \"e2e-load\"\nclass = \"normal\"\n";
+    let (dir, gpath, soakers, daemon) =
+        demoted_soaker("top", &format!("{LATENCY_CONFIG}{keep_normal}"));
     let soaker = soakers.0[0].id();
     // Load enough for the ladder, and a server that receives requests under it.
-    let _load = Soakers::start(2 * host_cpus());
+    let _load = Soakers::start_named(2 * host_cpus(), &dir.0, "e2e-load");
     let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(20));
     let tid = unix.server_tid.to_string();
     let tmux = Tmux(format!("appease-e2e-top{}", std::process::id()));

@@ -88,6 +88,25 @@ impl Soakers {
     }
 }
 
+impl Soakers {
+    /// As `start`, each a copy of the shell named `name` in `dir`: a `comm` of their own,
+    /// for a rule to match.
+    pub fn start_named(n: usize, dir: &Path, name: &str) -> Self {
+        let sh = dir.join(name);
+        std::fs::copy("/bin/sh", &sh).unwrap();
+        Soakers(
+            (0..n)
+                .map(|_| {
+                    Command::new(&sh)
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
 impl Drop for Soakers {
     fn drop(&mut self) {
         for c in &mut self.0 {
