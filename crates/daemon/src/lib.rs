@@ -411,13 +411,20 @@ impl<'obj> Daemon<'obj> {
             self.probe.poll(wait, |e| events.push(e))?;
             self.handle(&mut events);
             self.events = events;
-            self.take_snapshot();
+            let demoted = self.take_snapshot();
             let now = monotonic_ns();
+            if demoted {
+                // The run queues show the batch in the idle class at once: the load the
+                // ladder sees drops now rather than over the smoothing's second, and so
+                // does the elevation it held up.
+                self.load.rebase_down();
+                next_load = now;
+            }
             if let Some(s) = self.scanner.as_mut() {
                 s.raise_if_stalled(now);
             }
             if now >= next_load {
-                self.sample_load(now, false);
+                self.sample_load(now);
                 next_load = now + LOAD_SAMPLE_NS;
             }
             if now >= next_tick {
@@ -501,10 +508,10 @@ impl<'obj> Daemon<'obj> {
         Duration::ZERO
     }
 
-    /// A scan's snapshot, if one is ready: classified and acted on.
-    fn take_snapshot(&mut self) {
+    /// A scan's snapshot, if one is ready: classified and acted on. True if it demoted.
+    fn take_snapshot(&mut self) -> bool {
         let (Some(b), Some(s)) = (self.batch.as_mut(), self.scanner.as_mut()) else {
-            return;
+            return false;
         };
         if let Some(snap) = s.take() {
             self.idle_group_runnable = snap.idle_group_runnable;
@@ -514,13 +521,9 @@ impl<'obj> Daemon<'obj> {
             self.probe
                 .set_exec_events(self.actuator.wants_exec_events());
             self.mark_apps(Ok(()));
-            if demoting {
-                // The run queues show the batch in the idle class at once: the load the
-                // ladder sees drops now rather than over the smoothing's second, and so
-                // does the elevation it held up.
-                self.sample_load(monotonic_ns(), true);
-            }
+            return demoting;
         }
+        false
     }
 
     /// Events lost to a full ring buffer: a request (its thread is not muted for it, so
@@ -826,10 +829,7 @@ impl<'obj> Daemon<'obj> {
     /// Runnable tasks but the idle class's and the loop's own, from the run queues now
     /// (or, if the probe cannot read them, /proc/loadavg less the last scan's idle-group
     /// count, which lags by up to a scan).
-    /// `rebase`: the count may have fallen by the daemon's own doing (a demotion), taken
-    /// unsmoothed if lower when read from the run queues (the fallback's idle count
-    /// predates the demotion).
-    fn sample_load(&mut self, now: u64, rebase: bool) {
+    fn sample_load(&mut self, now: u64) {
         // Until a scan has met a task on every CPU, some run queues are not known.
         let live = self
             .probe
@@ -837,9 +837,6 @@ impl<'obj> Daemon<'obj> {
             .filter(|r| r.cpus as usize >= self.cpus);
         let runnable = match live {
             Some(r) => {
-                if rebase {
-                    self.load.rebase_down();
-                }
                 self.idle_group_now = r.idle_class.saturating_sub(self.sched_idle_runnable);
                 (r.all.saturating_sub(r.idle_class) + self.sched_idle_runnable).saturating_sub(1)
             }

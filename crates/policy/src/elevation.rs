@@ -418,9 +418,12 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let (burst, forget_ns) = (self.burst_ns, self.forget_ns);
         let watch = self.sink_ns.is_some();
         let share = self.params.budget.cpu_share;
-        let index = load.ladder_index(self.params.min_psi_pct);
-        let step = self.params.ladder.step_for(index);
-        let below_first_step = self.params.ladder.step_index_for(index) == 0;
+        let at = self
+            .params
+            .ladder
+            .step_index_for(load.ladder_index(self.params.min_psi_pct));
+        let step = &self.params.ladder.steps()[at];
+        let below_first_step = at == 0;
         let target = step.levels(source == Source::Unix);
         let t = &mut self.threads[slot];
         t.pid = pid;

@@ -75,29 +75,22 @@ pub struct Soakers(pub Vec<Child>);
 
 impl Soakers {
     pub fn start(n: usize) -> Self {
-        Soakers(
-            (0..n)
-                .map(|_| {
-                    Command::new("sh")
-                        .args(["-c", "while :; do :; done"])
-                        .spawn()
-                        .unwrap()
-                })
-                .collect(),
-        )
+        Self::spin(n, Path::new("sh"))
     }
-}
 
-impl Soakers {
     /// As `start`, each a copy of the shell named `name` in `dir`: a `comm` of their own,
     /// for a rule to match.
     pub fn start_named(n: usize, dir: &Path, name: &str) -> Self {
         let sh = dir.join(name);
         std::fs::copy("/bin/sh", &sh).unwrap();
+        Self::spin(n, &sh)
+    }
+
+    fn spin(n: usize, shell: &Path) -> Self {
         Soakers(
             (0..n)
                 .map(|_| {
-                    Command::new(&sh)
+                    Command::new(shell)
                         .args(["-c", "while :; do :; done"])
                         .spawn()
                         .unwrap()
