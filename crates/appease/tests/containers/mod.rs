@@ -233,8 +233,15 @@ fn appease_run_in_a_docker_container_manages_the_host_and_its_restarted_containe
         "the host's soakers demoted from the container: {}",
         logs()
     );
+    // The elevation ends as soon as the soakers are demoted (the load falls), so the
+    // audit line, written once the change is made, is what shows it happened.
+    let elevated = format!(
+        "change=\"elevate\" pid={} tid={}",
+        std::process::id(),
+        svc.server_tid
+    );
     assert!(
-        wait_for(Duration::from_secs(5), || nice_of(svc.server_tid) < 0).is_some(),
+        wait_for(Duration::from_secs(5), || logs().contains(&elevated)).is_some(),
         "the host's server elevated from the container: {}",
         logs()
     );
