@@ -336,9 +336,10 @@ impl BatchManager {
         self.loop_us = appease_probe::monotonic_ns().saturating_sub(began) / 1000;
     }
 
-    /// Keeps the idle group's busy threads one CPU each while the group is idle (the
-    /// kernel herds an idle group's tasks); gives every CPU back once it is quiet (a
-    /// normal group, which the kernel balances fairly) or spreading is off.
+    /// Shares the idle group's busy threads out evenly over the CPUs while the group is
+    /// idle and they outnumber the CPUs (the kernel herds an idle group's tasks); gives
+    /// every CPU back once it is quiet (a normal group, which the kernel balances
+    /// fairly), they are few enough, or spreading is off.
     fn spread(
         &mut self,
         now: u64,
@@ -348,14 +349,14 @@ impl BatchManager {
     ) {
         let quiet = self.mode.mode(now) == GroupMode::Quiet;
         if quiet || !cfg.batch.enabled || !cfg.batch.spread {
-            if actuator.pinned() > 0 {
-                actuator.unspread(if quiet {
+            self.unspread(
+                actuator,
+                if quiet {
                     "mode quiet: the kernel balances a normal group fairly"
                 } else {
                     "spreading turned off"
-                });
-            }
-            self.pinned = 0;
+                },
+            );
             return;
         }
         // Only what is still demoted after this scan's promotions, and free to move.
@@ -364,6 +365,13 @@ impl BatchManager {
             .into_iter()
             .filter(|t| self.demoted.contains(&t.pid) && actuator.may_spread(t.pid, t.tid, &online))
             .collect();
+        if !appease_policy::spread::worth_spreading(busy.len(), online.len()) {
+            self.unspread(
+                actuator,
+                "no more busy threads than CPUs: the kernel gives each one",
+            );
+            return;
+        }
         self.spread_round += 1;
         let at = actuator.pinned_at(&online);
         let plan: Vec<(u32, u32, usize)> =
@@ -374,6 +382,13 @@ impl BatchManager {
             .map(|(t, cpu)| (t.pid, t.tid, cpu))
             .collect();
         self.pinned = actuator.spread(&plan, &online);
+    }
+
+    fn unspread(&mut self, actuator: &mut KernelActuator, why: &str) {
+        if actuator.pinned() > 0 {
+            actuator.unspread(why);
+        }
+        self.pinned = 0;
     }
 
     /// Feeds the idle group's share since the last scan to the starvation floor.

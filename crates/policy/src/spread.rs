@@ -121,6 +121,17 @@ pub fn plan(
         .collect()
 }
 
+/// Whether the busy threads are worth pinning: only while they outnumber the CPUs.
+/// Then the balancer's herds make the split unfair (some threads share a CPU while
+/// others have one each, for seconds). At one busy thread per CPU or fewer the balancer
+/// gives each a CPU of its own but for brief herds, and a herd leaves a CPU to the
+/// servers alone, which a pinned thread never does: at one soaker per CPU beside a
+/// server, pinning cost the server's p99 about 15 % against the hand-made idle group
+/// (docs/RESULTS.md, the batch-level sweep).
+pub fn worth_spreading(threads: usize, cpus: usize) -> bool {
+    cpus >= 2 && threads > cpus
+}
+
 /// Whether a thread that wanted a CPU (ran, or was runnable and waited) for `wanted_ns`
 /// of the `interval_ns` since the last scan, and was seen at that scan, counts as busy:
 /// half the time or more. Beside many others in an idle group, a CPU-bound thread gets
@@ -253,6 +264,15 @@ mod tests {
     fn no_cpus_or_no_threads_plan_nothing() {
         assert!(plan(&[t(1, 1)], 0, 0, |_| None).is_empty());
         assert!(plan(&[], 2, 0, |_| None).is_empty());
+    }
+
+    #[test]
+    fn only_more_busy_threads_than_cpus_are_worth_spreading() {
+        assert!(!worth_spreading(2, 2), "one each: the balancer does it");
+        assert!(!worth_spreading(1, 2));
+        assert!(worth_spreading(3, 2));
+        assert!(worth_spreading(48, 2));
+        assert!(!worth_spreading(4, 1), "nothing to spread over");
     }
 
     #[test]
