@@ -2717,7 +2717,8 @@ fn busy_batch_threads_are_spread_one_cpu_each_a_job_with_cpus_of_its_own_is_left
         "spread.toml",
         &format!("{}quiet_after_ms = 0\n", batch_config(&group)),
     );
-    let plain: Vec<std::process::Child> = (0..2).map(|_| named_soaker("spread-soak")).collect();
+    // One soaker per CPU and the shell's two children: more busy threads than CPUs.
+    let plain: Vec<std::process::Child> = (0..cpus).map(|_| named_soaker("spread-soak")).collect();
     // A job that chose its CPU itself.
     let last = cpus - 1;
     let mut own = Command::new(BIN);
@@ -2743,10 +2744,10 @@ fn busy_batch_threads_are_spread_one_cpu_each_a_job_with_cpus_of_its_own_is_left
         go = go.display(),
         out = nproc_out.display()
     ));
-    let _jobs = Soakers(plain.into_iter().chain([own]).collect());
+    let mut jobs = Soakers(plain.into_iter().chain([own]).collect());
     let (plain_pids, own_pid, sh_pid) = (
-        [_jobs.0[0].id(), _jobs.0[1].id()],
-        _jobs.0[2].id(),
+        jobs.0[..cpus].iter().map(|c| c.id()).collect::<Vec<u32>>(),
+        jobs.0[cpus].id(),
         script.pid(),
     );
     let daemon = Daemon::start(&dir.0, &cfg);
@@ -2760,7 +2761,11 @@ fn busy_batch_threads_are_spread_one_cpu_each_a_job_with_cpus_of_its_own_is_left
         children.len() >= 2
     });
     let busy: Vec<u32> = plain_pids.iter().copied().chain(children.clone()).collect();
-    assert_eq!(busy.len(), 4, "two soakers and the shell's two children");
+    assert_eq!(
+        busy.len(),
+        cpus + 2,
+        "the soakers and the shell's two children"
+    );
     let spread = wait_for(Duration::from_secs(15), || {
         busy.iter().all(|&p| cpus_of(p).len() == 1)
     });
@@ -2770,7 +2775,7 @@ fn busy_batch_threads_are_spread_one_cpu_each_a_job_with_cpus_of_its_own_is_left
         busy.iter().map(|&p| (p, cpus_of(p))).collect::<Vec<_>>(),
         daemon.log_text()
     );
-    // The same number on each CPU (4 threads: 2 each on two CPUs).
+    // The same number on each CPU (on two CPUs, 4 threads: 2 each).
     let mut per_cpu = vec![0; cpus];
     for &p in &busy {
         per_cpu[cpus_of(p)[0]] += 1;
@@ -2782,11 +2787,12 @@ fn busy_batch_threads_are_spread_one_cpu_each_a_job_with_cpus_of_its_own_is_left
     assert_eq!(cpus_of(own_pid), vec![last], "its own choice stays");
     assert_eq!(cpus_of(sh_pid), all, "the waiting shell keeps every CPU");
     let shown = wait_for(Duration::from_secs(3), || {
-        daemon.status_json()["batch"]["pinned"].as_u64() == Some(4)
+        daemon.status_json()["batch"]["pinned"].as_u64() == Some(busy.len() as u64)
     });
     assert!(
         shown.is_some(),
-        "status shows 4 pinned: {}",
+        "status shows {} pinned: {}",
+        busy.len(),
         daemon.status_json()
     );
     // What the shell starts now sees the whole machine.
@@ -2799,6 +2805,42 @@ fn busy_batch_threads_are_spread_one_cpu_each_a_job_with_cpus_of_its_own_is_left
         std::fs::read_to_string(&nproc_out).unwrap().trim(),
         cpus.to_string(),
         "a job's new child sees every CPU"
+    );
+    // The plain soakers end: two busy threads are left, no more than the CPUs, and the
+    // kernel gives each one, so both get every CPU back while the daemon runs.
+    for c in &mut jobs.0[..cpus] {
+        drop(c.kill());
+        drop(c.wait());
+    }
+    let back = wait_for(Duration::from_secs(10), || {
+        children.iter().all(|&p| cpus_of(p) == all)
+            && daemon.status_json()["batch"]["pinned"].as_u64() == Some(0)
+    });
+    assert!(
+        back.is_some(),
+        "no more busy threads than CPUs, nothing pinned: {:?}\n{}\n{}",
+        children
+            .iter()
+            .map(|&p| (p, cpus_of(p)))
+            .collect::<Vec<_>>(),
+        daemon.status_json(),
+        daemon.log_text()
+    );
+    // More soakers: spread again, and stopped while pinned.
+    let more = Soakers((0..cpus).map(|_| named_soaker("spread-soak")).collect());
+    let busy: Vec<u32> = children
+        .iter()
+        .copied()
+        .chain(more.0.iter().map(|c| c.id()))
+        .collect();
+    assert!(
+        wait_for(Duration::from_secs(15), || busy
+            .iter()
+            .all(|&p| cpus_of(p).len() == 1))
+        .is_some(),
+        "spread again: {:?}\n{}",
+        busy.iter().map(|&p| (p, cpus_of(p))).collect::<Vec<_>>(),
+        daemon.log_text()
     );
     let mut daemon = daemon;
     assert!(
