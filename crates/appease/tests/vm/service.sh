@@ -30,11 +30,15 @@ sleep 15
 check "watchdog pings keep it running" [ "$(systemctl show -P NRestarts appease)" = 0 ]
 check "same main pid after the watchdog period" [ "$(systemctl show -P MainPID appease)" = "$MAIN" ]
 check "reload returns and the service stays active" sh -c 'timeout 60 systemctl reload appease && systemctl is-active --quiet appease'
-check "the reload's report is in the service's log" sh -c "journalctl -u appease --no-pager | grep -q 'reloaded /etc/appease/appease.toml'"
+# journald takes a service's lines asynchronously: a log check waits for its line.
+in_log() { journalctl -u appease --no-pager | grep -q "$@"; }
+check "the reload's report is in the service's log" wait_until 10 in_log 'reloaded /etc/appease/appease.toml'
 # A crash: ExecStopPost puts back what the journal holds, then systemd starts it again.
 kill -KILL "$MAIN"
 check "after kill -9 systemd restarts it" wait_until 60 sh -c "[ \"\$(systemctl show -P NRestarts appease)\" = 1 ] && systemctl is-active --quiet appease"
-check "ExecStopPost ran appease restore" sh -c "journalctl -u appease --no-pager | grep -q 'restored [0-9]* thread(s);'"
+check "ExecStopPost ran appease restore" wait_until 10 in_log 'restored [0-9]* thread(s);'
+# The restarted daemon looks for leftovers before it logs that it dropped capabilities.
+check "the restarted daemon's start is in the log" wait_until 30 sh -c '[ "$(journalctl -u appease --no-pager | grep -c "dropped every other capability")" -ge 2 ]'
 check "so the restarted daemon found nothing left behind" sh -c "! journalctl -u appease --no-pager | grep -q 'left behind'"
 # A hang: stopped, the daemon pings no more; the watchdog (10 s) ends it (SIGABRT, then
 # SIGKILL after TimeoutAbortSec) and systemd starts it again.
@@ -44,7 +48,7 @@ kill -STOP "$HUNG"
 check "status says the stopped daemon does not answer" sh -c "/opt/appease/appease status 2>&1 | grep -q 'did not answer'"
 check "the watchdog restarts a hung daemon" wait_until 60 sh -c "[ \"\$(systemctl show -P NRestarts appease)\" = 2 ] && systemctl is-active --quiet appease"
 check "with a new main pid" [ "$(systemctl show -P MainPID appease)" != "$HUNG" ]
-check "the watchdog's timeout is in the log" sh -c "journalctl -u appease --no-pager | grep -qi 'watchdog timeout'"
+check "the watchdog's timeout is in the log" wait_until 10 in_log -i 'watchdog timeout'
 check "stop" timeout 60 systemctl stop appease
 check "the soaker's unit is given back" wait_until 10 sh -c '[ "$(systemctl show -P CPUWeight soak-svc)" != idle ]'
 check "no journal left" [ ! -e /run/appease/journal.jsonl ]
