@@ -1898,6 +1898,12 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
         let per = m["time_per_request_ms"].as_f64().unwrap();
         assert!(per > 0.0 && per < 1e3 * finish, "{m}");
         assert!(m["requests"].as_u64().unwrap() > 100, "{m}");
+        // Late requests, and of them those late only for time lost on CPU: a part.
+        let late = m["late"].as_u64().expect("late counted");
+        assert!(
+            m["late_for_lost"].as_u64().expect("told apart") <= late,
+            "{m}"
+        );
         // The CDF climbs from the fastest answer to the slowest.
         let cdf: Vec<(f64, f64)> = serde_json::from_value(m["cdf_ms"].clone()).unwrap();
         assert_eq!(cdf.first().map(|c| c.0), Some(0.0), "{m}");

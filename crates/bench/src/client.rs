@@ -18,6 +18,16 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp};
 use serde::{Deserialize, Serialize};
 
+use crate::report::LATE_US;
+use crate::worker::ANSWER_LEN;
+
+/// What the synthetic server says of a request it answered.
+#[derive(Clone, Copy, Debug)]
+struct ServerTime {
+    cpu_ns: u64,
+    lost_ns: u64,
+}
+
 /// How requests are spaced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -68,6 +78,9 @@ pub struct ClientResult {
     /// Response time minus the CPU time the server spent on the request, µs
     /// (the 2010 customer-appeasement paper's unhappiness for a single customer with weight 1).
     pub unhappiness_us: Histogram<u64>,
+    /// Late requests (`LATE_US`) that would not have been late but for the time the
+    /// server lost while on CPU (see `worker::ANSWER_LEN`): no scheduling policy's doing.
+    pub late_for_lost: u64,
     pub sent: u64,
     pub answered: u64,
     pub elapsed: Duration,
@@ -105,7 +118,8 @@ impl Drop for Latency {
 /// What is sent and how answers are read.
 #[derive(Clone, Debug)]
 pub enum Protocol {
-    /// 1-byte request; 8-byte answer carrying the CPU ns the server spent on it.
+    /// 1-byte request; the answer carries the CPU ns the server spent on it and the ns
+    /// it lost on CPU meanwhile (`worker::ANSWER_LEN` bytes).
     Synthetic,
     /// HTTP/1.1 GET of these paths in turn, pipelined on one keep-alive connection.
     Http {
@@ -125,16 +139,22 @@ impl Protocol {
         }
     }
 
-    /// Takes one whole answer off the front of `buf`: Some(server CPU ns, if known).
-    fn take_answer(&self, buf: &mut Vec<u8>) -> Result<Option<Option<u64>>> {
+    /// Takes one whole answer off the front of `buf`: Some(what the server said of its
+    /// CPU, if it says).
+    fn take_answer(&self, buf: &mut Vec<u8>) -> Result<Option<Option<ServerTime>>> {
         match self {
             Protocol::Synthetic => {
-                if buf.len() < 8 {
+                if buf.len() < ANSWER_LEN {
                     return Ok(None);
                 }
-                let cpu = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
-                buf.drain(..8);
-                Ok(Some(Some(cpu)))
+                let word =
+                    |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().expect("8 bytes"));
+                let said = ServerTime {
+                    cpu_ns: word(0),
+                    lost_ns: word(8),
+                };
+                buf.drain(..ANSWER_LEN);
+                Ok(Some(Some(said)))
             }
             Protocol::Http { .. } => {
                 let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
@@ -249,6 +269,7 @@ pub fn open_loop(
     let mut lat = hist();
     let mut unhappy = hist();
     let mut answered = 0u64;
+    let mut late_for_lost = 0u64;
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
     let mut chunk = vec![0u8; 1 << 16];
     let mut last_answer = Instant::now();
@@ -263,12 +284,16 @@ pub fn open_loop(
             Ok(n) => {
                 buf.extend_from_slice(&chunk[..n]);
                 let now = Instant::now();
-                while let Some(cpu_ns) = protocol.take_answer(&mut buf)? {
+                while let Some(said) = protocol.take_answer(&mut buf)? {
                     let due = due_rx.recv().context("an answer without a request")?;
                     let us = now.saturating_duration_since(due).as_micros() as u64;
                     let _clamped = lat.record(us.max(1));
-                    if let Some(cpu) = cpu_ns {
-                        let _clamped = unhappy.record(us.saturating_sub(cpu / 1000).max(1));
+                    if let Some(t) = said {
+                        let waited = us.saturating_sub(t.cpu_ns / 1000);
+                        let _clamped = unhappy.record(waited.max(1));
+                        if waited >= LATE_US && waited.saturating_sub(t.lost_ns / 1000) < LATE_US {
+                            late_for_lost += 1;
+                        }
                     }
                     answered += 1;
                     last_answer = now;
@@ -296,6 +321,7 @@ pub fn open_loop(
     Ok(ClientResult {
         latency_us: lat,
         unhappiness_us: unhappy,
+        late_for_lost,
         sent,
         answered,
         elapsed: start.elapsed(),

@@ -408,8 +408,12 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                     r.latency_ms.p95,
                     r.latency_ms.p99,
                     r.latency_ms.max,
-                    r.late
-                        .map_or(String::new(), |n| format!(", {n} waited ≥ 1 ms")),
+                    r.late.map_or(String::new(), |n| match r.late_for_lost {
+                        Some(l) if l > 0 => {
+                            format!(", {n} waited ≥ 1 ms ({l} of them for time lost on CPU)")
+                        }
+                        _ => format!(", {n} waited ≥ 1 ms"),
+                    }),
                     r.batch_throughput,
                     params.batch.unit(),
                     r.batch_cpus,

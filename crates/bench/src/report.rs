@@ -70,6 +70,11 @@ pub struct ModeResult {
     /// differ by a few such requests in a round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late: Option<u64>,
+    /// Of `late`, the requests late only for time the server lost while on CPU
+    /// (interrupts, a hypervisor's other guests): time the guest's scheduler never saw,
+    /// which no mode controls. `late` minus this is what scheduling made late.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_for_lost: Option<u64>,
     /// the Staircase study spreads.
     pub max_min_ms: f64,
     pub p95_min_ms: f64,
@@ -134,6 +139,7 @@ impl ModeResult {
                 r.unhappiness_us
                     .count_between(LATE_US, r.unhappiness_us.max().max(LATE_US))
             }),
+            late_for_lost: (!r.unhappiness_us.is_empty()).then_some(r.late_for_lost),
             max_min_ms: latency_ms.max - latency_ms.min,
             p95_min_ms: latency_ms.p95 - latency_ms.min,
             requests_per_s: r.answered as f64 / r.elapsed.as_secs_f64().max(1e-9),
@@ -261,6 +267,16 @@ impl ScenarioResult {
              b.CPUs = CPUs the batch got on average\n",
             p.batch.unit()
         );
+        if self.modes.iter().any(|m| m.late.is_some()) {
+            s += "\nlate requests (median per round): waited >= 1 ms beyond their CPU; of them, late only \
+                  for time the server lost while on CPU (interrupts, the hypervisor: no mode's doing)\n";
+            for m in &self.modes {
+                if let Some(n) = m.late {
+                    let lost = m.late_for_lost.map_or("-".to_string(), |l| l.to_string());
+                    s += &format!("{:<18} {:>7} {:>7}\n", m.mode.name(), n, lost);
+                }
+            }
+        }
         if self.modes.iter().any(|m| m.batch_jain.is_some()) {
             s += "\nfairness among the batch jobs while the server received requests (Jain's index over each job's CPU time)\n";
             for m in &self.modes {
@@ -330,13 +346,13 @@ pub fn csv(results: &[ScenarioResult]) -> String {
     let mut s = String::from(
         "scenario,load_per_cpu,mode,requests,lost,mean_ms,p50_ms,p90_ms,p95_ms,p99_ms,p999_ms,\
          min_ms,max_ms,max_min_ms,p95_min_ms,unhappiness_mean_ms,requests_per_s,time_to_finish_s,\
-         time_per_request_ms,batch_throughput,cpu_util_pct,batch_cpus,batch_jain\n",
+         time_per_request_ms,batch_throughput,cpu_util_pct,batch_cpus,batch_jain,late,late_for_lost\n",
     );
     for r in results {
         for m in &r.modes {
             let l = &m.latency_ms;
             s += &format!(
-                "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.4},{:.1},{:.2},{:.3},{}\n",
+                "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.4},{:.1},{:.2},{:.3},{},{},{}\n",
                 r.scenario,
                 r.load_per_cpu,
                 m.mode.name(),
@@ -359,7 +375,9 @@ pub fn csv(results: &[ScenarioResult]) -> String {
                 m.batch_throughput,
                 m.cpu_util_pct,
                 m.batch_cpus,
-                m.batch_jain.map_or(String::new(), |j| format!("{j:.4}"))
+                m.batch_jain.map_or(String::new(), |j| format!("{j:.4}")),
+                m.late.map_or(String::new(), |n| n.to_string()),
+                m.late_for_lost.map_or(String::new(), |n| n.to_string())
             );
         }
     }
@@ -422,6 +440,11 @@ pub fn median(runs: &[ModeResult]) -> ModeResult {
             .map(|r| r.late.map(|n| n as f64))
             .collect::<Option<Vec<f64>>>()
             .map(|v| median_of(v).round() as u64),
+        late_for_lost: runs
+            .iter()
+            .map(|r| r.late_for_lost.map(|n| n as f64))
+            .collect::<Option<Vec<f64>>>()
+            .map(|v| median_of(v).round() as u64),
         max_min_ms: m(|r| r.max_min_ms),
         p95_min_ms: m(|r| r.p95_min_ms),
         requests_per_s: m(|r| r.requests_per_s),
@@ -479,6 +502,7 @@ mod tests {
             cpu_util_pct: 99.0,
             unhappiness_ms: Some(lat(x / 2.0)),
             late: Some(x as u64),
+            late_for_lost: Some(x as u64 / 2),
             max_min_ms: 0.0,
             p95_min_ms: 0.0,
             requests_per_s: 40.0,
@@ -503,6 +527,7 @@ mod tests {
         assert_eq!(m.batch_cpus, 0.6);
         assert_eq!(m.unhappiness_ms, Some(lat(3.0)));
         assert_eq!(m.late, Some(6));
+        assert_eq!(m.late_for_lost, Some(3));
         assert_eq!(m.cdf_ms, vec![(50.0, 6.0), (99.0, 12.0)]);
         assert_eq!(m.frames.as_ref().map(|f| f.dropped), Some(6));
         assert_eq!(m.download_s, Some(0.6));
@@ -574,6 +599,7 @@ mod frame_tests {
         let r = ClientResult {
             latency_us: h,
             unhappiness_us: Histogram::new(3).unwrap(),
+            late_for_lost: 0,
             sent: 6,
             answered: 5,
             elapsed: std::time::Duration::from_secs(2),
@@ -603,11 +629,14 @@ mod frame_tests {
         let r = ClientResult {
             latency_us: unhappy.clone(),
             unhappiness_us: unhappy,
+            late_for_lost: 1,
             sent: 6,
             answered: 6,
             elapsed: std::time::Duration::from_secs(1),
             finished: std::time::Duration::from_secs(1),
         };
-        assert_eq!(ModeResult::new(Mode::Appease, &r, 0.0, 50.0).late, Some(3));
+        let m = ModeResult::new(Mode::Appease, &r, 0.0, 50.0);
+        assert_eq!(m.late, Some(3));
+        assert_eq!(m.late_for_lost, Some(1), "as the client counted it");
     }
 }

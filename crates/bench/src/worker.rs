@@ -95,41 +95,93 @@ pub fn serve(
     Ok(())
 }
 
-/// Burns `cpu` of this thread's CPU time.
-fn spin(cpu: Duration) {
-    let end = thread_cpu() + cpu;
-    while thread_cpu() < end {
+/// Burns `cpu` of this thread's CPU time; returns the wall time it took beyond that CPU
+/// time and beyond its waits on the run queue: time the thread held a CPU the kernel did
+/// not count as its own (interrupts, a hypervisor running another guest on that CPU).
+/// No scheduling policy of this host controls it; the client tells it apart with it.
+fn spin(cpu: Duration, delays: &mut RunDelay) -> Duration {
+    let (wall0, waited0) = (std::time::Instant::now(), delays.read());
+    let start = thread_cpu();
+    let end = start + cpu;
+    let mut now = start;
+    while now < end {
         std::hint::spin_loop();
+        now = thread_cpu();
     }
+    let waited = delays.read().saturating_sub(waited0);
+    wall0
+        .elapsed()
+        .saturating_sub(now - start)
+        .saturating_sub(waited)
+}
+
+/// This thread's time waiting on a run queue so far (the second field of
+/// /proc/thread-self/schedstat), read through one open file.
+struct RunDelay(Option<std::fs::File>);
+
+impl RunDelay {
+    fn open() -> Self {
+        // A kernel without sched_info has no such file: nothing is then told apart.
+        RunDelay(std::fs::File::open("/proc/thread-self/schedstat").ok())
+    }
+
+    fn read(&mut self) -> Duration {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 96];
+        let Some(f) = &self.0 else {
+            return Duration::ZERO;
+        };
+        let n = f.read_at(&mut buf, 0).unwrap_or(0);
+        Duration::from_nanos(run_delay_ns(&buf[..n]))
+    }
+}
+
+/// The run-queue wait in a schedstat line ("on-CPU ns, waiting ns, timeslices"); 0 when
+/// unreadable, so that nothing is told apart rather than something wrongly.
+fn run_delay_ns(schedstat: &[u8]) -> u64 {
+    std::str::from_utf8(schedstat)
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Callees: (connection, calls per request, calls owed so far).
 type Callees = Vec<(std::os::unix::net::UnixStream, f64, f64)>;
 
+/// The answer to a request: the CPU time it used and the time lost on CPU while it
+/// computed (see [`spin`]), callees' included, u64 ns each, little endian.
+pub const ANSWER_LEN: usize = 16;
+
 fn answer(mut s: impl Read + Write, cpu: Duration, callees: &mut Callees) {
     let mut b = [0u8; 1];
+    let mut delays = RunDelay::open();
     while s.read(&mut b).map(|n| n == 1).unwrap_or(false) {
         let start = thread_cpu();
-        spin(cpu / 2);
+        let mut lost = spin(cpu / 2, &mut delays).as_nanos() as u64;
         let mut theirs = 0u64;
         for (conn, per, owed) in callees.iter_mut() {
             *owed += *per;
             while *owed >= 1.0 {
                 *owed -= 1.0;
-                let mut used = [0u8; 8];
+                let mut got = [0u8; ANSWER_LEN];
                 if conn
                     .write_all(b"r")
-                    .and_then(|_| conn.read_exact(&mut used))
+                    .and_then(|_| conn.read_exact(&mut got))
                     .is_err()
                 {
                     return; // a callee is gone: the run is ending
                 }
-                theirs += u64::from_le_bytes(used);
+                let (used, their_lost) = got.split_at(8);
+                theirs += u64::from_le_bytes(used.try_into().expect("8 bytes"));
+                lost += u64::from_le_bytes(their_lost.try_into().expect("8 bytes"));
             }
         }
-        spin(cpu - cpu / 2);
+        lost += spin(cpu - cpu / 2, &mut delays).as_nanos() as u64;
         let used = (thread_cpu() - start).as_nanos() as u64 + theirs;
-        if s.write_all(&used.to_le_bytes()).is_err() {
+        let mut reply = [0u8; ANSWER_LEN];
+        reply[..8].copy_from_slice(&used.to_le_bytes());
+        reply[8..].copy_from_slice(&lost.to_le_bytes());
+        if s.write_all(&reply).is_err() {
             break;
         }
     }
@@ -387,5 +439,58 @@ mod tests {
         assert!("b.sock".parse::<Call>().is_err());
         assert!("b.sock=-1".parse::<Call>().is_err());
         assert!("b.sock=lots".parse::<Call>().is_err());
+    }
+
+    #[test]
+    fn the_run_queue_wait_is_the_second_schedstat_field() {
+        assert_eq!(run_delay_ns(b"79047 61742 2\n"), 61742);
+        assert_eq!(run_delay_ns(b""), 0);
+        assert_eq!(run_delay_ns(b"79047"), 0);
+        assert_eq!(run_delay_ns(b"1 x 2"), 0);
+    }
+
+    /// Pins the calling thread to CPU 0.
+    fn pin_to_cpu0() {
+        // SAFETY: a zeroed cpu_set_t with one CPU set, for the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+                0
+            );
+        }
+    }
+
+    #[test]
+    fn time_waiting_behind_another_thread_is_not_time_lost_on_cpu() {
+        // A spinner shares CPU 0 with the measured spin, which then waits on the run
+        // queue about as long as it runs: that wait is the scheduler's, not lost.
+        let stop = Arc::new(AtomicBool::new(false));
+        let rival = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                pin_to_cpu0();
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        pin_to_cpu0();
+        let mut delays = RunDelay::open();
+        assert!(delays.0.is_some(), "/proc/thread-self/schedstat readable");
+        let (wall, before) = (std::time::Instant::now(), delays.read());
+        let lost = spin(Duration::from_millis(30), &mut delays);
+        let (wall, waited) = (wall.elapsed(), delays.read().saturating_sub(before));
+        stop.store(true, Ordering::Relaxed);
+        rival.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(5),
+            "shared a CPU: waited {waited:?} in {wall:?}"
+        );
+        assert!(
+            lost < waited / 4,
+            "lost {lost:?}, waited {waited:?}, in {wall:?}"
+        );
     }
 }
