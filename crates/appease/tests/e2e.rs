@@ -3377,9 +3377,21 @@ fn every_change_and_its_undoing_is_one_audit_line_and_a_storm_is_held_back() {
     let _g = serial();
     let dir = TempDir::new("audit");
     let group = format!("appease-e2e-audit{}", std::process::id());
+    // Every request elevates, whatever the load: the demoted soakers are no load (the
+    // ladder leaves the idle group out), and the storm alone may stay under one runnable
+    // thread per CPU. Nor does the CPU pressure gate hold any elevation back.
+    let storm_ladder = r#"
+[elevation]
+min_psi_pct = 0.0
+[[elevation.ladder]]
+from_runnable_per_cpu = 0.0
+unix_nice = -8
+inet_nice = -5
+decay_ms = 10
+"#;
     let cfg = dir.file(
         "audit.toml",
-        &format!("{}{LATENCY_CONFIG}", batch_config(&group)),
+        &format!("{}{storm_ladder}", batch_config(&group)),
     );
     let soakers = Soakers(vec![forking_soaker(), forking_soaker(), forking_soaker()]);
     let soaker = soakers.0[0].id();
@@ -3405,12 +3417,15 @@ fn every_change_and_its_undoing_is_one_audit_line_and_a_storm_is_held_back() {
                 && l["to"].as_str().is_some_and(|t| t.starts_with("nice -"))
                 && l["why"] == "unix-request"
         });
-        let held = lines
-            .iter()
-            .any(|l| l["change"] == "elevate" && l["held"].as_u64() > Some(0));
+        let held = |change: &str| {
+            lines
+                .iter()
+                .any(|l| l["change"] == change && l["held"].as_u64() > Some(0))
+        };
         // The trail may hold lines back after the burst's 50 requests, before the storm
-        // has run a hundred.
-        elevated && held && storm.done.load(Ordering::Relaxed) > 100
+        // has run a hundred. Restores come a fade after their elevations: the storm runs
+        // until they too are more than the trail writes.
+        elevated && held("elevate") && held("restore") && storm.done.load(Ordering::Relaxed) > 100
     });
     let elapsed = began.elapsed().as_secs_f64() + 1.0;
     assert!(
