@@ -1901,7 +1901,7 @@ fn bench_synthetic_quick_reports_every_mode_and_key_and_detects_harm() {
         // Late requests, and of them those late only for time lost on CPU: a part.
         let late = m["late"].as_u64().expect("late counted");
         assert!(
-            m["late_for_lost"].as_u64().expect("told apart") <= late,
+            m["late_for_cpu_loss"].as_u64().expect("told apart") <= late,
             "{m}"
         );
         // The CDF climbs from the fastest answer to the slowest.
@@ -3401,8 +3401,9 @@ decay_ms = 10
     let demoted = wait_for(Duration::from_secs(8), || in_idle_group(soaker, &gpath));
     assert!(demoted.is_some(), "demoted: {}", daemon.log_text());
     // One server whose thread is watched, then a storm of elevations and fades on 32
-    // connections: each gets a request every 100 ms, after its elevation (8 levels, 10 ms
-    // a level) has faded, so each request is an elevation and, 80 ms later, a restore.
+    // connections: each gets a request every 100 ms, after its elevation (8 levels on
+    // UNIX sockets, 5 on TCP, 10 ms a level) has faded, so each request is an elevation
+    // and, 80 or 50 ms later, a restore.
     let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(60));
     let tid = unix.server_tid;
     let storm = Load::start(32, 4, 320.0);
@@ -4092,11 +4093,15 @@ fn in_vm_with(mode: &str, script: &str, files: &[&str]) {
     eprintln!("{text}");
     // The whole output is above; the failed checks are repeated here, where a clipped
     // log still shows them.
-    let failed: Vec<&str> = text.lines().filter(|l| l.starts_with("not ok")).collect();
+    let mut failed: Vec<&str> = text.lines().filter(|l| l.starts_with("not ok")).collect();
+    if failed.is_empty() {
+        // The VM stopped before its checks said anything: its last words instead.
+        let lines: Vec<&str> = text.lines().collect();
+        failed = lines[lines.len().saturating_sub(20)..].to_vec();
+    }
     assert!(
         out.status.success(),
-        "the VM's checks failed ({} not ok):\n{}",
-        failed.len(),
+        "the VM's checks failed:\n{}",
         failed.join("\n")
     );
     assert!(

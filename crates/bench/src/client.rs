@@ -25,7 +25,7 @@ use crate::worker::ANSWER_LEN;
 #[derive(Clone, Copy, Debug)]
 struct ServerTime {
     cpu_ns: u64,
-    lost_ns: u64,
+    cpu_loss_ns: u64,
 }
 
 /// How requests are spaced.
@@ -80,7 +80,7 @@ pub struct ClientResult {
     pub unhappiness_us: Histogram<u64>,
     /// Late requests (`LATE_US`) that would not have been late but for the time the
     /// server lost while on CPU (see `worker::ANSWER_LEN`): no scheduling policy's doing.
-    pub late_for_lost: u64,
+    pub late_for_cpu_loss: u64,
     pub sent: u64,
     pub answered: u64,
     pub elapsed: Duration,
@@ -151,7 +151,7 @@ impl Protocol {
                     |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().expect("8 bytes"));
                 let said = ServerTime {
                     cpu_ns: word(0),
-                    lost_ns: word(8),
+                    cpu_loss_ns: word(8),
                 };
                 buf.drain(..ANSWER_LEN);
                 Ok(Some(Some(said)))
@@ -269,7 +269,7 @@ pub fn open_loop(
     let mut lat = hist();
     let mut unhappy = hist();
     let mut answered = 0u64;
-    let mut late_for_lost = 0u64;
+    let mut late_for_cpu_loss = 0u64;
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
     let mut chunk = vec![0u8; 1 << 16];
     let mut last_answer = Instant::now();
@@ -291,8 +291,8 @@ pub fn open_loop(
                     if let Some(t) = said {
                         let waited = us.saturating_sub(t.cpu_ns / 1000);
                         let _clamped = unhappy.record(waited.max(1));
-                        if waited >= LATE_US && waited.saturating_sub(t.lost_ns / 1000) < LATE_US {
-                            late_for_lost += 1;
+                        if late_only_for_cpu_loss(waited, t.cpu_loss_ns / 1000) {
+                            late_for_cpu_loss += 1;
                         }
                     }
                     answered += 1;
@@ -321,7 +321,7 @@ pub fn open_loop(
     Ok(ClientResult {
         latency_us: lat,
         unhappiness_us: unhappy,
-        late_for_lost,
+        late_for_cpu_loss,
         sent,
         answered,
         elapsed: start.elapsed(),
@@ -329,9 +329,31 @@ pub fn open_loop(
     })
 }
 
+/// Whether a request that waited `waited_us` beyond its CPU is late (`LATE_US`) only
+/// because of the `lost_us` its server lost while on CPU.
+fn late_only_for_cpu_loss(waited_us: u64, lost_us: u64) -> bool {
+    waited_us >= LATE_US && waited_us.saturating_sub(lost_us) < LATE_US
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_is_late_for_cpu_loss_only_when_without_it_it_would_be_on_time() {
+        assert!(!late_only_for_cpu_loss(999, 999), "not late at all");
+        assert!(late_only_for_cpu_loss(1_000, 1), "999 µs without the loss");
+        assert!(!late_only_for_cpu_loss(1_000, 0), "late without any loss");
+        assert!(
+            !late_only_for_cpu_loss(5_000, 4_000),
+            "still 1 ms late without it"
+        );
+        assert!(late_only_for_cpu_loss(5_000, 4_001));
+        assert!(
+            late_only_for_cpu_loss(2_000, 3_000),
+            "a loss beyond the wait"
+        );
+    }
 
     #[test]
     fn fixed_arrivals_are_evenly_spaced() {

@@ -244,7 +244,7 @@ impl Postgres {
             latency_us,
             // pgbench cannot tell the server's CPU time per transaction.
             unhappiness_us: Histogram::new(3)?,
-            late_for_lost: 0,
+            late_for_cpu_loss: 0,
             sent,
             answered,
             elapsed,

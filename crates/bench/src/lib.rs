@@ -408,7 +408,7 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                     r.latency_ms.p95,
                     r.latency_ms.p99,
                     r.latency_ms.max,
-                    r.late.map_or(String::new(), |n| match r.late_for_lost {
+                    r.late.map_or(String::new(), |n| match r.late_for_cpu_loss {
                         Some(l) if l > 0 => {
                             format!(", {n} waited ≥ 1 ms ({l} of them for time lost on CPU)")
                         }

@@ -74,7 +74,7 @@ pub struct ModeResult {
     /// (interrupts, a hypervisor's other guests): time the guest's scheduler never saw,
     /// which no mode controls. `late` minus this is what scheduling made late.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub late_for_lost: Option<u64>,
+    pub late_for_cpu_loss: Option<u64>,
     /// the Staircase study spreads.
     pub max_min_ms: f64,
     pub p95_min_ms: f64,
@@ -139,7 +139,7 @@ impl ModeResult {
                 r.unhappiness_us
                     .count_between(LATE_US, r.unhappiness_us.max().max(LATE_US))
             }),
-            late_for_lost: (!r.unhappiness_us.is_empty()).then_some(r.late_for_lost),
+            late_for_cpu_loss: (!r.unhappiness_us.is_empty()).then_some(r.late_for_cpu_loss),
             max_min_ms: latency_ms.max - latency_ms.min,
             p95_min_ms: latency_ms.p95 - latency_ms.min,
             requests_per_s: r.answered as f64 / r.elapsed.as_secs_f64().max(1e-9),
@@ -270,10 +270,13 @@ impl ScenarioResult {
         if self.modes.iter().any(|m| m.late.is_some()) {
             s += "\nlate requests (median per round): waited >= 1 ms beyond their CPU; of them, late only \
                   for time the server lost while on CPU (interrupts, the hypervisor: no mode's doing)\n";
+            s += &format!("{:<18} {:>7} {:>12}\n", "mode", "late", "for CPU loss");
             for m in &self.modes {
                 if let Some(n) = m.late {
-                    let lost = m.late_for_lost.map_or("-".to_string(), |l| l.to_string());
-                    s += &format!("{:<18} {:>7} {:>7}\n", m.mode.name(), n, lost);
+                    let lost = m
+                        .late_for_cpu_loss
+                        .map_or("-".to_string(), |l| l.to_string());
+                    s += &format!("{:<18} {:>7} {:>12}\n", m.mode.name(), n, lost);
                 }
             }
         }
@@ -346,7 +349,7 @@ pub fn csv(results: &[ScenarioResult]) -> String {
     let mut s = String::from(
         "scenario,load_per_cpu,mode,requests,lost,mean_ms,p50_ms,p90_ms,p95_ms,p99_ms,p999_ms,\
          min_ms,max_ms,max_min_ms,p95_min_ms,unhappiness_mean_ms,requests_per_s,time_to_finish_s,\
-         time_per_request_ms,batch_throughput,cpu_util_pct,batch_cpus,batch_jain,late,late_for_lost\n",
+         time_per_request_ms,batch_throughput,cpu_util_pct,batch_cpus,batch_jain,late,late_for_cpu_loss\n",
     );
     for r in results {
         for m in &r.modes {
@@ -377,7 +380,7 @@ pub fn csv(results: &[ScenarioResult]) -> String {
                 m.batch_cpus,
                 m.batch_jain.map_or(String::new(), |j| format!("{j:.4}")),
                 m.late.map_or(String::new(), |n| n.to_string()),
-                m.late_for_lost.map_or(String::new(), |n| n.to_string())
+                m.late_for_cpu_loss.map_or(String::new(), |n| n.to_string())
             );
         }
     }
@@ -440,9 +443,9 @@ pub fn median(runs: &[ModeResult]) -> ModeResult {
             .map(|r| r.late.map(|n| n as f64))
             .collect::<Option<Vec<f64>>>()
             .map(|v| median_of(v).round() as u64),
-        late_for_lost: runs
+        late_for_cpu_loss: runs
             .iter()
-            .map(|r| r.late_for_lost.map(|n| n as f64))
+            .map(|r| r.late_for_cpu_loss.map(|n| n as f64))
             .collect::<Option<Vec<f64>>>()
             .map(|v| median_of(v).round() as u64),
         max_min_ms: m(|r| r.max_min_ms),
@@ -502,7 +505,7 @@ mod tests {
             cpu_util_pct: 99.0,
             unhappiness_ms: Some(lat(x / 2.0)),
             late: Some(x as u64),
-            late_for_lost: Some(x as u64 / 2),
+            late_for_cpu_loss: Some(x as u64 / 2),
             max_min_ms: 0.0,
             p95_min_ms: 0.0,
             requests_per_s: 40.0,
@@ -527,7 +530,7 @@ mod tests {
         assert_eq!(m.batch_cpus, 0.6);
         assert_eq!(m.unhappiness_ms, Some(lat(3.0)));
         assert_eq!(m.late, Some(6));
-        assert_eq!(m.late_for_lost, Some(3));
+        assert_eq!(m.late_for_cpu_loss, Some(3));
         assert_eq!(m.cdf_ms, vec![(50.0, 6.0), (99.0, 12.0)]);
         assert_eq!(m.frames.as_ref().map(|f| f.dropped), Some(6));
         assert_eq!(m.download_s, Some(0.6));
@@ -599,7 +602,7 @@ mod frame_tests {
         let r = ClientResult {
             latency_us: h,
             unhappiness_us: Histogram::new(3).unwrap(),
-            late_for_lost: 0,
+            late_for_cpu_loss: 0,
             sent: 6,
             answered: 5,
             elapsed: std::time::Duration::from_secs(2),
@@ -629,7 +632,7 @@ mod frame_tests {
         let r = ClientResult {
             latency_us: unhappy.clone(),
             unhappiness_us: unhappy,
-            late_for_lost: 1,
+            late_for_cpu_loss: 1,
             sent: 6,
             answered: 6,
             elapsed: std::time::Duration::from_secs(1),
@@ -637,6 +640,6 @@ mod frame_tests {
         };
         let m = ModeResult::new(Mode::Appease, &r, 0.0, 50.0);
         assert_eq!(m.late, Some(3));
-        assert_eq!(m.late_for_lost, Some(1), "as the client counted it");
+        assert_eq!(m.late_for_cpu_loss, Some(1), "as the client counted it");
     }
 }

@@ -47,9 +47,9 @@ impl std::str::FromStr for Call {
 }
 
 /// A single-threaded server: per 1-byte request it burns `cpu` of CPU time and answers
-/// with the CPU time the request used (u64 ns, little endian). With `calls`, it burns
-/// half, calls those servers in turn (waiting for each answer), burns the other half, and
-/// counts their CPU time in its answer: the AIX case study's cooperating processes. Listens on
+/// with the CPU time the request used and the time it lost on CPU meanwhile (see
+/// [`ANSWER_LEN`]). With `calls`, it burns half, calls those servers in turn (waiting for
+/// each answer), burns the other half, and counts their CPU and lost time in its answer: the AIX case study's cooperating processes. Listens on
 /// TCP loopback `port` (0: a free one; it prints the port) or on the UNIX socket `unix` (printing the path),
 /// and serves one connection at a time until signalled.
 pub fn serve(
@@ -99,6 +99,7 @@ pub fn serve(
 /// time and beyond its waits on the run queue: time the thread held a CPU the kernel did
 /// not count as its own (interrupts, a hypervisor running another guest on that CPU).
 /// No scheduling policy of this host controls it; the client tells it apart with it.
+/// Without the run-queue waits nothing is lost: a wait is never taken for a loss.
 fn spin(cpu: Duration, delays: &mut RunDelay) -> Duration {
     let (wall0, waited0) = (std::time::Instant::now(), delays.read());
     let start = thread_cpu();
@@ -108,11 +109,13 @@ fn spin(cpu: Duration, delays: &mut RunDelay) -> Duration {
         std::hint::spin_loop();
         now = thread_cpu();
     }
-    let waited = delays.read().saturating_sub(waited0);
+    let (Some(waited0), Some(waited1)) = (waited0, delays.read()) else {
+        return Duration::ZERO;
+    };
     wall0
         .elapsed()
         .saturating_sub(now - start)
-        .saturating_sub(waited)
+        .saturating_sub(waited1.saturating_sub(waited0))
 }
 
 /// This thread's time waiting on a run queue so far (the second field of
@@ -121,28 +124,26 @@ struct RunDelay(Option<std::fs::File>);
 
 impl RunDelay {
     fn open() -> Self {
-        // A kernel without sched_info has no such file: nothing is then told apart.
         RunDelay(std::fs::File::open("/proc/thread-self/schedstat").ok())
     }
 
-    fn read(&mut self) -> Duration {
+    /// None when the kernel does not say (no file, or sched_info off).
+    fn read(&mut self) -> Option<Duration> {
         use std::os::unix::fs::FileExt;
         let mut buf = [0u8; 96];
-        let Some(f) = &self.0 else {
-            return Duration::ZERO;
-        };
-        let n = f.read_at(&mut buf, 0).unwrap_or(0);
-        Duration::from_nanos(run_delay_ns(&buf[..n]))
+        let n = self.0.as_ref()?.read_at(&mut buf, 0).ok()?;
+        run_delay_ns(&buf[..n]).map(Duration::from_nanos)
     }
 }
 
-/// The run-queue wait in a schedstat line ("on-CPU ns, waiting ns, timeslices"); 0 when
-/// unreadable, so that nothing is told apart rather than something wrongly.
-fn run_delay_ns(schedstat: &[u8]) -> u64 {
-    std::str::from_utf8(schedstat)
-        .ok()
-        .and_then(|t| t.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
+/// The run-queue wait in a schedstat line ("on-CPU ns, waiting ns, timeslices"). None
+/// when unreadable, or when the on-CPU time is 0: a kernel with sched_info off prints
+/// "0 0 0" even for a thread that is running.
+fn run_delay_ns(schedstat: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(schedstat).ok()?;
+    let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+    let (on_cpu, waited) = (fields.next()??, fields.next()??);
+    (on_cpu > 0).then_some(waited)
 }
 
 /// Callees: (connection, calls per request, calls owed so far).
@@ -443,18 +444,20 @@ mod tests {
 
     #[test]
     fn the_run_queue_wait_is_the_second_schedstat_field() {
-        assert_eq!(run_delay_ns(b"79047 61742 2\n"), 61742);
-        assert_eq!(run_delay_ns(b""), 0);
-        assert_eq!(run_delay_ns(b"79047"), 0);
-        assert_eq!(run_delay_ns(b"1 x 2"), 0);
+        assert_eq!(run_delay_ns(b"79047 61742 2\n"), Some(61742));
+        assert_eq!(run_delay_ns(b""), None);
+        assert_eq!(run_delay_ns(b"79047"), None);
+        assert_eq!(run_delay_ns(b"1 x 2"), None);
+        assert_eq!(run_delay_ns(b"0 0 0\n"), None, "sched_info off");
     }
 
     /// Pins the calling thread to CPU 0.
-    fn pin_to_cpu0() {
+    /// Pins the calling thread to `cpu`.
+    fn pin_to(cpu: usize) {
         // SAFETY: a zeroed cpu_set_t with one CPU set, for the calling thread.
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(0, &mut set);
+            libc::CPU_SET(cpu, &mut set);
             assert_eq!(
                 libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
                 0
@@ -462,26 +465,52 @@ mod tests {
         }
     }
 
+    /// The first CPU this thread may run on (a cpuset may leave out CPU 0).
+    fn first_allowed_cpu() -> usize {
+        // SAFETY: sched_getaffinity fills the zeroed set it is given.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
+                0
+            );
+            (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| libc::CPU_ISSET(c, &set))
+                .expect("a CPU to run on")
+        }
+    }
+
+    #[test]
+    fn without_the_run_queue_waits_nothing_counts_as_lost() {
+        // Waits the kernel does not report could otherwise be taken for losses.
+        assert_eq!(
+            spin(Duration::from_millis(5), &mut RunDelay(None)),
+            Duration::ZERO
+        );
+    }
+
     #[test]
     fn time_waiting_behind_another_thread_is_not_time_lost_on_cpu() {
-        // A spinner shares CPU 0 with the measured spin, which then waits on the run
+        // A spinner shares one CPU with the measured spin, which then waits on the run
         // queue about as long as it runs: that wait is the scheduler's, not lost.
+        let cpu = first_allowed_cpu();
         let stop = Arc::new(AtomicBool::new(false));
         let rival = {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                pin_to_cpu0();
+                pin_to(cpu);
                 while !stop.load(Ordering::Relaxed) {
                     std::hint::spin_loop();
                 }
             })
         };
-        pin_to_cpu0();
+        pin_to(cpu);
         let mut delays = RunDelay::open();
-        assert!(delays.0.is_some(), "/proc/thread-self/schedstat readable");
-        let (wall, before) = (std::time::Instant::now(), delays.read());
+        let before = delays.read().expect("the run-queue wait is readable");
+        let wall = std::time::Instant::now();
         let lost = spin(Duration::from_millis(30), &mut delays);
-        let (wall, waited) = (wall.elapsed(), delays.read().saturating_sub(before));
+        let wall = wall.elapsed();
+        let waited = delays.read().expect("readable").saturating_sub(before);
         stop.store(true, Ordering::Relaxed);
         rival.join().unwrap();
         assert!(
