@@ -88,6 +88,30 @@ pub enum Record {
     Pin { key: TaskKey, orig: Vec<usize> },
     /// The thread has its CPUs back, is gone, or was pinned by someone else since.
     Unpin { key: TaskKey },
+    /// appease is about to set autogroup `id` (a session's task group at the top of the
+    /// CPU hierarchy) from nice `prev` to nice `next`, through the process `key`; `orig`
+    /// is the nice it puts back.
+    AutogroupNice {
+        id: u64,
+        key: TaskKey,
+        orig: i32,
+        prev: i32,
+        next: i32,
+    },
+    /// The autogroup has its nice back, is gone, or was reniced by someone else since.
+    AutogroupRestored { id: u64 },
+}
+
+/// An autogroup whose nice must be put back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingAutogroup {
+    /// The process the nice was set through (a member of the session).
+    pub key: TaskKey,
+    pub orig: i32,
+    /// The last nice applied (the autogroup may still have `prev` if the daemon died
+    /// between the record and the write).
+    pub prev: i32,
+    pub nice: i32,
 }
 
 /// A process move that must be undone.
@@ -113,6 +137,8 @@ pub struct JournalState {
     pub idle_groups: BTreeMap<String, (bool, String)>,
     /// Threads pinned to one CPU (`spread`), with the CPUs they had before.
     pub pinned: BTreeMap<TaskKey, Vec<usize>>,
+    /// Autogroups given a nice, by id.
+    pub autogroups: BTreeMap<u64, PendingAutogroup>,
     /// Lines (1-based) that could not be read, other than a torn last one: what they
     /// recorded is lost, so the journal is kept for a look (`read_pending`).
     pub corrupt: Vec<usize>,
@@ -127,6 +153,7 @@ impl JournalState {
             && self.units.is_empty()
             && self.idle_groups.is_empty()
             && self.pinned.is_empty()
+            && self.autogroups.is_empty()
     }
 
     /// How many changes are pending (threads, processes, groups, idled threads).
@@ -138,6 +165,7 @@ impl JournalState {
             + self.units.len()
             + self.idle_groups.len()
             + self.pinned.len()
+            + self.autogroups.len()
     }
 }
 
@@ -262,6 +290,15 @@ impl Journal {
             line(&Record::Pin {
                 key,
                 orig: orig.clone(),
+            })?;
+        }
+        for (&id, a) in &self.live.autogroups {
+            line(&Record::AutogroupNice {
+                id,
+                key: a.key,
+                orig: a.orig,
+                prev: a.prev,
+                next: a.nice,
             })?;
         }
         for p in self.live.threads.values() {
@@ -392,6 +429,28 @@ fn apply(live: &mut JournalState, rec: Record) {
         }
         Record::Unpin { key } => {
             live.pinned.remove(&key);
+        }
+        Record::AutogroupNice {
+            id,
+            key,
+            orig,
+            prev,
+            next,
+        } => {
+            // A later record of the same autogroup keeps the first original.
+            let orig = live.autogroups.get(&id).map_or(orig, |a| a.orig);
+            live.autogroups.insert(
+                id,
+                PendingAutogroup {
+                    key,
+                    orig,
+                    prev,
+                    nice: next,
+                },
+            );
+        }
+        Record::AutogroupRestored { id } => {
+            live.autogroups.remove(&id);
         }
     }
 }

@@ -3,6 +3,7 @@
 //! idle-class tasks, kernel threads, appease itself, configured exceptions, threads whose
 //! priority someone else changed after appease did), and a recycled tid is never touched.
 
+mod autogroup;
 mod group_idle;
 pub mod groups;
 mod in_place;
@@ -21,6 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use appease_policy::elevated_nice;
 use serde::Serialize;
 
+pub use autogroup::SessionView;
 pub use groups::{BatchGroup, Groups, MovedView};
 pub use journal::{Journal, JournalState, Pending, PendingMove, Record, TaskKey};
 use sys::Sched;
@@ -197,6 +199,8 @@ pub struct KernelActuator {
     idle_groups: HashMap<String, group_idle::IdleGroup>,
     /// The idle group's busy threads pinned one CPU each: see `spread`.
     spread: spread::Spread,
+    /// Serving sessions' autogroups given a nice: see `autogroup`.
+    sessions: autogroup::Sessions,
     /// The next first contact's thread as the probe saw it (`expect`).
     expected: Option<Identity>,
     pub counters: ActCounters,
@@ -244,6 +248,7 @@ impl KernelActuator {
             idle_units: HashMap::new(),
             idle_groups: HashMap::new(),
             spread: spread::Spread::default(),
+            sessions: autogroup::Sessions::default(),
             expected: None,
             counters: ActCounters::default(),
             trail: Trail::default(),
@@ -669,6 +674,7 @@ impl Actuator for KernelActuator {
         self.restore_in_place(&mut report);
         self.restore_units(&mut report);
         self.restore_idle_groups(&mut report);
+        self.restore_sessions(&mut report);
         if report.failed == 0 {
             if let Some(j) = self.journal.take() {
                 if let Err(e) = j.remove_if_empty() {
@@ -819,6 +825,9 @@ fn restore_journal_with(dir: &Path, k: &dyn sys::Kernel) -> io::Result<RestoreRe
         journal.append(&rec)?;
     }
     for rec in spread::restore_journal_pins(k, &state, &mut report) {
+        journal.append(&rec)?;
+    }
+    for rec in autogroup::restore_journal_autogroups(k, &state, &mut report) {
         journal.append(&rec)?;
     }
     journal.remove_if_empty()?;

@@ -191,6 +191,30 @@ pub trait Kernel: Send {
     fn set_affinity(&self, tid: u32, cpus: &[usize]) -> io::Result<()>;
     /// The CPUs the host has online, in order.
     fn online_cpus(&self) -> Vec<usize>;
+    /// The autogroup of a process's session and its nice, when the kernel makes
+    /// autogroups (`sched_autogroup_enabled`); None otherwise or once it is gone. Only a
+    /// process in the root CPU cgroup is scheduled in its autogroup: the caller checks.
+    fn autogroup(&self, pid: u32) -> Option<Autogroup>;
+    /// Sets the nice of the autogroup `pid` is in (its session's, as the kernel sees it
+    /// at the write).
+    fn set_autogroup_nice(&self, pid: u32, nice: i32) -> io::Result<()>;
+}
+
+/// A session's autogroup: the kernel's task group for it, at the top of the CPU
+/// hierarchy. Its id is never reused while the host runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Autogroup {
+    pub id: u64,
+    pub nice: i32,
+}
+
+/// "/autogroup-12 nice 0" (/proc/PID/autogroup).
+pub fn parse_autogroup(text: &str) -> Option<Autogroup> {
+    let (group, nice) = text.trim().split_once(" nice ")?;
+    Some(Autogroup {
+        id: group.strip_prefix("/autogroup-")?.parse().ok()?,
+        nice: nice.trim().parse().ok()?,
+    })
 }
 
 /// The running kernel: system calls and /proc.
@@ -246,6 +270,16 @@ impl Kernel for Host {
             .ok()
             .and_then(|t| parse_cpu_list(&t))
             .unwrap_or_else(|| (0..affinity(0).map_or(1, |c| c.len())).collect())
+    }
+    fn autogroup(&self, pid: u32) -> Option<Autogroup> {
+        let enabled = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").ok()?;
+        if enabled.trim() != "1" {
+            return None;
+        }
+        parse_autogroup(&std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?)
+    }
+    fn set_autogroup_nice(&self, pid: u32, nice: i32) -> io::Result<()> {
+        std::fs::write(format!("/proc/{pid}/autogroup"), nice.to_string())
     }
     fn processes(&self) -> Vec<u32> {
         std::fs::read_dir("/proc")
@@ -371,6 +405,25 @@ mod tests {
         assert_eq!(s.start, 98765);
         assert_eq!(s.policy, 3);
         assert!(!s.kernel_thread);
+    }
+
+    #[test]
+    fn parses_autogroups_and_refuses_other_text() {
+        assert_eq!(
+            parse_autogroup("/autogroup-123 nice -10\n"),
+            Some(Autogroup { id: 123, nice: -10 })
+        );
+        assert_eq!(parse_autogroup(""), None);
+        assert_eq!(parse_autogroup("/autogroup-x nice 0"), None);
+        assert_eq!(parse_autogroup("/other-1 nice 0"), None);
+    }
+
+    #[test]
+    fn reads_its_own_autogroup_when_the_kernel_makes_them() {
+        let me = std::process::id();
+        let enabled = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+            .is_ok_and(|t| t.trim() == "1");
+        assert_eq!(Host.autogroup(me).is_some(), enabled);
     }
 
     #[test]

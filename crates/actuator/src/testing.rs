@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::journal;
-use crate::sys::{Kernel, Sched, TaskStat, SCHED_IDLE, SCHED_NORMAL};
+use crate::sys::{Autogroup, Kernel, Sched, TaskStat, SCHED_IDLE, SCHED_NORMAL};
 
 /// The kernel's default slice in the fake (this host's value does not matter).
 pub const BASE_SLICE_NS: u64 = 2_800_000;
@@ -41,6 +41,10 @@ struct State {
     changes: u64,
     /// Walks of the process table (each reads every process's stat on a real host).
     process_table_walks: u64,
+    /// Process -> its session's autogroup (none: autogroups off for it).
+    session_of: BTreeMap<u32, u64>,
+    /// Autogroup -> its nice.
+    autogroup_nice: BTreeMap<u64, i32>,
 }
 
 /// Shared: the test keeps a handle while the actuator owns another.
@@ -127,6 +131,22 @@ impl FakeKernel {
     /// Someone else (the owner, a cpuset) sets the thread's CPUs.
     pub fn pin_by_other(&self, tid: u32, cpus: &[usize]) {
         self.state().tasks.get_mut(&tid).expect("exists").cpus = cpus.to_vec();
+    }
+
+    /// Process `pid` is in autogroup `id` (made at nice 0 if new).
+    pub fn join_autogroup(&self, pid: u32, id: u64) {
+        let mut s = self.state();
+        s.session_of.insert(pid, id);
+        s.autogroup_nice.entry(id).or_insert(0);
+    }
+
+    pub fn autogroup_nice(&self, id: u64) -> i32 {
+        self.state().autogroup_nice[&id]
+    }
+
+    /// Someone else (the session's owner) sets the autogroup's nice.
+    pub fn renice_autogroup_by_other(&self, id: u64, nice: i32) {
+        self.state().autogroup_nice.insert(id, nice);
     }
 
     pub fn refuse(&self, tid: u32, errno: i32) {
@@ -328,6 +348,46 @@ impl Kernel for FakeKernel {
 
     fn online_cpus(&self) -> Vec<usize> {
         CPUS.to_vec()
+    }
+
+    fn autogroup(&self, pid: u32) -> Option<Autogroup> {
+        let s = self.state();
+        s.tasks.get(&pid)?;
+        let id = *s.session_of.get(&pid)?;
+        Some(Autogroup {
+            id,
+            nice: s.autogroup_nice[&id],
+        })
+    }
+
+    /// Checked like a scheduling change: a nice other than the autogroup's original
+    /// needs the original in the journal first.
+    fn set_autogroup_nice(&self, pid: u32, nice: i32) -> io::Result<()> {
+        let mut s = self.state();
+        if let Some(&errno) = s.refuse.get(&pid) {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
+        if !s.tasks.contains_key(&pid) {
+            return Err(gone());
+        }
+        let Some(&id) = s.session_of.get(&pid) else {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        };
+        let was = s.autogroup_nice[&id];
+        if let Some(dir) = s.journal.clone() {
+            let covered = journal::read_pending(&dir).is_ok_and(|st| {
+                st.autogroups
+                    .get(&id)
+                    .is_some_and(|a| a.orig == nice || a.nice == nice)
+            });
+            if !covered {
+                s.unjournaled
+                    .push(format!("autogroup {id}: nice {was} -> {nice}"));
+            }
+        }
+        s.autogroup_nice.insert(id, nice);
+        s.changes += 1;
+        Ok(())
     }
 }
 

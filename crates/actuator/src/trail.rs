@@ -47,10 +47,12 @@ pub enum Change {
     Pin,
     /// A pinned thread's CPUs put back.
     Unpin,
+    /// A serving session's autogroup given a nice, or its nice back.
+    Session,
 }
 
 impl Change {
-    const ALL: [Change; 14] = [
+    const ALL: [Change; 15] = [
         Change::Elevate,
         Change::Role,
         Change::Sink,
@@ -65,6 +67,7 @@ impl Change {
         Change::BatchMode,
         Change::Pin,
         Change::Unpin,
+        Change::Session,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -83,6 +86,7 @@ impl Change {
             Change::BatchMode => "batch-mode",
             Change::Pin => "pin",
             Change::Unpin => "unpin",
+            Change::Session => "session",
         }
     }
 

@@ -144,7 +144,23 @@ fn print_status(status: &Status) {
         status.threads.len()
     );
     print_threads(status, now);
+    print_sessions(status, now);
     print_processes(status, now);
+}
+
+fn print_sessions(status: &Status, now: u64) {
+    for s in &status.sessions {
+        let pids: Vec<String> = s.pids.iter().map(u32::to_string).collect();
+        println!(
+            "session autogroup-{} (serving: {}): nice {} (was {}), {}, {}s ago",
+            s.autogroup,
+            pids.join(" "),
+            s.nice,
+            s.original_nice,
+            s.why,
+            now.saturating_sub(s.since)
+        );
+    }
 }
 
 fn print_threads(status: &Status, now: u64) {

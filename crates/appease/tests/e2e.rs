@@ -1643,6 +1643,104 @@ fn kill_9_with_demoted_soakers_then_restore_moves_them_back() {
     assert!(!cg.exists(&format!("/{group}")), "group removed by restore");
 }
 
+/// The nice of `pid`'s session autogroup.
+fn autogroup_nice(pid: u32) -> i32 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).unwrap();
+    text.trim()
+        .rsplit_once(" nice ")
+        .unwrap()
+        .1
+        .parse()
+        .unwrap()
+}
+
+/// The kernel makes autogroups while it lives (`sched_autogroup_enabled = 1`); the
+/// setting found goes back on drop.
+struct AutogroupsOn(String);
+
+impl AutogroupsOn {
+    const KNOB: &str = "/proc/sys/kernel/sched_autogroup_enabled";
+
+    fn new() -> Self {
+        let was = std::fs::read_to_string(Self::KNOB)
+            .expect("a kernel with autogroups (CONFIG_SCHED_AUTOGROUP): /proc/sys/kernel/sched_autogroup_enabled");
+        std::fs::write(Self::KNOB, "1").unwrap();
+        AutogroupsOn(was.trim().to_string())
+    }
+}
+
+impl Drop for AutogroupsOn {
+    fn drop(&mut self) {
+        let _best_effort = std::fs::write(Self::KNOB, &self.0);
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_server_beside_demoted_batch_has_its_sessions_autogroup_raised_and_put_back_after_a_stop_or_kill_9(
+) {
+    let _g = serial();
+    let _on = AutogroupsOn::new();
+    let me = std::process::id();
+    assert_eq!(
+        cpu_cgroup(me).as_deref(),
+        Some("/"),
+        "this test's server (a thread of the test) must run in the root CPU cgroup, where the kernel schedules it in its session's autogroup"
+    );
+    let before = autogroup_nice(me);
+    assert!(
+        before > -10,
+        "the test session's autogroup is at nice {before} already"
+    );
+    // The server is a thread of this process: its session's autogroup is this test's.
+    let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(20));
+    let (dir, _gpath, _soakers, daemon) = demoted_soaker("session", "");
+    let raised = wait_for(Duration::from_secs(5), || autogroup_nice(me) == -10);
+    assert!(
+        raised.is_some(),
+        "raised (status: {}): {}",
+        daemon.status_json()["sessions"],
+        daemon.log_text()
+    );
+    // The status is published once a second.
+    let mut sessions = serde_json::Value::Null;
+    let shown = wait_for(Duration::from_secs(3), || {
+        sessions = daemon.status_json()["sessions"].clone();
+        sessions[0].is_object()
+    });
+    assert!(shown.is_some(), "{sessions}");
+    assert_eq!(sessions[0]["original_nice"], before, "{sessions}");
+    assert!(
+        sessions[0]["pids"]
+            .as_array()
+            .is_some_and(|p| p.contains(&me.into())),
+        "{sessions}"
+    );
+    assert!(
+        wait_for(Duration::from_secs(2), || daemon
+            .log_text()
+            .contains("change=\"session\""))
+        .is_some(),
+        "one audit line: {}",
+        daemon.log_text()
+    );
+    // A stop puts it back.
+    drop(daemon);
+    assert_eq!(autogroup_nice(me), before, "put back at exit");
+
+    // A crash leaves it raised; the journal alone puts it back.
+    let cfg = dir.0.join("session.toml");
+    let mut daemon = Daemon::start(&dir.0, &cfg);
+    let raised = wait_for(Duration::from_secs(10), || autogroup_nice(me) == -10);
+    assert!(raised.is_some(), "raised again: {}", daemon.log_text());
+    daemon.signal(libc::SIGKILL);
+    assert_eq!(autogroup_nice(me), -10, "still raised after the crash");
+    let out = appease(&dir.0, &["restore"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(autogroup_nice(me), before, "put back by restore: {out:?}");
+    drop(unix);
+}
+
 /// A forked copy of this process that spins and, every 20 ms, takes whatever waits on
 /// `socket` without blocking: a request whenever the other end sends one.
 #[test]
@@ -2617,8 +2715,13 @@ fn demoted_soaker(name: &str, extra: &str) -> (TempDir, String, Soakers, Daemon)
         "{}",
         daemon.log_text()
     );
+    // The daemon logs the move after it is made: wait for the line.
+    let moved = format!("root={pid} moved=1");
     assert!(
-        daemon.log_text().contains(&format!("root={pid} moved=1")),
+        wait_for(Duration::from_secs(3), || daemon
+            .log_text()
+            .contains(&moved))
+        .is_some(),
         "{}",
         daemon.log_text()
     );

@@ -214,6 +214,11 @@ pub struct BatchSection {
     /// While the group is idle, its busy threads are pinned one CPU each, evenly, turned
     /// at every scan (the kernel herds an idle group's tasks between CPUs).
     pub spread: bool,
+    /// While the idle group holds batch, the autogroup of a serving process's session
+    /// (a process outside any CPU cgroup, where the kernel makes autogroups) gets this
+    /// nice; 0 never raises one.
+    #[serde(deserialize_with = "raise_nice")]
+    pub serving_session_nice: i32,
 }
 
 /// Forces a class on the processes it matches; every given field must match.
@@ -422,6 +427,14 @@ fn nice<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
     )
 }
 
+fn raise_nice<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+    checked(
+        d,
+        |v| (appease_policy::NICE_MIN..=0).contains(v),
+        |v| format!("nice {v} is outside -20..=0 (0: never raise)"),
+    )
+}
+
 fn comms<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     let v = Vec::<String>::deserialize(d)?;
     for c in &v {
@@ -590,6 +603,7 @@ impl Default for BatchSection {
             quiet_after_ms: 10_000,
             quiet_weight: 100,
             spread: true,
+            serving_session_nice: -10,
         }
     }
 }

@@ -322,6 +322,7 @@ impl BatchManager {
         let demoted = &self.demoted;
         actuator.remove_ended_job_groups(|root| demoted.contains(&root));
         self.spread(now, snap.busy_batch, cfg, actuator);
+        self.raise_serving_sessions(now, cfg, actuator);
         // Requests of processes that are gone need not be remembered.
         for (pid, start) in snap.gone {
             if self
@@ -334,6 +335,30 @@ impl BatchManager {
         }
         self.cost = snap.cost;
         self.loop_us = appease_probe::monotonic_ns().saturating_sub(began) / 1000;
+    }
+
+    /// While the idle group is idle and holds batch, the sessions of processes that
+    /// received a request lately are raised (`[batch] serving_session_nice`); otherwise
+    /// (quiet, the starvation floor, a lift for a lock) every raised one is put back.
+    fn raise_serving_sessions(&self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
+        let window = cfg.batch.request_memory_ms * 1_000_000;
+        let idle = self.applied == GroupMode::Idle && self.lifted_for.is_none();
+        let servers: Vec<Process> = if !idle || self.demoted.is_empty() {
+            Vec::new()
+        } else {
+            self.last_request
+                .iter()
+                .filter(|(pid, &(_, at))| {
+                    now.saturating_sub(at) < window && !self.demoted.contains(pid)
+                })
+                .map(|(&pid, &(start, _))| (pid, start))
+                .collect()
+        };
+        actuator.raise_sessions(
+            &servers,
+            cfg.batch.serving_session_nice,
+            "serving beside batch in the idle group",
+        );
     }
 
     /// Shares the idle group's busy threads out evenly over the CPUs while the group is

@@ -998,6 +998,7 @@ impl<'obj> Daemon<'obj> {
             watched: self.policy.tracked(),
             threads,
             processes: self.actuator.moved(),
+            sessions: self.actuator.sessions(),
             batch: self
                 .batch
                 .as_ref()

@@ -1,7 +1,7 @@
 //! The daemon's state as `appease status`, `appease top` and the metrics endpoint see it,
 //! published once a second through the control socket.
 
-use appease_actuator::{ActCounters, ManagedView, MovedView};
+use appease_actuator::{ActCounters, ManagedView, MovedView, SessionView};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -27,6 +27,9 @@ pub struct Status {
     /// Processes in the idle group: pid, comm, class, group, original group, tree, why, since.
     #[serde(default)]
     pub processes: Vec<ProcessStatus>,
+    /// Serving sessions whose autogroup appease raised (`[batch] serving_session_nice`).
+    #[serde(default)]
+    pub sessions: Vec<SessionView>,
     /// The idle group: its CPU share and the starvation floor (None when batch demotion is off).
     #[serde(default)]
     pub batch: Option<crate::batch::BatchView>,
