@@ -7,12 +7,14 @@
 //! a thread's own nice does not change that). A heavier autogroup runs ahead more slowly.
 //!
 //! Each change is journaled first; the nice goes back when the session serves no more,
-//! when the idle group holds nothing, and when appease stops. An autogroup someone else
-//! reniced since is left as they set it, and one already at or above the nice asked for
-//! is not touched.
+//! when the caller says there is nothing to serve beside, and when appease stops. An
+//! autogroup someone else reniced since is left as they set it, and one already at or
+//! above the nice asked for is not touched. The kernel takes one autogroup write per
+//! 100 ms host-wide (EAGAIN otherwise): one write per call at most, the rest at the next.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::io;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -21,9 +23,19 @@ use crate::sys::{self, Kernel};
 use crate::trail::{audit, Change};
 use crate::{KernelActuator, RestoreReport};
 
+/// How many calls a process's autogroup, as read, is trusted before it is read again
+/// (a process may change session or cgroup, rarely).
+const RECHECK_AFTER_CALLS: u64 = 16;
+/// The kernel's spacing of autogroup writes, with a margin.
+const WRITE_SPACING: Duration = Duration::from_millis(110);
+/// Tries of a put-back refused with EAGAIN when appease stops or restores a journal.
+const TRIES_WHEN_STOPPING: u32 = 10;
+
 pub(crate) struct Raised {
     /// The process the nice was set through.
     key: TaskKey,
+    /// The session's leader: usually outlives the servers, and is in the autogroup.
+    leader: u32,
     orig: i32,
     nice: i32,
     /// The serving processes of the session, as the last call gave them.
@@ -34,7 +46,7 @@ pub(crate) struct Raised {
 
 /// A raised autogroup, for `appease status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionView {
+pub struct AutogroupView {
     pub autogroup: u64,
     pub pids: Vec<u32>,
     pub nice: i32,
@@ -43,15 +55,28 @@ pub struct SessionView {
     pub since: u64,
 }
 
+/// A serving process's autogroup as read: its id (None: the process is not scheduled
+/// in one) and its session's leader, and the call it was read at.
+#[derive(Clone, Copy)]
+struct Known {
+    id: Option<u64>,
+    leader: u32,
+    at: u64,
+}
+
 #[derive(Default)]
 pub(crate) struct Sessions {
     raised: HashMap<u64, Raised>,
-    /// Autogroups someone else reniced after appease did: never taken again.
+    /// Autogroups someone else reniced after appease did: never taken again (an id is
+    /// never reused while the host runs).
     left_alone: HashSet<u64>,
+    known: HashMap<(u32, u64), Known>,
+    calls: u64,
 }
 
-/// A process in `id` that is still the process `key` names, or else any process in it.
-fn member_of(k: &dyn Kernel, id: u64, key: &TaskKey, others: &[u32]) -> Option<u32> {
+/// A process in `id`: the one `key` names if it is still that process, one of `others`,
+/// the session's leader, or (a last resort, a walk of the process table) any.
+fn member_of(k: &dyn Kernel, id: u64, key: &TaskKey, others: &[u32], leader: u32) -> Option<u32> {
     let in_it = |pid: u32| k.autogroup(pid).is_some_and(|a| a.id == id);
     let same = k
         .task_stat(key.pid, key.pid)
@@ -59,11 +84,10 @@ fn member_of(k: &dyn Kernel, id: u64, key: &TaskKey, others: &[u32]) -> Option<u
     if same && in_it(key.pid) {
         return Some(key.pid);
     }
-    others
-        .iter()
-        .copied()
-        .chain(k.processes())
-        .find(|&pid| in_it(pid))
+    if let Some(pid) = others.iter().copied().chain([leader]).find(|&p| in_it(p)) {
+        return Some(pid);
+    }
+    k.processes().into_iter().find(|&pid| in_it(pid))
 }
 
 /// What putting an autogroup's nice back came to.
@@ -71,22 +95,49 @@ enum PutBack {
     Done,
     Gone,
     ChangedByOther(i32),
-    Failed(std::io::Error),
+    /// The kernel's 100 ms spacing: try again later.
+    Busy,
+    Failed(io::Error),
 }
 
-fn put_back(k: &dyn Kernel, id: u64, a: &PendingAutogroup, others: &[u32]) -> PutBack {
-    let Some(pid) = member_of(k, id, &a.key, others) else {
+fn is_busy(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EAGAIN)
+}
+
+fn put_back(k: &dyn Kernel, id: u64, a: &PendingAutogroup, others: &[u32], leader: u32) -> PutBack {
+    let Some(pid) = member_of(k, id, &a.key, others, leader) else {
         return PutBack::Gone;
     };
     let now = k.autogroup(pid).map_or(a.nice, |g| g.nice);
+    if now == a.orig {
+        return PutBack::Done; // the daemon died before its write, or someone set it so
+    }
     if now != a.nice && now != a.prev {
         return PutBack::ChangedByOther(now);
     }
     match k.set_autogroup_nice(pid, a.orig) {
         Ok(()) => PutBack::Done,
-        Err(e) if sys::is_esrch(&e) || e.kind() == std::io::ErrorKind::NotFound => PutBack::Gone,
+        Err(e) if is_busy(&e) => PutBack::Busy,
+        Err(e) if sys::is_esrch(&e) || e.kind() == io::ErrorKind::NotFound => PutBack::Gone,
         Err(e) => PutBack::Failed(e),
     }
+}
+
+/// `put_back`, tried again while the kernel says it is too soon (appease stops).
+fn put_back_waiting(
+    k: &dyn Kernel,
+    id: u64,
+    a: &PendingAutogroup,
+    others: &[u32],
+    leader: u32,
+) -> PutBack {
+    for _ in 1..TRIES_WHEN_STOPPING {
+        match put_back(k, id, a, others, leader) {
+            PutBack::Busy => std::thread::sleep(WRITE_SPACING),
+            other => return other,
+        }
+    }
+    put_back(k, id, a, others, leader)
 }
 
 impl KernelActuator {
@@ -99,50 +150,92 @@ impl KernelActuator {
         }
     }
 
-    /// Gives the autogroups of `servers` (pid, start) nice `nice` and puts back every
-    /// other one it raised (all of them when `servers` is empty or `nice` is not
-    /// negative). Returns how many autogroups changed.
-    pub fn raise_sessions(&mut self, servers: &[(u32, u64)], nice: i32, why: &str) -> usize {
-        // Only a raise is asked for: 0 (or above) puts everything back.
-        let servers = if nice < 0 { servers } else { &[] };
-        let mut wanted: HashMap<u64, (TaskKey, Vec<u32>, i32)> = HashMap::new();
-        for &(pid, start) in servers {
-            if pid == self.self_pid || !self.in_root_cpu_group(pid) {
-                continue;
+    /// The autogroup `(pid, start)` is scheduled in, read again every
+    /// `RECHECK_AFTER_CALLS` calls; None for a process that is gone or not that process.
+    fn serving_autogroup(&mut self, pid: u32, start: u64) -> Option<(u64, u32)> {
+        let calls = self.sessions.calls;
+        let known = match self.sessions.known.get(&(pid, start)) {
+            Some(k) if calls - k.at < RECHECK_AFTER_CALLS => *k,
+            _ => {
+                let stat = self.kernel.task_stat(pid, pid).ok()?;
+                if stat.start != start {
+                    return None; // the pid is another process's now
+                }
+                let id = if pid != self.self_pid && self.in_root_cpu_group(pid) {
+                    self.kernel.autogroup(pid).map(|a| a.id)
+                } else {
+                    None
+                };
+                let k = Known {
+                    id,
+                    leader: stat.session,
+                    at: calls,
+                };
+                self.sessions.known.insert((pid, start), k);
+                k
             }
-            let Some(g) = self.kernel.autogroup(pid) else {
+        };
+        Some((known.id?, known.leader))
+    }
+
+    /// Gives the autogroups of `servers` (pid, start) nice `nice` and puts back every
+    /// other one it raised (all of them when `servers` is empty, `nice` is not negative
+    /// or the kernel makes no autogroups now). One write per call at most (the kernel's
+    /// spacing): the rest at the next. Returns how many autogroups changed.
+    pub fn sync_serving_autogroups(
+        &mut self,
+        servers: &[(u32, u64)],
+        nice: i32,
+        why: &str,
+    ) -> usize {
+        self.sessions.calls += 1;
+        let on = nice < 0 && !servers.is_empty() && self.kernel.autogroups_enabled();
+        let servers = if on { servers } else { &[] };
+        let mut wanted: HashMap<u64, (TaskKey, u32, Vec<u32>)> = HashMap::new();
+        for &(pid, start) in servers {
+            let Some((id, leader)) = self.serving_autogroup(pid, start) else {
                 continue;
             };
-            let e = wanted.entry(g.id).or_insert_with(|| {
-                let key = TaskKey {
-                    pid,
-                    tid: pid,
-                    start,
-                };
-                (key, Vec::new(), g.nice)
-            });
-            e.1.push(pid);
+            let key = TaskKey {
+                pid,
+                tid: pid,
+                start,
+            };
+            wanted
+                .entry(id)
+                .or_insert_with(|| (key, leader, Vec::new()))
+                .2
+                .push(pid);
         }
-        let mut changed = 0;
-        let ids: Vec<u64> = self.sessions.raised.keys().copied().collect();
-        for id in ids {
-            if !wanted.contains_key(&id) {
-                changed += usize::from(self.lower_session(
-                    id,
-                    "no serving process left in it, or no batch to serve beside",
-                ));
+        let serving: HashSet<(u32, u64)> = servers.iter().copied().collect();
+        self.sessions.known.retain(|k, _| serving.contains(k));
+
+        // Put back first; one write this call.
+        let mut ids: Vec<u64> = self.sessions.raised.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids.into_iter().filter(|id| !wanted.contains_key(id)) {
+            let why = "no serving process left in it, or no batch to serve beside";
+            if let Some(done) = self.lower_autogroup(id, why) {
+                return usize::from(done);
             }
         }
-        for (id, (key, pids, now)) in wanted {
+        let mut ids: Vec<u64> = wanted.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let (key, leader, pids) = wanted.remove(&id).expect("listed");
+            let now = match self.kernel.autogroup(key.pid) {
+                Some(a) if a.id == id => a.nice,
+                _ => continue, // left the session since it was read
+            };
             let mut orig = now;
             if let Some(r) = self.sessions.raised.get_mut(&id) {
                 r.pids = pids.clone();
                 if self.dry_run || (now == r.nice && r.nice == nice) {
                     continue;
                 }
-                let r = self.sessions.raised.remove(&id).expect("present");
                 if now != r.nice {
-                    tracing::info!(autogroup = id, expected = r.nice, found = now, "the session's autogroup was reniced by someone else since: left as they set it");
+                    self.sessions.raised.remove(&id);
+                    tracing::info!(autogroup = id, expected = nice, found = now, "the session's autogroup was reniced by someone else since: left as they set it");
                     let _logged = self.journal(Record::AutogroupRestored { id });
                     self.sessions.left_alone.insert(id);
                     continue;
@@ -151,35 +244,23 @@ impl KernelActuator {
             } else if now <= nice || self.sessions.left_alone.contains(&id) {
                 continue; // as high already, by its owner's choice, or theirs to keep
             }
-            if self.set_session(id, key, orig, now, nice, why) {
-                changed += 1;
-                self.sessions.raised.insert(
-                    id,
-                    Raised {
-                        key,
-                        orig,
-                        nice,
-                        pids,
-                        why: why.to_string(),
-                        since: SystemTime::now()
-                            .duration_since(UNIX_EPOCH)
-                            .map_or(0, |d| d.as_secs()),
-                    },
-                );
-            }
+            return usize::from(self.set_autogroup(id, key, leader, orig, now, nice, pids, why));
         }
-        changed
+        0
     }
 
     /// Journals, then sets, autogroup `id` from nice `prev` to `nice` through `key`'s
-    /// process; true once set.
-    fn set_session(
+    /// process, and records it raised; true once set.
+    #[allow(clippy::too_many_arguments)]
+    fn set_autogroup(
         &mut self,
         id: u64,
         key: TaskKey,
+        leader: u32,
         orig: i32,
         prev: i32,
         nice: i32,
+        pids: Vec<u32>,
         why: &str,
     ) -> bool {
         if !self.dry_run {
@@ -191,15 +272,15 @@ impl KernelActuator {
                 next: nice,
             };
             if let Err(e) = self.journal(rec) {
-                tracing::warn!(autogroup = id, error = %e, "could not journal a session's raise: not raised");
+                tracing::warn!(autogroup = id, error = %e, "could not journal an autogroup's raise: not raised");
                 return false;
             }
             if let Err(e) = self.kernel.set_autogroup_nice(key.pid, nice) {
-                // Still `prev`: the journal closes it only if that is its original.
+                // Still at `prev`: the journal's record stays open while that is ours.
                 if prev == orig {
                     let _logged = self.journal(Record::AutogroupRestored { id });
                 }
-                if !sys::is_esrch(&e) {
+                if !is_busy(&e) && !sys::is_esrch(&e) {
                     self.counters.fail_errno(Some(&e));
                     tracing::warn!(autogroup = id, pid = key.pid, error = %e, "could not raise the session's autogroup");
                 }
@@ -208,7 +289,7 @@ impl KernelActuator {
         }
         audit!(
             self.trail,
-            Change::Session,
+            Change::Autogroup,
             pid = key.pid,
             autogroup = id,
             from = format!("autogroup nice {prev}"),
@@ -217,16 +298,43 @@ impl KernelActuator {
             dry_run = self.dry_run.then_some(true)
         );
         self.counters.changes += 1;
+        let since = match self.sessions.raised.get(&id) {
+            Some(r) => r.since,
+            None => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        self.sessions.raised.insert(
+            id,
+            Raised {
+                key,
+                leader,
+                orig,
+                nice,
+                pids,
+                why: why.to_string(),
+                since,
+            },
+        );
         true
     }
 
-    /// Puts autogroup `id` back to its original nice; true if it changed.
-    fn lower_session(&mut self, id: u64, why: &str) -> bool {
-        let Some(r) = self.sessions.raised.remove(&id) else {
-            return false;
-        };
+    /// Puts autogroup `id` back to its original nice: Some(true) if it did, Some(false)
+    /// if the kernel refused the write (it stays raised, to be tried again), None if no
+    /// write was tried (gone, reniced by someone else, a dry run).
+    fn lower_autogroup(&mut self, id: u64, why: &str) -> Option<bool> {
+        self.lower_autogroup_with(id, why, put_back)
+    }
+
+    fn lower_autogroup_with(
+        &mut self,
+        id: u64,
+        why: &str,
+        how: fn(&dyn Kernel, u64, &PendingAutogroup, &[u32], u32) -> PutBack,
+    ) -> Option<bool> {
+        let r = self.sessions.raised.remove(&id)?;
         if self.dry_run {
-            return false;
+            return None;
         }
         let pending = PendingAutogroup {
             key: r.key,
@@ -234,57 +342,68 @@ impl KernelActuator {
             prev: r.nice,
             nice: r.nice,
         };
-        let outcome = put_back(self.kernel.as_ref(), id, &pending, &r.pids);
-        let done = match outcome {
+        match how(self.kernel.as_ref(), id, &pending, &r.pids, r.leader) {
             PutBack::Done => {
                 self.counters.restores += 1;
                 audit!(
                     self.trail,
-                    Change::Session,
+                    Change::Autogroup,
                     pid = r.key.pid,
                     autogroup = id,
                     from = format!("autogroup nice {}", r.nice),
                     to = format!("autogroup nice {}", r.orig),
                     why
                 );
-                true
+                let _logged = self.journal(Record::AutogroupRestored { id });
+                Some(true)
             }
-            PutBack::Gone => false,
+            PutBack::Gone => {
+                let _logged = self.journal(Record::AutogroupRestored { id });
+                None
+            }
             PutBack::ChangedByOther(found) => {
                 tracing::info!(autogroup = id, expected = r.nice, found, "the session's autogroup was reniced by someone else since: left as they set it");
-                false
+                let _logged = self.journal(Record::AutogroupRestored { id });
+                None
+            }
+            PutBack::Busy => {
+                self.sessions.raised.insert(id, r);
+                Some(false)
             }
             PutBack::Failed(e) => {
                 self.counters.fail_errno(Some(&e));
                 tracing::warn!(autogroup = id, error = %e, "could not put the session's autogroup nice back");
-                // Kept in the journal: `appease restore` tries again.
-                return false;
+                self.sessions.raised.insert(id, r);
+                Some(false)
             }
-        };
-        let _logged = self.journal(Record::AutogroupRestored { id });
-        done
+        }
     }
 
-    /// Puts every raised autogroup back (appease stops).
-    pub(crate) fn restore_sessions(&mut self, report: &mut RestoreReport) {
-        let ids: Vec<u64> = self.sessions.raised.keys().copied().collect();
+    /// Puts every raised autogroup back (appease stops), waiting out the kernel's
+    /// spacing between writes.
+    pub(crate) fn restore_autogroups(&mut self, report: &mut RestoreReport) {
+        let mut ids: Vec<u64> = self.sessions.raised.keys().copied().collect();
+        ids.sort_unstable();
         for id in ids {
-            let before = self.counters.failures;
-            if self.lower_session(id, "shutdown") {
-                report.restored += 1;
-            } else if self.counters.failures > before {
-                report.failed += 1;
+            match self.lower_autogroup_with(id, "shutdown", put_back_waiting) {
+                Some(true) => report.restored += 1,
+                Some(false) => {
+                    // Refused: the journal keeps it for `appease restore`.
+                    self.sessions.raised.remove(&id);
+                    report.failed += 1;
+                }
+                None => {}
             }
         }
     }
 
     /// The raised autogroups, for `appease status`.
-    pub fn sessions(&self) -> Vec<SessionView> {
-        let mut v: Vec<SessionView> = self
+    pub fn autogroups(&self) -> Vec<AutogroupView> {
+        let mut v: Vec<AutogroupView> = self
             .sessions
             .raised
             .iter()
-            .map(|(&id, r)| SessionView {
+            .map(|(&id, r)| AutogroupView {
                 autogroup: id,
                 pids: r.pids.clone(),
                 nice: r.nice,
@@ -307,7 +426,8 @@ pub(crate) fn restore_journal_autogroups(
 ) -> Vec<Record> {
     let mut closed = Vec::new();
     for (&id, a) in &state.autogroups {
-        match put_back(k, id, a, &[]) {
+        let leader = k.task_stat(a.key.pid, a.key.pid).map_or(0, |s| s.session);
+        match put_back_waiting(k, id, a, &[], leader) {
             PutBack::Done => report.restored += 1,
             PutBack::Gone => report.gone += 1,
             PutBack::ChangedByOther(found) => {
@@ -318,8 +438,8 @@ pub(crate) fn restore_journal_autogroups(
                 );
                 report.left_alone += 1;
             }
-            PutBack::Failed(e) => {
-                tracing::warn!(autogroup = id, error = %e, "restore failed");
+            PutBack::Busy | PutBack::Failed(_) => {
+                tracing::warn!(autogroup = id, "restore failed");
                 report.failed += 1;
                 continue;
             }
@@ -342,7 +462,7 @@ mod tests {
         KernelActuator::with_kernel(Box::new(k.clone()), Some(journal), Vec::new()).unwrap()
     }
 
-    /// Two servers in session 7, one in session 8, a shell in 7 beside them.
+    /// Two servers in session 7 (led by a shell), one in session 8.
     fn host() -> (FakeKernel, [(u32, u64); 3]) {
         let k = FakeKernel::new();
         let a = k.spawn(100, 100, "web", fair(0));
@@ -352,42 +472,103 @@ mod tests {
         for (pid, id) in [(100, 7), (200, 7), (50, 7), (300, 8)] {
             k.join_autogroup(pid, id);
         }
+        k.lead(50, &[100, 200]);
         (k, [(100, a), (200, b), (300, c)])
+    }
+
+    /// Calls until nothing more changes (one write per call); returns the changes.
+    fn settle(a: &mut KernelActuator, servers: &[(u32, u64)], nice: i32) -> usize {
+        let mut total = 0;
+        loop {
+            match a.sync_serving_autogroups(servers, nice, "serving beside batch") {
+                0 => return total,
+                n => total += n,
+            }
+        }
     }
 
     #[test]
     fn a_serving_session_is_raised_once_journaled_first_and_put_back_when_it_serves_no_more() {
         let ((k, servers), dir) = (host(), TempDir::new("ag-raise"));
         let mut a = actuator(&k, &dir);
-        assert_eq!(a.raise_sessions(&servers, -10, "serving beside batch"), 2);
+        assert_eq!(
+            a.sync_serving_autogroups(&servers, -10, "serving"),
+            1,
+            "one write a call"
+        );
+        assert_eq!(settle(&mut a, &servers, -10), 1);
         assert_eq!((k.autogroup_nice(7), k.autogroup_nice(8)), (-10, -10));
         assert_eq!(k.unjournaled(), Vec::<String>::new());
         assert_eq!(journal::read_pending(&dir.0).unwrap().autogroups.len(), 2);
         // The same again: nothing to do.
         let before = k.changes();
-        assert_eq!(a.raise_sessions(&servers, -10, "serving beside batch"), 0);
+        assert_eq!(settle(&mut a, &servers, -10), 0);
         assert_eq!(k.changes(), before);
         // Session 8's server stops serving; session 7 keeps one server.
-        assert_eq!(a.raise_sessions(&servers[1..2], -10, "serving"), 1);
+        assert_eq!(settle(&mut a, &servers[1..2], -10), 1);
         assert_eq!((k.autogroup_nice(7), k.autogroup_nice(8)), (-10, 0));
-        // Both servers of 7 exit: the shell still holds the session, and gets it back.
+        // Both servers of 7 exit: the shell leads the session still, and gets it back
+        // without a walk of the process table.
         k.exit(100);
         k.exit(200);
-        assert_eq!(a.raise_sessions(&[], -10, "serving"), 1);
+        let walks = k.process_table_walks();
+        assert_eq!(settle(&mut a, &[], -10), 1);
         assert_eq!(k.autogroup_nice(7), 0);
+        assert_eq!(k.process_table_walks(), walks);
         assert!(journal::read_pending(&dir.0).unwrap().is_empty());
         assert_eq!(k.unjournaled(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_write_the_kernel_refuses_as_too_soon_is_made_at_the_next_call_and_when_stopping() {
+        let ((k, servers), dir) = (host(), TempDir::new("ag-busy"));
+        let mut a = actuator(&k, &dir);
+        k.autogroup_busy(1);
+        assert_eq!(a.sync_serving_autogroups(&servers[..1], -10, "serving"), 0);
+        assert_eq!(k.autogroup_nice(7), 0);
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
+        assert_eq!(a.sync_serving_autogroups(&servers[..1], -10, "serving"), 1);
+        assert_eq!(k.autogroup_nice(7), -10);
+        // Refused while putting back: kept, and put back at the next call.
+        k.autogroup_busy(1);
+        assert_eq!(a.sync_serving_autogroups(&[], -10, "serving"), 0);
+        assert_eq!((k.autogroup_nice(7), a.autogroups().len()), (-10, 1));
+        assert_eq!(a.sync_serving_autogroups(&[], -10, "serving"), 1);
+        assert_eq!(k.autogroup_nice(7), 0);
+        // Stopping waits out the spacing.
+        settle(&mut a, &servers, -10);
+        k.autogroup_busy(2);
+        let report = a.restore_all();
+        assert_eq!((report.restored, report.failed), (2, 0));
+        assert_eq!((k.autogroup_nice(7), k.autogroup_nice(8)), (0, 0));
+        assert_eq!(a.counters.failures, 0, "too soon is no failure");
+        assert_eq!(k.unjournaled(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn autogroups_turned_off_meanwhile_still_get_their_nice_back() {
+        let ((k, servers), dir) = (host(), TempDir::new("ag-off"));
+        let mut a = actuator(&k, &dir);
+        settle(&mut a, &servers, -10);
+        k.autogroups_off(true);
+        assert_eq!(
+            settle(&mut a, &servers, -10),
+            2,
+            "none raised while off: put back"
+        );
+        assert_eq!((k.autogroup_nice(7), k.autogroup_nice(8)), (0, 0));
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
     }
 
     #[test]
     fn a_new_nice_asked_for_is_applied_and_the_first_original_is_what_goes_back() {
         let ((k, servers), dir) = (host(), TempDir::new("ag-reload"));
         let mut a = actuator(&k, &dir);
-        a.raise_sessions(&servers[..1], -10, "serving");
-        assert_eq!(a.raise_sessions(&servers[..1], -5, "serving"), 1);
+        settle(&mut a, &servers[..1], -10);
+        assert_eq!(settle(&mut a, &servers[..1], -5), 1);
         assert_eq!(k.autogroup_nice(7), -5);
-        assert_eq!(a.sessions()[0].original_nice, 0);
-        assert_eq!(a.raise_sessions(&servers[..1], 0, "off"), 1, "0: put back");
+        assert_eq!(a.autogroups()[0].original_nice, 0);
+        assert_eq!(settle(&mut a, &servers[..1], 0), 1, "0: put back");
         assert_eq!(k.autogroup_nice(7), 0);
         assert_eq!(k.unjournaled(), Vec::<String>::new());
     }
@@ -398,22 +579,14 @@ mod tests {
         let dir = TempDir::new("ag-other");
         k.renice_autogroup_by_other(8, -15);
         let mut a = actuator(&k, &dir);
-        assert_eq!(
-            a.raise_sessions(&servers, -10, "serving"),
-            1,
-            "8 is higher already"
-        );
+        assert_eq!(settle(&mut a, &servers, -10), 1, "8 is higher already");
         assert_eq!(k.autogroup_nice(8), -15);
         k.renice_autogroup_by_other(7, 5);
-        assert_eq!(a.raise_sessions(&servers, -10, "serving"), 0);
+        assert_eq!(settle(&mut a, &servers, -10), 0);
         assert_eq!(k.autogroup_nice(7), 5, "their choice stands");
-        assert_eq!(
-            a.raise_sessions(&servers, -10, "serving"),
-            0,
-            "not taken again"
-        );
+        assert_eq!(settle(&mut a, &servers, -10), 0, "not taken again");
         assert_eq!(k.autogroup_nice(7), 5);
-        assert!(a.sessions().is_empty());
+        assert!(a.autogroups().is_empty());
         assert!(journal::read_pending(&dir.0).unwrap().is_empty());
     }
 
@@ -422,13 +595,13 @@ mod tests {
         let (k, servers) = host();
         let dir = TempDir::new("ag-crash");
         let mut a = actuator(&k, &dir);
-        a.raise_sessions(&servers, -10, "serving");
+        settle(&mut a, &servers, -10);
         let report = a.restore_all();
         assert_eq!((report.restored, report.failed), (2, 0));
         assert_eq!((k.autogroup_nice(7), k.autogroup_nice(8)), (0, 0));
 
         let mut a = actuator(&k, &dir);
-        a.raise_sessions(&servers, -10, "serving");
+        settle(&mut a, &servers, -10);
         std::mem::forget(a); // a crash: nothing put back
                              // The process the raise went through is gone; the shell still holds session 7.
         k.exit(100);
@@ -440,16 +613,19 @@ mod tests {
     }
 
     #[test]
-    fn a_session_without_autogroups_or_with_only_appease_is_not_touched() {
+    fn a_reused_pid_and_appease_itself_are_never_raised() {
         let k = FakeKernel::new();
         let dir = TempDir::new("ag-none");
-        let s = k.spawn(100, 100, "web", fair(0));
+        let old = k.spawn(100, 100, "web", fair(0));
+        k.exit(100);
+        k.spawn(100, 100, "make", fair(0)); // the pid, now another process's
+        k.join_autogroup(100, 5);
         let me = std::process::id();
         let m = k.spawn(me, me, "appease", fair(0));
         k.join_autogroup(me, 9);
         let mut a = actuator(&k, &dir);
-        assert_eq!(a.raise_sessions(&[(100, s), (me, m)], -10, "serving"), 0);
-        assert_eq!(k.autogroup_nice(9), 0);
+        assert_eq!(settle(&mut a, &[(100, old), (me, m)], -10), 0);
+        assert_eq!((k.autogroup_nice(5), k.autogroup_nice(9)), (0, 0));
         assert_eq!(k.changes(), 0);
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use appease_policy::elevated_nice;
 use serde::Serialize;
 
-pub use autogroup::SessionView;
+pub use autogroup::AutogroupView;
 pub use groups::{BatchGroup, Groups, MovedView};
 pub use journal::{Journal, JournalState, Pending, PendingMove, Record, TaskKey};
 use sys::Sched;
@@ -199,7 +199,7 @@ pub struct KernelActuator {
     idle_groups: HashMap<String, group_idle::IdleGroup>,
     /// The idle group's busy threads pinned one CPU each: see `spread`.
     spread: spread::Spread,
-    /// Serving sessions' autogroups given a nice: see `autogroup`.
+    /// Serving processes' autogroups given a nice: see `autogroup`.
     sessions: autogroup::Sessions,
     /// The next first contact's thread as the probe saw it (`expect`).
     expected: Option<Identity>,
@@ -656,6 +656,8 @@ impl Actuator for KernelActuator {
 
     fn restore_all(&mut self) -> RestoreReport {
         let mut report = RestoreReport::default();
+        // Autogroups first: nothing demoted is back in a raised one meanwhile.
+        self.restore_autogroups(&mut report);
         let tids: Vec<u32> = self.managed.keys().copied().collect();
         for tid in tids {
             match self.restore(tid, "shutdown") {
@@ -674,7 +676,6 @@ impl Actuator for KernelActuator {
         self.restore_in_place(&mut report);
         self.restore_units(&mut report);
         self.restore_idle_groups(&mut report);
-        self.restore_sessions(&mut report);
         if report.failed == 0 {
             if let Some(j) = self.journal.take() {
                 if let Err(e) = j.remove_if_empty() {
@@ -812,6 +813,10 @@ fn restore_journal_with(dir: &Path, k: &dyn sys::Kernel) -> io::Result<RestoreRe
         journal.append(&Record::Release { key: p.key })?;
     }
     let state = journal.state().clone();
+    // Autogroups first: nothing demoted is back in a raised one meanwhile.
+    for rec in autogroup::restore_journal_autogroups(k, &state, &mut report) {
+        journal.append(&rec)?;
+    }
     for rec in groups::restore_journal_groups(&state, &mut report) {
         journal.append(&rec)?;
     }
@@ -825,9 +830,6 @@ fn restore_journal_with(dir: &Path, k: &dyn sys::Kernel) -> io::Result<RestoreRe
         journal.append(&rec)?;
     }
     for rec in spread::restore_journal_pins(k, &state, &mut report) {
-        journal.append(&rec)?;
-    }
-    for rec in autogroup::restore_journal_autogroups(k, &state, &mut report) {
         journal.append(&rec)?;
     }
     journal.remove_if_empty()?;

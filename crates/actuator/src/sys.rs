@@ -191,12 +191,15 @@ pub trait Kernel: Send {
     fn set_affinity(&self, tid: u32, cpus: &[usize]) -> io::Result<()>;
     /// The CPUs the host has online, in order.
     fn online_cpus(&self) -> Vec<usize>;
-    /// The autogroup of a process's session and its nice, when the kernel makes
-    /// autogroups (`sched_autogroup_enabled`); None otherwise or once it is gone. Only a
-    /// process in the root CPU cgroup is scheduled in its autogroup: the caller checks.
+    /// Whether the kernel schedules processes in their session's autogroup now
+    /// (`sched_autogroup_enabled`; only those in the root CPU cgroup: the caller checks).
+    fn autogroups_enabled(&self) -> bool;
+    /// The autogroup of a process's session and its nice (readable, and writable, whether
+    /// or not autogroups are enabled); None once it is gone.
     fn autogroup(&self, pid: u32) -> Option<Autogroup>;
     /// Sets the nice of the autogroup `pid` is in (its session's, as the kernel sees it
-    /// at the write).
+    /// at the write). The kernel takes one such write per 100 ms host-wide from a writer
+    /// without CAP_SYS_ADMIN and refuses the others with EAGAIN.
     fn set_autogroup_nice(&self, pid: u32, nice: i32) -> io::Result<()>;
 }
 
@@ -271,11 +274,11 @@ impl Kernel for Host {
             .and_then(|t| parse_cpu_list(&t))
             .unwrap_or_else(|| (0..affinity(0).map_or(1, |c| c.len())).collect())
     }
+    fn autogroups_enabled(&self) -> bool {
+        std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+            .is_ok_and(|t| t.trim() == "1")
+    }
     fn autogroup(&self, pid: u32) -> Option<Autogroup> {
-        let enabled = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").ok()?;
-        if enabled.trim() != "1" {
-            return None;
-        }
         parse_autogroup(&std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?)
     }
     fn set_autogroup_nice(&self, pid: u32, nice: i32) -> io::Result<()> {
@@ -300,6 +303,8 @@ pub struct TaskStat {
     /// Start time in clock ticks after boot: with the tid, a thread's identity.
     pub start: u64,
     pub policy: u32,
+    /// Its session's id (the leader's pid).
+    pub session: u32,
 }
 
 pub fn parse_stat(text: &str) -> Option<TaskStat> {
@@ -310,6 +315,7 @@ pub fn parse_stat(text: &str) -> Option<TaskStat> {
         nice: s.nice,
         start: s.start,
         policy: s.policy,
+        session: s.session,
     })
 }
 
@@ -419,11 +425,15 @@ mod tests {
     }
 
     #[test]
-    fn reads_its_own_autogroup_when_the_kernel_makes_them() {
-        let me = std::process::id();
-        let enabled = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
-            .is_ok_and(|t| t.trim() == "1");
-        assert_eq!(Host.autogroup(me).is_some(), enabled);
+    fn reads_its_own_autogroup() {
+        let me = Host
+            .autogroup(std::process::id())
+            .expect("a kernel with autogroups");
+        assert!(
+            (appease_policy::NICE_MIN..=appease_policy::NICE_MAX).contains(&me.nice),
+            "{me:?}"
+        );
+        assert_eq!(Host.autogroup(u32::MAX), None);
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct Task {
     pub start: u64,
     pub kernel_thread: bool,
     pub sched: Sched,
+    /// Its session's leader (itself unless `lead` says otherwise).
+    pub session: u32,
     /// The CPUs it may run on.
     pub cpus: Vec<usize>,
 }
@@ -45,6 +47,10 @@ struct State {
     session_of: BTreeMap<u32, u64>,
     /// Autogroup -> its nice.
     autogroup_nice: BTreeMap<u64, i32>,
+    /// `sched_autogroup_enabled` is 0.
+    autogroups_off: bool,
+    /// The next this many autogroup writes are refused with EAGAIN (the kernel's limit).
+    autogroup_busy: u32,
 }
 
 /// Shared: the test keeps a handle while the actuator owns another.
@@ -96,6 +102,7 @@ impl FakeKernel {
                 start,
                 kernel_thread: false,
                 sched,
+                session: pid,
                 cpus: CPUS.to_vec(),
             },
         );
@@ -138,6 +145,27 @@ impl FakeKernel {
         let mut s = self.state();
         s.session_of.insert(pid, id);
         s.autogroup_nice.entry(id).or_insert(0);
+    }
+
+    /// `leader` leads the session of each of `members`.
+    pub fn lead(&self, leader: u32, members: &[u32]) {
+        let mut s = self.state();
+        for m in members {
+            for t in s.tasks.values_mut().filter(|t| t.pid == *m) {
+                t.session = leader;
+            }
+        }
+    }
+
+    /// `sched_autogroup_enabled` set to 0 (or back to 1).
+    pub fn autogroups_off(&self, off: bool) {
+        self.state().autogroups_off = off;
+    }
+
+    /// The next `n` autogroup writes are refused with EAGAIN, as the kernel refuses a
+    /// second write within 100 ms.
+    pub fn autogroup_busy(&self, n: u32) {
+        self.state().autogroup_busy = n;
     }
 
     pub fn autogroup_nice(&self, id: u64) -> i32 {
@@ -223,6 +251,7 @@ fn stat_of(t: &Task) -> TaskStat {
         nice: t.sched.nice,
         start: t.start,
         policy: t.sched.policy,
+        session: t.session,
     }
 }
 
@@ -350,6 +379,10 @@ impl Kernel for FakeKernel {
         CPUS.to_vec()
     }
 
+    fn autogroups_enabled(&self) -> bool {
+        !self.state().autogroups_off
+    }
+
     fn autogroup(&self, pid: u32) -> Option<Autogroup> {
         let s = self.state();
         s.tasks.get(&pid)?;
@@ -373,6 +406,10 @@ impl Kernel for FakeKernel {
         let Some(&id) = s.session_of.get(&pid) else {
             return Err(io::Error::from_raw_os_error(libc::ENOENT));
         };
+        if s.autogroup_busy > 0 {
+            s.autogroup_busy -= 1;
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        }
         let was = s.autogroup_nice[&id];
         if let Some(dir) = s.journal.clone() {
             let covered = journal::read_pending(&dir).is_ok_and(|st| {

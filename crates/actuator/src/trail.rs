@@ -47,8 +47,8 @@ pub enum Change {
     Pin,
     /// A pinned thread's CPUs put back.
     Unpin,
-    /// A serving session's autogroup given a nice, or its nice back.
-    Session,
+    /// A serving process's session autogroup given a nice, or its nice back.
+    Autogroup,
 }
 
 impl Change {
@@ -67,7 +67,7 @@ impl Change {
         Change::BatchMode,
         Change::Pin,
         Change::Unpin,
-        Change::Session,
+        Change::Autogroup,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -86,7 +86,7 @@ impl Change {
             Change::BatchMode => "batch-mode",
             Change::Pin => "pin",
             Change::Unpin => "unpin",
-            Change::Session => "session",
+            Change::Autogroup => "autogroup",
         }
     }
 

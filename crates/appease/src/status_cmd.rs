@@ -144,12 +144,12 @@ fn print_status(status: &Status) {
         status.threads.len()
     );
     print_threads(status, now);
-    print_sessions(status, now);
+    print_autogroups(status, now);
     print_processes(status, now);
 }
 
-fn print_sessions(status: &Status, now: u64) {
-    for s in &status.sessions {
+fn print_autogroups(status: &Status, now: u64) {
+    for s in &status.autogroups {
         let pids: Vec<String> = s.pids.iter().map(u32::to_string).collect();
         println!(
             "session autogroup-{} (serving: {}): nice {} (was {}), {}, {}s ago",

@@ -433,6 +433,7 @@ mod tests {
             pid: 1,
             comm: "x".into(),
             ppid: 0,
+            session: 1,
             tty_nr: 0,
             flags: 0,
             cpu_ticks: all,

@@ -1699,13 +1699,13 @@ fn a_server_beside_demoted_batch_has_its_sessions_autogroup_raised_and_put_back_
     assert!(
         raised.is_some(),
         "raised (status: {}): {}",
-        daemon.status_json()["sessions"],
+        daemon.status_json()["autogroups"],
         daemon.log_text()
     );
     // The status is published once a second.
     let mut sessions = serde_json::Value::Null;
     let shown = wait_for(Duration::from_secs(3), || {
-        sessions = daemon.status_json()["sessions"].clone();
+        sessions = daemon.status_json()["autogroups"].clone();
         sessions[0].is_object()
     });
     assert!(shown.is_some(), "{sessions}");
@@ -1719,7 +1719,7 @@ fn a_server_beside_demoted_batch_has_its_sessions_autogroup_raised_and_put_back_
     assert!(
         wait_for(Duration::from_secs(2), || daemon
             .log_text()
-            .contains("change=\"session\""))
+            .contains("change=\"autogroup\""))
         .is_some(),
         "one audit line: {}",
         daemon.log_text()

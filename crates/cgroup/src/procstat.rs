@@ -10,6 +10,8 @@ pub struct ProcStat {
     pub pid: u32,
     pub comm: String,
     pub ppid: u32,
+    /// The session's id (its leader's pid).
+    pub session: u32,
     /// The controlling terminal (0: none).
     pub tty_nr: i64,
     pub flags: u64,
@@ -36,6 +38,7 @@ impl ProcStat {
             pid,
             comm: comm.to_string(),
             ppid: field(4)?.parse().ok()?,
+            session: field(6)?.parse().ok()?,
             tty_nr: field(7)?.parse().ok()?,
             flags: num(9)?,
             cpu_ticks: num(14)? + num(15)? + num(16)? + num(17)?,

@@ -218,7 +218,7 @@ pub struct BatchSection {
     /// (a process outside any CPU cgroup, where the kernel makes autogroups) gets this
     /// nice; 0 never raises one.
     #[serde(deserialize_with = "raise_nice")]
-    pub serving_session_nice: i32,
+    pub serving_autogroup_nice: i32,
 }
 
 /// Forces a class on the processes it matches; every given field must match.
@@ -603,7 +603,7 @@ impl Default for BatchSection {
             quiet_after_ms: 10_000,
             quiet_weight: 100,
             spread: true,
-            serving_session_nice: -10,
+            serving_autogroup_nice: -10,
         }
     }
 }
@@ -952,6 +952,16 @@ class = "batch"
         assert!(e.contains("used twice"), "{e}");
         let e = err("[[service]]\nname = \"w\"\ncomm = \"x\"\nweight = 0\n");
         assert!(e.contains("1..=10000"), "{e}");
+    }
+
+    #[test]
+    fn a_serving_autogroup_nice_is_a_raise_or_nothing() {
+        let e = err("[batch]\nserving_autogroup_nice = 5\n");
+        assert!(e.contains("nice 5 is outside -20..=0"), "{e}");
+        let e = err("[batch]\nserving_autogroup_nice = -21\n");
+        assert!(e.contains("nice -21"), "{e}");
+        let off = Config::parse("[batch]\nserving_autogroup_nice = 0\n", "f").unwrap();
+        assert_eq!(off.batch.serving_autogroup_nice, 0);
     }
 
     #[test]

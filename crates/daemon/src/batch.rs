@@ -322,7 +322,7 @@ impl BatchManager {
         let demoted = &self.demoted;
         actuator.remove_ended_job_groups(|root| demoted.contains(&root));
         self.spread(now, snap.busy_batch, cfg, actuator);
-        self.raise_serving_sessions(now, cfg, actuator);
+        self.raise_serving_autogroups(now, cfg, actuator);
         // Requests of processes that are gone need not be remembered.
         for (pid, start) in snap.gone {
             if self
@@ -337,12 +337,14 @@ impl BatchManager {
         self.loop_us = appease_probe::monotonic_ns().saturating_sub(began) / 1000;
     }
 
-    /// While the idle group is idle and holds batch, the sessions of processes that
-    /// received a request lately are raised (`[batch] serving_session_nice`); otherwise
-    /// (quiet, the starvation floor, a lift for a lock) every raised one is put back.
-    fn raise_serving_sessions(&self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
+    /// While the idle group is idle and holds batch, the session autogroups of processes
+    /// that received a request lately are raised (`[batch] serving_autogroup_nice`);
+    /// when it is quiet or in the starvation floor, every raised one is put back. A lift
+    /// for a lock leaves them: the server waits then, and a waiting session takes no CPU
+    /// from the holder (and a lift lasts less than a scan).
+    fn raise_serving_autogroups(&self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
         let window = cfg.batch.request_memory_ms * 1_000_000;
-        let idle = self.applied == GroupMode::Idle && self.lifted_for.is_none();
+        let idle = self.mode.mode(now) == GroupMode::Idle;
         let servers: Vec<Process> = if !idle || self.demoted.is_empty() {
             Vec::new()
         } else {
@@ -354,9 +356,9 @@ impl BatchManager {
                 .map(|(&pid, &(start, _))| (pid, start))
                 .collect()
         };
-        actuator.raise_sessions(
+        actuator.sync_serving_autogroups(
             &servers,
-            cfg.batch.serving_session_nice,
+            cfg.batch.serving_autogroup_nice,
             "serving beside batch in the idle group",
         );
     }

@@ -998,7 +998,7 @@ impl<'obj> Daemon<'obj> {
             watched: self.policy.tracked(),
             threads,
             processes: self.actuator.moved(),
-            sessions: self.actuator.sessions(),
+            autogroups: self.actuator.autogroups(),
             batch: self
                 .batch
                 .as_ref()

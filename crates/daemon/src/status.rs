@@ -1,7 +1,7 @@
 //! The daemon's state as `appease status`, `appease top` and the metrics endpoint see it,
 //! published once a second through the control socket.
 
-use appease_actuator::{ActCounters, ManagedView, MovedView, SessionView};
+use appease_actuator::{ActCounters, AutogroupView, ManagedView, MovedView};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -27,9 +27,9 @@ pub struct Status {
     /// Processes in the idle group: pid, comm, class, group, original group, tree, why, since.
     #[serde(default)]
     pub processes: Vec<ProcessStatus>,
-    /// Serving sessions whose autogroup appease raised (`[batch] serving_session_nice`).
+    /// Serving processes' session autogroups appease raised (`[batch] serving_autogroup_nice`).
     #[serde(default)]
-    pub sessions: Vec<SessionView>,
+    pub autogroups: Vec<AutogroupView>,
     /// The idle group: its CPU share and the starvation floor (None when batch demotion is off).
     #[serde(default)]
     pub batch: Option<crate::batch::BatchView>,
