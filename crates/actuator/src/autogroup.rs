@@ -397,6 +397,11 @@ impl KernelActuator {
         }
     }
 
+    /// The nice of the highest autogroup raised now, if any.
+    pub fn raised_autogroup_nice(&self) -> Option<i32> {
+        self.sessions.raised.values().map(|r| r.nice).min()
+    }
+
     /// The raised autogroups, for `appease status`.
     pub fn autogroups(&self) -> Vec<AutogroupView> {
         let mut v: Vec<AutogroupView> = self

@@ -227,6 +227,10 @@ impl BatchManager {
         }
         let weight = match want {
             GroupMode::Idle => None,
+            GroupMode::Quiet if lifted => Some(lift_weight(
+                cfg.batch.quiet_weight,
+                actuator.raised_autogroup_nice(),
+            )),
             GroupMode::Quiet => Some(cfg.batch.quiet_weight),
             GroupMode::Floor => Some(cfg.batch.floor_weight),
         };
@@ -449,6 +453,15 @@ impl BatchManager {
 
 /// Moves each configured service's processes (with their current children) into its
 /// group; children forked later are born there.
+/// The idle group's weight while it is lifted for a lock: a normal group's, scaled up as
+/// far as the serving autogroups are raised (`raised`: the highest one's nice), so that the
+/// holder gets the share beside them it would get beside unraised ones (cpu.weight's
+/// scale, at most 10,000).
+fn lift_weight(quiet_weight: u32, raised: Option<i32>) -> u32 {
+    let scale = raised.map_or(1024, appease_policy::nice_weight);
+    (u64::from(quiet_weight) * scale / 1024).clamp(1, 10_000) as u32
+}
+
 fn place_services(services: &[(u32, String, Vec<u32>)], actuator: &mut KernelActuator) {
     for (pid, group, members) in services {
         if actuator.is_moved(*pid) {
@@ -484,5 +497,19 @@ fn apply_roles(roles: &HashMap<u32, (i32, String, u64)>, actuator: &mut KernelAc
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lift_weight;
+
+    #[test]
+    fn a_lift_beside_raised_autogroups_weighs_as_much_more_as_they_do() {
+        assert_eq!(lift_weight(100, None), 100);
+        assert_eq!(lift_weight(100, Some(0)), 100);
+        // nice -10: 9,548 against 1,024.
+        assert_eq!(lift_weight(100, Some(-10)), 932);
+        assert_eq!(lift_weight(10_000, Some(-20)), 10_000, "cpu.weight's top");
     }
 }

@@ -17,13 +17,8 @@ use super::eevdf_queues::{Avg, EevdfQueues, Keys};
 use super::runq::RunQueues;
 use crate::engine::{prefetch, How, Ns, Scheduler, TaskId, TaskInfo, View};
 use crate::workload::{SchedClass, Workload};
+pub use appease_policy::nice_weight;
 
-/// The kernel's nice → weight table (sched_prio_to_weight), nice -20 first.
-pub const NICE_WEIGHT: [u64; 40] = [
-    88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916, 9548, 7620, 6100, 4904,
-    3906, 3121, 2501, 1991, 1586, 1277, 1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87,
-    70, 56, 45, 36, 29, 23, 18, 15,
-];
 /// `Ent::own` of a task (it stands for no run queue).
 const TASK: u32 = u32::MAX;
 /// SCHED_IDLE tasks and idle groups.
@@ -62,10 +57,6 @@ fn keys_of(ent: &Ent) -> Keys {
         deadline: ent.deadline,
         v: ent.v,
     }
-}
-
-pub fn nice_weight(nice: i32) -> u64 {
-    NICE_WEIGHT[(nice.clamp(-20, 19) + 20) as usize]
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
