@@ -401,6 +401,10 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
                     params.batch.describe(n, if n == 0 { 0.0 } else { load }),
                     params.measure_s
                 );
+                // Dirty pages left by what ran before (another mode, a test that wrote a
+                // disk image) are written back now, not in this mode's measured window.
+                // SAFETY: sync(2) takes no arguments and cannot fail.
+                unsafe { libc::sync() };
                 let r = run_mode(opts, &params, mode, soakers, engine.as_ref())?;
                 eprintln!(
                     "    mean {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms{}; batch {:.1} {}/s on {:.2} CPUs{}",
