@@ -65,7 +65,7 @@ struct Known {
 }
 
 #[derive(Default)]
-pub(crate) struct Sessions {
+pub(crate) struct Autogroups {
     raised: HashMap<u64, Raised>,
     /// Autogroups someone else reniced after appease did: never taken again (an id is
     /// never reused while the host runs).
@@ -153,8 +153,8 @@ impl KernelActuator {
     /// The autogroup `(pid, start)` is scheduled in, read again every
     /// `RECHECK_AFTER_CALLS` calls; None for a process that is gone or not that process.
     fn serving_autogroup(&mut self, pid: u32, start: u64) -> Option<(u64, u32)> {
-        let calls = self.sessions.calls;
-        let known = match self.sessions.known.get(&(pid, start)) {
+        let calls = self.autogroups.calls;
+        let known = match self.autogroups.known.get(&(pid, start)) {
             Some(k) if calls - k.at < RECHECK_AFTER_CALLS => *k,
             _ => {
                 let stat = self.kernel.task_stat(pid, pid).ok()?;
@@ -171,7 +171,7 @@ impl KernelActuator {
                     leader: stat.session,
                     at: calls,
                 };
-                self.sessions.known.insert((pid, start), k);
+                self.autogroups.known.insert((pid, start), k);
                 k
             }
         };
@@ -188,7 +188,7 @@ impl KernelActuator {
         nice: i32,
         why: &str,
     ) -> usize {
-        self.sessions.calls += 1;
+        self.autogroups.calls += 1;
         let on = nice < 0 && !servers.is_empty() && self.kernel.autogroups_enabled();
         let servers = if on { servers } else { &[] };
         let mut wanted: HashMap<u64, (TaskKey, u32, Vec<u32>)> = HashMap::new();
@@ -208,10 +208,10 @@ impl KernelActuator {
                 .push(pid);
         }
         let serving: HashSet<(u32, u64)> = servers.iter().copied().collect();
-        self.sessions.known.retain(|k, _| serving.contains(k));
+        self.autogroups.known.retain(|k, _| serving.contains(k));
 
         // Put back first; one write this call.
-        let mut ids: Vec<u64> = self.sessions.raised.keys().copied().collect();
+        let mut ids: Vec<u64> = self.autogroups.raised.keys().copied().collect();
         ids.sort_unstable();
         for id in ids.into_iter().filter(|id| !wanted.contains_key(id)) {
             let why = "no serving process left in it, or no batch to serve beside";
@@ -228,20 +228,20 @@ impl KernelActuator {
                 _ => continue, // left the session since it was read
             };
             let mut orig = now;
-            if let Some(r) = self.sessions.raised.get_mut(&id) {
+            if let Some(r) = self.autogroups.raised.get_mut(&id) {
                 r.pids = pids.clone();
                 if self.dry_run || (now == r.nice && r.nice == nice) {
                     continue;
                 }
                 if now != r.nice {
-                    self.sessions.raised.remove(&id);
+                    self.autogroups.raised.remove(&id);
                     tracing::info!(autogroup = id, expected = nice, found = now, "the session's autogroup was reniced by someone else since: left as they set it");
                     let _logged = self.journal(Record::AutogroupRestored { id });
-                    self.sessions.left_alone.insert(id);
+                    self.autogroups.left_alone.insert(id);
                     continue;
                 }
                 orig = r.orig; // a new nice asked for (a reload)
-            } else if now <= nice || self.sessions.left_alone.contains(&id) {
+            } else if now <= nice || self.autogroups.left_alone.contains(&id) {
                 continue; // as high already, by its owner's choice, or theirs to keep
             }
             return usize::from(self.set_autogroup(id, key, leader, orig, now, nice, pids, why));
@@ -298,13 +298,13 @@ impl KernelActuator {
             dry_run = self.dry_run.then_some(true)
         );
         self.counters.changes += 1;
-        let since = match self.sessions.raised.get(&id) {
+        let since = match self.autogroups.raised.get(&id) {
             Some(r) => r.since,
             None => SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
-        self.sessions.raised.insert(
+        self.autogroups.raised.insert(
             id,
             Raised {
                 key,
@@ -332,7 +332,7 @@ impl KernelActuator {
         why: &str,
         how: fn(&dyn Kernel, u64, &PendingAutogroup, &[u32], u32) -> PutBack,
     ) -> Option<bool> {
-        let r = self.sessions.raised.remove(&id)?;
+        let r = self.autogroups.raised.remove(&id)?;
         if self.dry_run {
             return None;
         }
@@ -367,13 +367,13 @@ impl KernelActuator {
                 None
             }
             PutBack::Busy => {
-                self.sessions.raised.insert(id, r);
+                self.autogroups.raised.insert(id, r);
                 Some(false)
             }
             PutBack::Failed(e) => {
                 self.counters.fail_errno(Some(&e));
                 tracing::warn!(autogroup = id, error = %e, "could not put the session's autogroup nice back");
-                self.sessions.raised.insert(id, r);
+                self.autogroups.raised.insert(id, r);
                 Some(false)
             }
         }
@@ -382,14 +382,14 @@ impl KernelActuator {
     /// Puts every raised autogroup back (appease stops), waiting out the kernel's
     /// spacing between writes.
     pub(crate) fn restore_autogroups(&mut self, report: &mut RestoreReport) {
-        let mut ids: Vec<u64> = self.sessions.raised.keys().copied().collect();
+        let mut ids: Vec<u64> = self.autogroups.raised.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
             match self.lower_autogroup_with(id, "shutdown", put_back_waiting) {
                 Some(true) => report.restored += 1,
                 Some(false) => {
                     // Refused: the journal keeps it for `appease restore`.
-                    self.sessions.raised.remove(&id);
+                    self.autogroups.raised.remove(&id);
                     report.failed += 1;
                 }
                 None => {}
@@ -399,13 +399,13 @@ impl KernelActuator {
 
     /// The nice of the highest autogroup raised now, if any.
     pub fn raised_autogroup_nice(&self) -> Option<i32> {
-        self.sessions.raised.values().map(|r| r.nice).min()
+        self.autogroups.raised.values().map(|r| r.nice).min()
     }
 
     /// The raised autogroups, for `appease status`.
     pub fn autogroups(&self) -> Vec<AutogroupView> {
         let mut v: Vec<AutogroupView> = self
-            .sessions
+            .autogroups
             .raised
             .iter()
             .map(|(&id, r)| AutogroupView {
@@ -467,7 +467,7 @@ mod tests {
         KernelActuator::with_kernel(Box::new(k.clone()), Some(journal), Vec::new()).unwrap()
     }
 
-    /// Two servers in session 7 (led by a shell), one in session 8.
+    /// Two servers in autogroup 7 (a shell leads their session), one in autogroup 8.
     fn host() -> (FakeKernel, [(u32, u64); 3]) {
         let k = FakeKernel::new();
         let a = k.spawn(100, 100, "web", fair(0));
@@ -509,7 +509,7 @@ mod tests {
         let before = k.changes();
         assert_eq!(settle(&mut a, &servers, -10), 0);
         assert_eq!(k.changes(), before);
-        // Session 8's server stops serving; session 7 keeps one server.
+        // Autogroup 8's server stops serving; autogroup 7 keeps one server.
         assert_eq!(settle(&mut a, &servers[1..2], -10), 1);
         assert_eq!((k.autogroup_nice(7), k.autogroup_nice(8)), (-10, 0));
         // Both servers of 7 exit: the shell leads the session still, and gets it back
@@ -608,7 +608,7 @@ mod tests {
         let mut a = actuator(&k, &dir);
         settle(&mut a, &servers, -10);
         std::mem::forget(a); // a crash: nothing put back
-                             // The process the raise went through is gone; the shell still holds session 7.
+                             // The process the raise went through is gone; the shell still holds autogroup 7.
         k.exit(100);
         let report = crate::restore_journal_with(&dir.0, &k).unwrap();
         assert_eq!((report.restored, report.failed), (2, 0));

@@ -200,7 +200,7 @@ pub struct KernelActuator {
     /// The idle group's busy threads pinned one CPU each: see `spread`.
     spread: spread::Spread,
     /// Serving processes' autogroups given a nice: see `autogroup`.
-    sessions: autogroup::Sessions,
+    autogroups: autogroup::Autogroups,
     /// The next first contact's thread as the probe saw it (`expect`).
     expected: Option<Identity>,
     pub counters: ActCounters,
@@ -248,7 +248,7 @@ impl KernelActuator {
             idle_units: HashMap::new(),
             idle_groups: HashMap::new(),
             spread: spread::Spread::default(),
-            sessions: autogroup::Sessions::default(),
+            autogroups: autogroup::Autogroups::default(),
             expected: None,
             counters: ActCounters::default(),
             trail: Trail::default(),

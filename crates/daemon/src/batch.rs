@@ -344,8 +344,8 @@ impl BatchManager {
     /// While the idle group is idle and holds batch, the session autogroups of processes
     /// that received a request lately are raised (`[batch] serving_autogroup_nice`);
     /// when it is quiet or in the starvation floor, every raised one is put back. A lift
-    /// for a lock leaves them: the server waits then, and a waiting session takes no CPU
-    /// from the holder (and a lift lasts less than a scan).
+    /// for a lock leaves them (it lasts less than a scan, and the kernel spaces autogroup
+    /// writes 100 ms apart): the lift's weight is scaled to match instead (`lift_weight`).
     fn raise_serving_autogroups(&self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
         let window = cfg.batch.request_memory_ms * 1_000_000;
         let idle = self.mode.mode(now) == GroupMode::Idle;
@@ -451,8 +451,6 @@ impl BatchManager {
     }
 }
 
-/// Moves each configured service's processes (with their current children) into its
-/// group; children forked later are born there.
 /// The idle group's weight while it is lifted for a lock: a normal group's, scaled up as
 /// far as the serving autogroups are raised (`raised`: the highest one's nice), so that the
 /// holder gets the share beside them it would get beside unraised ones (cpu.weight's
@@ -462,6 +460,8 @@ fn lift_weight(quiet_weight: u32, raised: Option<i32>) -> u32 {
     (u64::from(quiet_weight) * scale / 1024).clamp(1, 10_000) as u32
 }
 
+/// Moves each configured service's processes (with their current children) into its
+/// group; children forked later are born there.
 fn place_services(services: &[(u32, String, Vec<u32>)], actuator: &mut KernelActuator) {
     for (pid, group, members) in services {
         if actuator.is_moved(*pid) {
