@@ -1679,6 +1679,70 @@ impl Drop for AutogroupsOn {
     }
 }
 
+/// A request-serving process in a session of its own (`appease bench-worker server` on
+/// a UNIX socket, 1 ms of CPU a request) and a thread of this test sending it a request
+/// every 20 ms. Its own session, so its own autogroup: the kernel gives none to a process
+/// of the first session (under CI the tests may run in it), and /proc/PID/autogroup is
+/// then empty.
+struct SessionServer {
+    server: Soakers,
+    stop: Arc<AtomicBool>,
+    client: Option<JoinHandle<()>>,
+}
+
+impl SessionServer {
+    fn start(dir: &std::path::Path) -> Self {
+        use std::os::unix::process::CommandExt;
+        let socket = dir.join("server.sock");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["bench-worker", "server", "--cpu-ms", "1", "--unix"])
+            .arg(&socket)
+            .stdout(Stdio::piped());
+        // SAFETY: setsid is async-signal-safe and touches only the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        let out = child.stdout.take().unwrap();
+        let server = Soakers(vec![child]);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).unwrap();
+        let mut conn = UnixStream::connect(line.trim()).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let client = thread::spawn(move || {
+            let mut answer = [0u8; appease_bench::worker::ANSWER_LEN];
+            while !st.load(Ordering::Relaxed) {
+                if conn.write_all(b"r").is_err() || conn.read_exact(&mut answer).is_err() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        });
+        SessionServer {
+            server,
+            stop,
+            client: Some(client),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.server.0[0].id()
+    }
+}
+
+impl Drop for SessionServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(c) = self.client.take() {
+            let _ = c.join();
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn a_server_beside_demoted_batch_has_its_sessions_autogroup_raised_and_put_back_after_a_stop_or_kill_9(
@@ -1689,37 +1753,45 @@ fn a_server_beside_demoted_batch_has_its_sessions_autogroup_raised_and_put_back_
     assert_eq!(
         cpu_cgroup(me).as_deref(),
         Some("/"),
-        "this test's server (a thread of the test) must run in the root CPU cgroup, where the kernel schedules it in its session's autogroup"
+        "the server (started by this test) must run in the root CPU cgroup, where the kernel schedules it in its session's autogroup"
     );
-    let before = autogroup_nice(me);
+    let (dir, _gpath, _soakers, daemon) = demoted_soaker("session", "");
+    let server = SessionServer::start(&dir.0);
+    let pid = server.pid();
+    let before = autogroup_nice(pid);
     assert!(
         before > -10,
-        "the test session's autogroup is at nice {before} already"
+        "the server's new autogroup is at nice {before} already"
     );
-    // The server is a thread of this process: its session's autogroup is this test's.
-    let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(20));
-    let (dir, _gpath, _soakers, daemon) = demoted_soaker("session", "");
-    let raised = wait_for(Duration::from_secs(5), || autogroup_nice(me) == -10);
+    let raised = wait_for(Duration::from_secs(5), || autogroup_nice(pid) == -10);
     assert!(
         raised.is_some(),
         "raised (status: {}): {}",
         daemon.status_json()["autogroups"],
         daemon.log_text()
     );
-    // The status is published once a second.
+    // The status is published once a second. (The test's own session may be listed
+    // too: its client thread receives the answers.)
     let mut sessions = serde_json::Value::Null;
+    let mut server_entry = serde_json::Value::Null;
     let shown = wait_for(Duration::from_secs(3), || {
         sessions = daemon.status_json()["autogroups"].clone();
-        sessions[0].is_object()
-    });
-    assert!(shown.is_some(), "{sessions}");
-    assert_eq!(sessions[0]["original_nice"], before, "{sessions}");
-    assert!(
-        sessions[0]["pids"]
+        server_entry = sessions
             .as_array()
-            .is_some_and(|p| p.contains(&me.into())),
-        "{sessions}"
-    );
+            .into_iter()
+            .flatten()
+            .find(|s| {
+                s["pids"]
+                    .as_array()
+                    .is_some_and(|p| p.contains(&pid.into()))
+            })
+            .cloned()
+            .unwrap_or_default();
+        server_entry.is_object()
+    });
+    assert!(shown.is_some(), "the server's session listed: {sessions}");
+    assert_eq!(server_entry["original_nice"], before, "{sessions}");
+    assert_eq!(server_entry["nice"], -10, "{sessions}");
     assert!(
         wait_for(Duration::from_secs(2), || daemon
             .log_text()
@@ -1730,19 +1802,19 @@ fn a_server_beside_demoted_batch_has_its_sessions_autogroup_raised_and_put_back_
     );
     // A stop puts it back.
     drop(daemon);
-    assert_eq!(autogroup_nice(me), before, "put back at exit");
+    assert_eq!(autogroup_nice(pid), before, "put back at exit");
 
     // A crash leaves it raised; the journal alone puts it back.
     let cfg = dir.0.join("session.toml");
     let mut daemon = Daemon::start(&dir.0, &cfg);
-    let raised = wait_for(Duration::from_secs(10), || autogroup_nice(me) == -10);
+    let raised = wait_for(Duration::from_secs(10), || autogroup_nice(pid) == -10);
     assert!(raised.is_some(), "raised again: {}", daemon.log_text());
     daemon.signal(libc::SIGKILL);
-    assert_eq!(autogroup_nice(me), -10, "still raised after the crash");
+    assert_eq!(autogroup_nice(pid), -10, "still raised after the crash");
     let out = appease(&dir.0, &["restore"]);
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(autogroup_nice(me), before, "put back by restore: {out:?}");
-    drop(unix);
+    assert_eq!(autogroup_nice(pid), before, "put back by restore: {out:?}");
+    drop(server);
 }
 
 /// A forked copy of this process that spins and, every 20 ms, takes whatever waits on
