@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -300,9 +300,7 @@ impl KernelActuator {
         self.counters.changes += 1;
         let since = match self.autogroups.raised.get(&id) {
             Some(r) => r.since,
-            None => SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            None => crate::now_secs(),
         };
         self.autogroups.raised.insert(
             id,
@@ -457,14 +455,12 @@ pub(crate) fn restore_journal_autogroups(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::{self, Journal};
-    use crate::testing::{fair, FakeKernel, TempDir};
+    use crate::journal;
+    use crate::testing::{fair, journaled_actuator, FakeKernel, TempDir};
     use crate::Actuator;
 
     fn actuator(k: &FakeKernel, dir: &TempDir) -> KernelActuator {
-        k.watch_journal(&dir.0);
-        let journal = Journal::open(&dir.0).unwrap();
-        KernelActuator::with_kernel(Box::new(k.clone()), Some(journal), Vec::new()).unwrap()
+        journaled_actuator(k, dir, &[])
     }
 
     /// Two servers in autogroup 7 (a shell leads their session), one in autogroup 8.

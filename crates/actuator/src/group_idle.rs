@@ -5,8 +5,6 @@
 //! then the weight (the kernel resets a group's weight when its idle flag goes off, and
 //! refuses a weight while it is on).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use appease_cgroup::Cgroups;
 
 use crate::groups::MovedView;
@@ -142,9 +140,7 @@ impl KernelActuator {
                 root,
                 pids: pids.to_vec(),
                 why: why.to_string(),
-                since: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs()),
+                since: crate::now_secs(),
             },
         );
         Ok(true)

@@ -3,8 +3,8 @@
 //! journal entry of their own: they go back to where their nearest moved ancestor came
 //! from, or to the hierarchy's root.
 
+use crate::now_secs;
 use std::collections::HashMap;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use appease_cgroup::{CgroupError, Cgroups};
 use serde::{Deserialize, Serialize};
@@ -118,12 +118,6 @@ impl Groups {
     pub fn cgroups(&self) -> &Cgroups {
         &self.cg
     }
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 fn cg_err(e: CgroupError) -> ActError {

@@ -6,8 +6,8 @@
 //! change. Children and threads born later inherit SCHED_IDLE: they have no record of
 //! their own and go back to the original state of their nearest recorded ancestor.
 
+use crate::now_secs;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::journal::{JournalState, Record, TaskKey};
 use crate::sys::{self, Kernel, Sched};
@@ -37,12 +37,6 @@ pub(crate) struct IdleUnit {
     pub pids: Vec<u32>,
     pub why: String,
     pub since: u64,
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 pub(crate) fn process_alive(pid: u32) -> bool {

@@ -340,9 +340,7 @@ impl Journal {
 
 /// Copies the journal to `journal.jsonl.corrupt-SECONDS` beside it; returns the copy.
 pub fn keep_a_copy(dir: &Path) -> io::Result<PathBuf> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let secs = crate::now_secs();
     let to = dir.join(format!("{FILE}.corrupt-{secs}"));
     fs::copy(dir.join(FILE), &to)?;
     Ok(to)

@@ -365,9 +365,7 @@ impl KernelActuator {
             applied_slice_ns: orig.slice_ns,
             pidfd,
             why: why.to_string(),
-            since: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            since: now_secs(),
             role: false,
             sunk: false,
         })
@@ -842,20 +840,22 @@ mod testing;
 
 /// The actuator over a fake kernel: what it changes, what it refuses to touch, and that
 /// the journal alone can always undo it.
+/// Seconds since the epoch, for the `since` appease status shows.
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::sys::{SCHED_BATCH, SCHED_FIFO, SCHED_IDLE};
-    use crate::testing::{fair, FakeKernel, TempDir, BASE_SLICE_NS};
+    use crate::testing::{
+        fair, journaled_actuator as actuator, FakeKernel, TempDir, BASE_SLICE_NS,
+    };
 
     const MS: u64 = 1_000_000;
-
-    fn actuator(k: &FakeKernel, dir: &TempDir, exceptions: &[&str]) -> KernelActuator {
-        k.watch_journal(&dir.0);
-        let journal = Journal::open(&dir.0).unwrap();
-        let ex = exceptions.iter().map(|s| s.to_string()).collect();
-        KernelActuator::with_kernel(Box::new(k.clone()), Some(journal), ex).unwrap()
-    }
 
     /// `s` in SCHED_IDLE (born so, or chosen).
     fn idle(s: Sched) -> Sched {

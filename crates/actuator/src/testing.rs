@@ -11,6 +11,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::journal;
 use crate::sys::{Autogroup, Kernel, Sched, TaskStat, SCHED_IDLE, SCHED_NORMAL};
 
+/// An actuator over `k` whose journal is in `dir`, which `k` reads at each change to
+/// check the undo was journaled first.
+pub fn journaled_actuator(
+    k: &FakeKernel,
+    dir: &TempDir,
+    exceptions: &[&str],
+) -> crate::KernelActuator {
+    k.watch_journal(&dir.0);
+    let journal = journal::Journal::open(&dir.0).unwrap();
+    let ex = exceptions.iter().map(|s| s.to_string()).collect();
+    crate::KernelActuator::with_kernel(Box::new(k.clone()), Some(journal), ex).unwrap()
+}
+
 /// The kernel's default slice in the fake (this host's value does not matter).
 pub const BASE_SLICE_NS: u64 = 2_800_000;
 /// The fake host's CPUs.

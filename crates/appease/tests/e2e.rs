@@ -1650,12 +1650,9 @@ fn kill_9_with_demoted_soakers_then_restore_moves_them_back() {
 /// The nice of `pid`'s session autogroup.
 fn autogroup_nice(pid: u32) -> i32 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).unwrap();
-    text.trim()
-        .rsplit_once(" nice ")
-        .unwrap()
-        .1
-        .parse()
-        .unwrap()
+    appease_actuator::sys::parse_autogroup(&text)
+        .unwrap_or_else(|| panic!("pid {pid} is in no autogroup: {text:?}"))
+        .nice
 }
 
 /// The kernel makes autogroups while it lives (`sched_autogroup_enabled = 1`); the
