@@ -665,6 +665,36 @@ mod tests {
     }
 
     #[test]
+    fn raised_autogroups_replay_and_compact_keeping_the_first_original() {
+        let dir = tmpdir("autogroups");
+        let mut j = Journal::open(&dir).unwrap();
+        let raise = |id, prev, next| Record::AutogroupNice {
+            id,
+            key: key(5),
+            orig: prev,
+            prev,
+            next,
+        };
+        j.append(&raise(7, 0, -10)).unwrap();
+        // Raised again to a new nice (a reload): 0 is still what goes back.
+        j.append(&raise(7, -10, -5)).unwrap();
+        j.append(&raise(8, 2, -10)).unwrap();
+        j.append(&Record::AutogroupRestored { id: 8 }).unwrap();
+        drop(j);
+        let st = read_pending(&dir).unwrap();
+        assert_eq!(st.autogroups.keys().copied().collect::<Vec<_>>(), vec![7]);
+        let a = &st.autogroups[&7];
+        assert_eq!((a.orig, a.prev, a.nice, a.key), (0, -10, -5, key(5)));
+        let mut j = Journal::open(&dir).unwrap();
+        j.compact().unwrap();
+        assert_eq!(read_pending(&dir).unwrap(), st, "compaction keeps them");
+        j.append(&Record::AutogroupRestored { id: 7 }).unwrap();
+        assert!(j.state().is_empty());
+        j.remove_if_empty().unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn threads_idled_in_place_and_idle_units_replay_and_compact() {
         let dir = tmpdir("in-place");
         let mut j = Journal::open(&dir).unwrap();
