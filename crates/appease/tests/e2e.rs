@@ -1172,17 +1172,21 @@ fn forking_soaker() -> std::process::Child {
 
 /// `sh -c text` in a session of its own (no terminal, its own process group).
 fn in_new_session(text: &str) -> std::process::Child {
-    use std::os::unix::process::CommandExt;
     let mut cmd = Command::new("sh");
     cmd.args(["-c", text]).stdout(Stdio::null());
+    own_session(&mut cmd).spawn().unwrap()
+}
+
+/// `cmd`, to start in a session of its own (setsid), hence its own autogroup.
+fn own_session(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
     // SAFETY: setsid is async-signal-safe and touches only the child.
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
             Ok(())
-        });
+        })
     }
-    cmd.spawn().unwrap()
 }
 
 #[test]
@@ -1689,20 +1693,12 @@ struct SessionServer {
 
 impl SessionServer {
     fn start(dir: &std::path::Path) -> Self {
-        use std::os::unix::process::CommandExt;
         let socket = dir.join("server.sock");
         let mut cmd = Command::new(BIN);
         cmd.args(["bench-worker", "server", "--cpu-ms", "1", "--unix"])
             .arg(&socket)
             .stdout(Stdio::piped());
-        // SAFETY: setsid is async-signal-safe and touches only the child.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().unwrap();
+        let mut child = own_session(&mut cmd).spawn().unwrap();
         let out = child.stdout.take().unwrap();
         let server = Soakers(vec![child]);
         let mut line = String::new();
