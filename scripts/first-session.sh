@@ -32,6 +32,9 @@ trap 'exit 130' INT TERM
 {
     echo '#!/bin/bash'
     echo 'cat > /dev/null'   # the core, unused
+    # Another program that dumps core in the moment the pattern is ours starts this
+    # helper too: only the first start runs the command.
+    printf 'mkdir %q 2>/dev/null || exit 0\n' "$dir/started"
     echo 'set -m'            # the job gets a process group of its own (not a session) to end it by
     printf 'export PATH=%q HOME=%q\n' "$PATH" "$HOME"
     printf 'cd %q\n' "$repo"
