@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Runs a command (default: `make test`) from the first session, as a job runner started
-# by PID 1 without setsid runs it (CI here does): in the root autogroup, where
-# /proc/PID/autogroup is empty. A shell always has a session and an autogroup of its own,
-# so this borrows the one path the kernel has that starts a process outside every
-# session: a core-dump pipe helper, forked from kthreadd. kernel.core_pattern is set for
-# the moment it takes to start the helper and put back at once (and on every exit).
+# Runs a command (default: `make test`) in the root autogroup, where /proc/PID/autogroup is
+# empty, as the project's CI runs its jobs (from PID 1's side, with no session autogroup).
+# A shell always has a session and an autogroup of its own, so this borrows the one path
+# the kernel has that starts a process outside every session: a core-dump pipe helper,
+# forked from kthreadd. kernel.core_pattern is set for the moment it takes to start the
+# helper and put back as soon as it has started (and on every exit of this script). Only
+# the autogroup matches CI's: the job runs in the root cgroup with this shell's exported
+# environment, the kernel's default limits and no terminal.
 #
 #   scripts/first-session.sh                 # make test
 #   scripts/first-session.sh cargo test --release -p appease-actuator --lib
+#
+# Interrupted, it ends the job's process group; what the job started in sessions of its
+# own (servers started with setsid) is the job's to end, as under any runner.
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (it sets kernel.core_pattern for a moment)" >&2; exit 1; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,34 +33,45 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The helper runs with the kernel's bare environment: give it ours and the command.
+# The helper starts with the kernel's bare environment: it takes ours from a file. The
+# job waits for `go`, written once its autogroup is checked, and never starts the command
+# if this script has given up (the directory is gone).
+export -p > "$dir/env"
 {
     echo '#!/bin/bash'
     echo 'cat > /dev/null'   # the core, unused
-    # Another program that dumps core in the moment the pattern is ours starts this
-    # helper too: only the first start runs the command.
+    # Another program that dumps core while the pattern is ours starts this helper too:
+    # only the first start runs anything (and none once the directory is gone).
     printf 'mkdir %q 2>/dev/null || exit 0\n' "$dir/started"
+    printf '. %q 2>/dev/null\n' "$dir/env"
     echo 'set -m'            # the job gets a process group of its own (not a session) to end it by
-    printf 'export PATH=%q HOME=%q\n' "$PATH" "$HOME"
-    printf 'cd %q\n' "$repo"
-    printf '( cat /proc/self/autogroup > %q; %s > %q 2>&1; echo $? > %q.tmp; mv %q.tmp %q ) </dev/null >/dev/null 2>&1 &\necho $! > %q\n' \
-        "$dir/autogroup" "$(printf '%q ' "$@")" "$dir/log" "$dir/rc" "$dir/rc" "$dir/rc" "$dir/pgid"
+    printf 'cd %q || exit 1\n' "$repo"
+    printf '( cat /proc/self/autogroup > %q || exit 1\n' "$dir/autogroup"
+    printf '  for _ in $(seq 100); do [ -e %q ] && break; [ -d %q ] || exit 1; sleep 0.1; done\n' "$dir/go" "$dir"
+    printf '  [ -e %q ] || exit 1\n' "$dir/go"
+    printf '  %s > %q 2>&1; echo $? > %q.tmp; mv %q.tmp %q ) </dev/null >/dev/null 2>&1 &\n' \
+        "$(printf '%q ' "$@")" "$dir/log" "$dir/rc" "$dir/rc" "$dir/rc"
+    printf 'echo $! > %q.tmp; mv %q.tmp %q\n' "$dir/pgid" "$dir/pgid" "$dir/pgid"
 } > "$dir/helper"
 chmod 755 "$dir/helper"
 : > "$dir/log"
 
 printf '|%s\n' "$dir/helper" > "$knob"
+# The kernel has started the helper by the time the crashing process is gone.
 { ( ulimit -c unlimited; exec bash -c 'kill -SEGV $$' ); } 2>/dev/null || true
-for _ in $(seq 50); do [ -e "$dir/autogroup" ] && [ -s "$dir/pgid" ] && break; sleep 0.1; done
 printf '%s\n' "$saved" > "$knob"
-[ -e "$dir/autogroup" ] || { echo "$0: the core-dump helper did not start" >&2; exit 1; }
+for _ in $(seq 100); do [ -e "$dir/autogroup" ] && [ -s "$dir/pgid" ] && break; sleep 0.1; done
+[ -e "$dir/autogroup" ] && [ -s "$dir/pgid" ] || { echo "$0: the core-dump helper did not start" >&2; exit 1; }
 if [ -s "$dir/autogroup" ]; then
-    echo "$0: the helper is in an autogroup ($(cat "$dir/autogroup")); not the first session" >&2
+    echo "$0: the job is in an autogroup ($(cat "$dir/autogroup")), not the root one" >&2
     exit 1
 fi
+pgid=$(cat "$dir/pgid")
 echo "running in the root autogroup (no session autogroup): $*" >&2
-
 tail -n +1 -f "$dir/log" & tailer=$!
-while [ ! -e "$dir/rc" ]; do sleep 1; done
+: > "$dir/go"
+
+while [ ! -e "$dir/rc" ] && kill -0 -- "-$pgid" 2>/dev/null; do sleep 1; done
 sleep 0.5
+[ -e "$dir/rc" ] || { echo "$0: the job ended without an exit status (killed?)" >&2; exit 1; }
 exit "$(cat "$dir/rc")"
