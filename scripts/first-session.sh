@@ -17,7 +17,7 @@ set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (it sets kernel.core_pattern for a moment)" >&2; exit 1; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
 [ $# -gt 0 ] || set -- make test
-dir=$(mktemp -d /tmp/appease-first-session.XXXXXX)
+dir=$(mktemp -d)
 knob=/proc/sys/kernel/core_pattern
 saved=$(cat "$knob")
 tailer=

@@ -3,7 +3,6 @@
 //! journal entry of their own: they go back to where their nearest moved ancestor came
 //! from, or to the hierarchy's root.
 
-use crate::now_secs;
 use std::collections::HashMap;
 
 use appease_cgroup::{CgroupError, Cgroups};
@@ -11,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::journal::{JournalState, Record, TaskKey};
 use crate::trail::{audit, Change};
-use crate::{sys, ActError, KernelActuator, RestoreReport};
+use crate::{now_secs, sys, ActError, KernelActuator, RestoreReport};
 
 /// appease's top-level groups (the idle group, one per latency service) and what it
 /// moved into them.

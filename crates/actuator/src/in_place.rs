@@ -6,14 +6,13 @@
 //! change. Children and threads born later inherit SCHED_IDLE: they have no record of
 //! their own and go back to the original state of their nearest recorded ancestor.
 
-use crate::now_secs;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::journal::{JournalState, Record, TaskKey};
 use crate::sys::{self, Kernel, Sched};
 use crate::systemd::{self, UnitControl, WEIGHT_IDLE};
 use crate::trail::{audit, Change};
-use crate::{groups::MovedView, Actuator, KernelActuator, RestoreReport};
+use crate::{groups::MovedView, now_secs, Actuator, KernelActuator, RestoreReport};
 
 /// A thread appease put in SCHED_IDLE where it is.
 pub(crate) struct Idled {

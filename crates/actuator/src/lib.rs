@@ -835,11 +835,6 @@ fn restore_journal_with(dir: &Path, k: &dyn sys::Kernel) -> io::Result<RestoreRe
     Ok(report)
 }
 
-#[cfg(test)]
-mod testing;
-
-/// The actuator over a fake kernel: what it changes, what it refuses to touch, and that
-/// the journal alone can always undo it.
 /// Seconds since the epoch, for the `since` appease status shows.
 pub(crate) fn now_secs() -> u64 {
     SystemTime::now()
@@ -847,6 +842,11 @@ pub(crate) fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+#[cfg(test)]
+mod testing;
+
+/// The actuator over a fake kernel: what it changes, what it refuses to touch, and that
+/// the journal alone can always undo it.
 #[cfg(test)]
 mod tests {
     use super::*;
