@@ -12,8 +12,9 @@ APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
 # prometheus brings promtool, which checks the metrics endpoint's output.
 TEST_PACKAGES := postgresql gcc nginx wget apache2-utils sysbench qemu-system-x86 debootstrap e2fsprogs docker.io prometheus tmux perl
 # The peer daemons' modes (ananicy, system76-scheduler) also need schedtool and dbus;
-# the peers themselves are built from their own sources (docs/RESULTS.md).
-BENCH_PACKAGES := $(TEST_PACKAGES) schedtool dbus
+# the peers themselves are built from their own sources (docs/RESULTS.md); the nested
+# scenario measures redis-server with redis-benchmark.
+BENCH_PACKAGES := $(TEST_PACKAGES) schedtool dbus redis-server redis-tools
 # Counts the simulator's instructions per event (a figure the host's noise cannot move).
 PROFILE_PACKAGES := valgrind
 CONFIG ?=

@@ -43,7 +43,7 @@ fn engine_parent(container_group: &str) -> Option<String> {
 }
 
 /// Whether `group` is `ancestor` or below it.
-fn is_below(group: &str, ancestor: &str) -> bool {
+pub(crate) fn is_below(group: &str, ancestor: &str) -> bool {
     group == ancestor
         || group
             .strip_prefix(ancestor)
@@ -272,13 +272,17 @@ impl KernelActuator {
     /// A process exec'd: if it runs under a containers' parent made idle and outside
     /// every container made idle (a container just started), the parent goes back now.
     /// Whether an exec can change a decision now: an engine's parent is idle.
+    /// Or a branch is idle (`branch`).
     pub fn wants_exec_events(&self) -> bool {
         self.idle_groups
             .values()
-            .any(|g| g.why == ALL_CONTAINERS_BATCH)
+            .any(|g| g.why == ALL_CONTAINERS_BATCH || g.why == crate::branch::ONLY_BATCH_BUSY)
     }
 
     pub fn on_exec(&mut self, pid: u32) {
+        if self.has_idle_branches() {
+            self.on_exec_in_branches(pid);
+        }
         let parents = crate::keys_where(&self.idle_groups, |g| g.why == ALL_CONTAINERS_BATCH);
         if parents.is_empty() {
             return;
@@ -348,7 +352,7 @@ impl KernelActuator {
         }
     }
 
-    fn unidle_group(&mut self, path: &str, why: &str, report: &mut RestoreReport) {
+    pub(crate) fn unidle_group(&mut self, path: &str, why: &str, report: &mut RestoreReport) {
         let Some(g) = self.idle_groups.remove(path) else {
             return;
         };

@@ -4,6 +4,7 @@
 //! priority someone else changed after appease did), and a recycled tid is never touched.
 
 mod autogroup;
+mod branch;
 mod group_idle;
 pub mod groups;
 mod in_place;
@@ -201,6 +202,8 @@ pub struct KernelActuator {
     spread: spread::Spread,
     /// Serving processes' autogroups given a nice: see `autogroup`.
     autogroups: autogroup::Autogroups,
+    /// The batch's branches made idle: see `branch`.
+    branches: branch::Branches,
     /// The next first contact's thread as the probe saw it (`expect`).
     expected: Option<Identity>,
     pub counters: ActCounters,
@@ -249,6 +252,7 @@ impl KernelActuator {
             idle_groups: HashMap::new(),
             spread: spread::Spread::default(),
             autogroups: autogroup::Autogroups::default(),
+            branches: branch::Branches::default(),
             expected: None,
             counters: ActCounters::default(),
             trail: Trail::default(),

@@ -107,7 +107,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// synthetic, web, db, db-analytic, frames, pipeline or utilization
+    /// synthetic, web, db, db-analytic, frames, pipeline, utilization or nested
     scenario: String,
     /// A short run (5 s per mode) for CI and a first look.
     #[arg(long)]
@@ -152,7 +152,7 @@ struct BenchArgs {
     #[arg(long, default_value = "soak")]
     batch: String,
     /// Run every mode this many times, interleaved, and report each metric's median
-    /// (default 1; 5 for a --clients sweep without --quick).
+    /// (default 1; 5 for a --clients sweep and 8 for nested, without --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
     repeat: Option<u32>,
     /// web and db: a closed-loop sweep instead of the open-loop run, the Staircase study's
@@ -169,6 +169,15 @@ struct BenchArgs {
     /// not on the PATH: NAME=PATH (repeat or comma-separate).
     #[arg(long, value_delimiter = ',', value_parser = parse_peer_bin)]
     peer_bin: Vec<(String, PathBuf)>,
+    /// nested: the host layouts built by hand in the cpu hierarchy (systemd: a server in
+    /// system.slice, batch in a user's session scope; systemd-limited: the same with a CPU
+    /// quota on user.slice, which keeps the batch in its scope). Default: both.
+    #[arg(long, value_delimiter = ',')]
+    shape: Vec<String>,
+    /// nested: the servers measured (synthetic: the bench's own; redis: redis-server with
+    /// redis-benchmark). Default: both.
+    #[arg(long, value_delimiter = ',')]
+    server: Vec<String>,
 }
 
 /// `--peer-bin NAME=PATH` with NAME a peer mode.
@@ -679,8 +688,34 @@ fn bench(args: BenchArgs) -> Result<()> {
         clients,
         scale_base,
         peer_bin,
+        shape,
+        server,
     } = args;
-    let repeat = repeat.unwrap_or(if clients.is_empty() || quick { 1 } else { 5 });
+    if scenario != "nested" && !(shape.is_empty() && server.is_empty()) {
+        anyhow::bail!("--shape and --server apply to the nested scenario only");
+    }
+    let shapes = if shape.is_empty() {
+        appease_bench::nested::Shape::ALL.to_vec()
+    } else {
+        shape
+            .iter()
+            .map(|s| appease_bench::nested::Shape::parse(s))
+            .collect::<Result<_>>()?
+    };
+    let servers = if server.is_empty() {
+        appease_bench::nested::Server::ALL.to_vec()
+    } else {
+        server
+            .iter()
+            .map(|s| appease_bench::nested::Server::parse(s))
+            .collect::<Result<_>>()?
+    };
+    let repeat = repeat.unwrap_or(match () {
+        // The nested shapes' rounds are slow or not as a whole: count them over eight.
+        _ if scenario == "nested" && !quick => 8,
+        _ if clients.is_empty() || quick => 1,
+        _ => 5,
+    });
     let arrivals = appease_bench::client::Arrivals::parse(&arrivals)?;
     let batch = appease_bench::Batch::parse(&batch)?;
     if let Some(c) = &config {
@@ -690,6 +725,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         // The sweep's question: appease against doing nothing and the best manual setup.
         use appease_bench::Mode::{Appease, BatchCgroupIdle, Unmanaged};
         vec![Unmanaged, BatchCgroupIdle, Appease]
+    } else if modes.is_empty() && scenario == "nested" {
+        appease_bench::nested::MODES.to_vec()
     } else if modes.is_empty() {
         appease_bench::Mode::ALL.to_vec()
     } else {
@@ -722,6 +759,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         clients,
         scale_base,
         peer_bins: peer_bin,
+        shapes,
+        servers,
     };
     let (value, table, csv, plots) = match appease_bench::run(&opts)? {
         appease_bench::Report::Latency(results) => {
@@ -761,6 +800,9 @@ fn bench(args: BenchArgs) -> Result<()> {
                 None => Vec::new(),
             };
             (serde_json::to_value(&r)?, r.table(), Some(r.csv()), plots)
+        }
+        appease_bench::Report::Nested(r) => {
+            (serde_json::to_value(&r)?, r.table(), None, Vec::new())
         }
     };
     if let Some(dir) = &out {

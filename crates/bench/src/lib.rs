@@ -5,6 +5,7 @@ pub mod client;
 pub mod closed_loop;
 mod db;
 pub mod docker;
+pub mod nested;
 pub mod peer;
 mod pipeline;
 pub mod plot;
@@ -44,6 +45,11 @@ pub enum Mode {
     Ananicy,
     /// system76-scheduler, installed, with its packaged configuration (a peer daemon).
     System76Scheduler,
+    /// nested: the batch's own group (its session scope) made idle by hand.
+    BatchGroupIdle,
+    /// nested: the batch's branch made idle by hand where it meets the server's branch
+    /// (a systemd host's `user.slice`).
+    BatchBranchIdle,
 }
 
 impl Mode {
@@ -60,6 +66,9 @@ impl Mode {
     /// What users run instead of appease; not among the default modes (they must be
     /// installed), asked for by name.
     pub const PEERS: [Mode; 2] = [Mode::Ananicy, Mode::System76Scheduler];
+
+    /// Setups made by hand that only the nested scenario's shapes have.
+    pub const NESTED: [Mode; 2] = [Mode::BatchGroupIdle, Mode::BatchBranchIdle];
 
     pub fn peer(self) -> Option<peer::Peer> {
         match self {
@@ -80,6 +89,8 @@ impl Mode {
             Mode::BatchCgroupIdle => "batch-cgroup-idle",
             Mode::RbpeClassic => "rbpe-classic",
             Mode::Appease => "appease",
+            Mode::BatchGroupIdle => "batch-group-idle",
+            Mode::BatchBranchIdle => "batch-branch-idle",
         }
     }
 
@@ -87,11 +98,13 @@ impl Mode {
         Mode::ALL
             .into_iter()
             .chain(Mode::PEERS)
+            .chain(Mode::NESTED)
             .find(|m| m.name() == s)
             .with_context(|| {
                 let names: Vec<_> = Mode::ALL
                     .iter()
                     .chain(&Mode::PEERS)
+                    .chain(&Mode::NESTED)
                     .map(|m| m.name())
                     .collect();
                 format!("unknown mode {s:?}; modes are {}", names.join(", "))
@@ -168,6 +181,7 @@ pub const SCENARIOS: &[&str] = &[
     "frames",
     "pipeline",
     "utilization",
+    "nested",
 ];
 
 pub struct Options {
@@ -200,6 +214,10 @@ pub struct Options {
     pub scale_base: Option<u32>,
     /// Peer daemons' programs by mode name (`--peer-bin NAME=PATH`); others from the PATH.
     pub peer_bins: Vec<(String, PathBuf)>,
+    /// nested: the host layouts built.
+    pub shapes: Vec<nested::Shape>,
+    /// nested: the servers measured in them.
+    pub servers: Vec<nested::Server>,
 }
 
 impl Options {
@@ -265,6 +283,7 @@ pub enum Report {
     Utilization(utilization::UtilizationResult),
     /// web and db with `--clients`: the closed-loop sweep.
     ClosedLoop(closed_loop::ClosedLoopResult),
+    Nested(nested::NestedResult),
 }
 
 pub fn run(opts: &Options) -> Result<Report> {
@@ -286,6 +305,12 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     if opts.scenario == "utilization" {
         return Ok(Report::Utilization(utilization::run(opts)?));
+    }
+    if opts.scenario == "nested" {
+        return Ok(Report::Nested(nested::run(opts)?));
+    }
+    if let Some(m) = opts.modes.iter().find(|m| Mode::NESTED.contains(m)) {
+        bail!("mode {} applies to the nested scenario only", m.name());
     }
     if !opts.clients.is_empty() {
         return Ok(Report::ClosedLoop(closed_loop::run(opts)?));
@@ -901,6 +926,9 @@ fn apply_mode(
         Mode::BatchCgroupIdle => into_idle_group(run, soakers)?,
         // Started before the batch load (start_peer).
         Mode::Ananicy | Mode::System76Scheduler => {}
+        Mode::BatchGroupIdle | Mode::BatchBranchIdle => {
+            bail!("mode {} applies to the nested scenario only", mode.name())
+        }
         Mode::RbpeClassic | Mode::Appease => {
             let cfg = tmp.join("daemon.toml");
             let text = match (&opts.config, mode) {

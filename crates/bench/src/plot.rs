@@ -23,6 +23,8 @@ fn colour(mode: Mode) -> RGBColor {
         Mode::Appease => RGBColor(31, 119, 180),
         Mode::Ananicy => RGBColor(44, 160, 44),
         Mode::System76Scheduler => RGBColor(23, 190, 207),
+        Mode::BatchGroupIdle => RGBColor(227, 119, 194),
+        Mode::BatchBranchIdle => RGBColor(188, 189, 34),
     }
 }
 

@@ -271,6 +271,8 @@ pub fn run(opts: &Options) -> Result<UtilizationResult> {
             clients: Vec::new(),
             scale_base: None,
             peer_bins: opts.peer_bins.clone(),
+            shapes: Vec::new(),
+            servers: Vec::new(),
         };
         with_server.extend(crate::run_latency(&o)?);
     }

@@ -239,6 +239,19 @@ impl Cgroups {
         }
     }
 
+    /// A CPU quota of `quota_us` per 100 ms period on the group, or none (`cpu.cfs_quota_us`
+    /// on v1, `cpu.max` on v2).
+    pub fn set_cpu_quota(&self, group: &str, quota_us: Option<u64>) -> Result<(), CgroupError> {
+        let (file, value) = match (self.version, quota_us) {
+            (Version::V1, Some(q)) => ("cpu.cfs_quota_us", q.to_string()),
+            (Version::V1, None) => ("cpu.cfs_quota_us", "-1".to_string()),
+            (Version::V2, Some(q)) => ("cpu.max", format!("{q} 100000")),
+            (Version::V2, None) => ("cpu.max", "max 100000".to_string()),
+        };
+        let f = self.dir(group).join(file);
+        write(&f, value).map_err(io_err("writing", &f))
+    }
+
     pub fn idle(&self, group: &str) -> Result<bool, CgroupError> {
         let f = self.dir(group).join("cpu.idle");
         let v = fs::read_to_string(&f).map_err(io_err("reading", &f))?;

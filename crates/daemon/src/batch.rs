@@ -327,6 +327,7 @@ impl BatchManager {
         actuator.remove_ended_job_groups(|root| demoted.contains(&root));
         self.spread(now, snap.busy_batch, cfg, actuator);
         self.raise_serving_autogroups(now, cfg, actuator);
+        actuator.sync_idle_branches(&self.serving_beside_batch(now, cfg));
         // Requests of processes that are gone need not be remembered.
         for (pid, start) in snap.gone {
             if self
@@ -347,24 +348,28 @@ impl BatchManager {
     /// for a lock leaves them (it lasts less than a scan, and the kernel spaces autogroup
     /// writes 100 ms apart): the lift's weight is scaled to match instead (`lift_weight`).
     fn raise_serving_autogroups(&self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
-        let window = cfg.batch.request_memory_ms * 1_000_000;
-        let idle = self.mode.mode(now) == GroupMode::Idle;
-        let servers: Vec<Process> = if !idle || self.demoted.is_empty() {
-            Vec::new()
-        } else {
-            self.last_request
-                .iter()
-                .filter(|(pid, &(_, at))| {
-                    now.saturating_sub(at) < window && !self.demoted.contains(pid)
-                })
-                .map(|(&pid, &(start, _))| (pid, start))
-                .collect()
-        };
         actuator.sync_serving_autogroups(
-            &servers,
+            &self.serving_beside_batch(now, cfg),
             cfg.batch.serving_autogroup_nice,
             "serving beside batch in the idle group",
         );
+    }
+
+    /// The processes that received a request lately while the idle class is in force and
+    /// holds batch (none otherwise): whom the batch must yield to, across groups.
+    fn serving_beside_batch(&self, now: u64, cfg: &Config) -> Vec<Process> {
+        let window = cfg.batch.request_memory_ms * 1_000_000;
+        let idle = self.mode.mode(now) == GroupMode::Idle;
+        if !idle || self.demoted.is_empty() {
+            return Vec::new();
+        }
+        self.last_request
+            .iter()
+            .filter(|(pid, &(_, at))| {
+                now.saturating_sub(at) < window && !self.demoted.contains(pid)
+            })
+            .map(|(&pid, &(start, _))| (pid, start))
+            .collect()
     }
 
     /// Shares the idle group's busy threads out evenly over the CPUs while the group is

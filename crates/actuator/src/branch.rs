@@ -1,0 +1,286 @@
+//! The batch's branch made idle where it meets the servers' branch.
+//!
+//! The kernel chooses between two tasks at the level of the cgroup tree where their
+//! branches meet: a server in `system.slice/redis.service` and a build in
+//! `user.slice/user-0.slice/session-1.scope` meet at the root, as `system.slice` against
+//! `user.slice`. What is done inside the build's scope (its threads in `SCHED_IDLE`, the
+//! scope itself idle) acts only among the scope's or the user's own tasks: at the root,
+//! `user.slice` still competes at full weight (measured: per-thread `SCHED_IDLE` in the
+//! scope left the server slower than doing nothing). So while a tree demoted in place runs
+//! beside servers outside its branch, the highest group of its branch that holds no
+//! server is made idle, as long as everything busy in it is demoted batch; it is given
+//! back at the first exec or busy process of anything else there (someone typing in a
+//! shell of the same session), when the servers stop serving, and when the batch ends.
+//! Nothing moves: the branch's limits bind as before.
+
+use std::collections::{BTreeSet, HashMap};
+
+use appease_cgroup::{Cgroups, ProcStat};
+
+use crate::group_idle::is_below;
+use crate::{KernelActuator, RestoreReport};
+
+/// Why a branch is idle.
+pub(crate) const ONLY_BATCH_BUSY: &str =
+    "everything busy in it is demoted batch, beside servers outside it";
+
+/// CPU in clock ticks (10 ms) over one scan above which a process counts as busy.
+const BUSY_TICKS: u64 = 5;
+
+/// What the branch rule remembers between scans.
+#[derive(Default)]
+pub(crate) struct Branches {
+    /// pid -> (start, CPU ticks at the last scan), for the processes in watched branches.
+    cpu: HashMap<u32, (u64, u64)>,
+}
+
+/// The groups from the top of `group`'s path down to it: `/a`, `/a/b`, `/a/b/c`.
+fn ancestry(group: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut path = String::new();
+    for part in group.split('/').filter(|p| !p.is_empty()) {
+        path.push('/');
+        path.push_str(part);
+        out.push(path.clone());
+    }
+    out
+}
+
+/// The highest group on `batch`'s path that holds none of `servers` nor `own` (appease's
+/// own group): where the batch's branch meets theirs. None when the batch shares its very
+/// group with a server (the batch would have to be isolated first) or sits at the root.
+pub(crate) fn branch_of(batch: &str, servers: &BTreeSet<String>, own: &str) -> Option<String> {
+    ancestry(batch)
+        .into_iter()
+        .find(|a| !is_below(own, a) && !servers.iter().any(|s| is_below(s, a)))
+}
+
+impl KernelActuator {
+    /// Makes idle, keeps or gives back the branches of the trees demoted in place, given
+    /// the processes that served requests lately (`servers`: pid and start; empty when the
+    /// idle class is not in force). Called on every scan. Returns how many branches changed.
+    pub fn sync_idle_branches(&mut self, servers: &[(u32, u64)]) -> usize {
+        let Some(g) = self.groups.as_ref() else {
+            return 0;
+        };
+        // systemd's tree is changed through its bus only: not built for branches yet.
+        if g.systemd_owned() {
+            return 0;
+        }
+        let cg = g.cgroups().clone();
+        self.forget_vanished_idle_groups();
+        let wanted = self.wanted_branches(&cg, servers);
+        let mut changed = 0;
+        let mut seen = HashMap::new();
+        for branch in &wanted {
+            let ours = self.is_our_branch(branch);
+            if self.only_batch_busy(&cg, branch, &mut seen) {
+                match self.idle_group_in_place(branch, None, &[], ONLY_BATCH_BUSY) {
+                    Ok(true) => changed += 1,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(branch, error = %e, "could not make the batch's branch idle")
+                    }
+                }
+            } else if ours {
+                self.unidle_branch(branch, "something else is busy in the batch's branch");
+                changed += 1;
+            }
+        }
+        for branch in crate::keys_where(&self.idle_groups, |g| g.why == ONLY_BATCH_BUSY) {
+            if !wanted.contains(&branch) {
+                let why = if servers.is_empty() {
+                    "no server serves beside the batch"
+                } else {
+                    "no tree demoted in place below it"
+                };
+                self.unidle_branch(&branch, why);
+                changed += 1;
+            }
+        }
+        self.branches.cpu = seen;
+        changed
+    }
+
+    /// The branches the trees demoted in place would have made idle now.
+    fn wanted_branches(&self, cg: &Cgroups, servers: &[(u32, u64)]) -> BTreeSet<String> {
+        let server_groups: BTreeSet<String> = servers
+            .iter()
+            .filter(|&&(pid, start)| {
+                crate::sys::task_stat(pid, pid).is_ok_and(|s| s.start == start)
+            })
+            .filter_map(|&(pid, _)| cg.group_of(pid).ok())
+            .collect();
+        if server_groups.is_empty() {
+            return BTreeSet::new();
+        }
+        let own = cg.group_of(self.self_pid).unwrap_or_else(|_| "/".into());
+        // Groups of trees demoted in place: per thread, or made idle as a whole.
+        let batch: BTreeSet<String> = self
+            .idled
+            .values()
+            .map(|i| i.group.clone())
+            .chain(
+                self.idle_groups
+                    .iter()
+                    .filter(|(_, g)| g.root.is_some())
+                    .map(|(p, _)| p.clone()),
+            )
+            .collect();
+        batch
+            .iter()
+            .filter_map(|b| branch_of(b, &server_groups, &own).map(|br| (b, br)))
+            // A group made idle for the tree is its own branch already.
+            .filter(|(b, br)| !(br == *b && self.idle_groups.contains_key(br.as_str())))
+            .map(|(_, br)| br)
+            .filter(|br| self.is_our_branch(br) || !cg.idle(br).unwrap_or(true))
+            .collect()
+    }
+
+    fn is_our_branch(&self, group: &str) -> bool {
+        self.idle_groups
+            .get(group)
+            .is_some_and(|g| g.why == ONLY_BATCH_BUSY)
+    }
+
+    /// Whether every process below `branch` is demoted batch (in `SCHED_IDLE`, or in a
+    /// group made idle for a tree) or used less than `BUSY_TICKS` since the last scan. A
+    /// process seen for the first time is busy until a scan has measured it. Records the
+    /// CPU of what it read in `seen`.
+    fn only_batch_busy(
+        &self,
+        cg: &Cgroups,
+        branch: &str,
+        seen: &mut HashMap<u32, (u64, u64)>,
+    ) -> bool {
+        let Ok(pids) = cg.processes_below(branch) else {
+            return false;
+        };
+        let mut only_batch = !pids.is_empty();
+        for pid in pids {
+            let Some(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|t| ProcStat::parse(&t))
+            else {
+                continue; // gone
+            };
+            seen.insert(pid, (stat.start, stat.cpu_ticks));
+            if stat.policy == libc::SCHED_IDLE as u32 || self.in_idle_group_of_a_tree(cg, pid) {
+                continue;
+            }
+            let busy = match self.branches.cpu.get(&pid) {
+                Some(&(start, ticks)) if start == stat.start => {
+                    stat.cpu_ticks.saturating_sub(ticks) >= BUSY_TICKS
+                }
+                _ => true,
+            };
+            if busy {
+                tracing::debug!(
+                    pid,
+                    comm = stat.comm,
+                    branch,
+                    "busy beside the batch in its branch"
+                );
+                only_batch = false;
+            }
+        }
+        only_batch
+    }
+
+    fn in_idle_group_of_a_tree(&self, cg: &Cgroups, pid: u32) -> bool {
+        cg.group_of(pid).is_ok_and(|group| {
+            self.idle_groups
+                .iter()
+                .any(|(path, g)| g.root.is_some() && is_below(&group, path))
+        })
+    }
+
+    /// A process exec'd below an idle branch of ours, outside the batch: the branch goes
+    /// back now, not at the next scan (a command typed in the session's shell).
+    pub(crate) fn on_exec_in_branches(&mut self, pid: u32) {
+        let branches = crate::keys_where(&self.idle_groups, |g| g.why == ONLY_BATCH_BUSY);
+        if branches.is_empty() {
+            return;
+        }
+        let Some(cg) = self.groups.as_ref().map(|g| g.cgroups().clone()) else {
+            return;
+        };
+        let Ok(group) = cg.group_of(pid) else {
+            return;
+        };
+        // SAFETY: sched_getscheduler only reads.
+        let batch = unsafe { libc::sched_getscheduler(pid as i32) } == libc::SCHED_IDLE
+            || self.in_idle_group_of_a_tree(&cg, pid);
+        if batch {
+            return;
+        }
+        for b in branches.iter().filter(|b| is_below(&group, b)) {
+            self.unidle_branch(b, "a program started in the batch's branch");
+        }
+    }
+
+    pub(crate) fn has_idle_branches(&self) -> bool {
+        self.idle_groups.values().any(|g| g.why == ONLY_BATCH_BUSY)
+    }
+
+    fn unidle_branch(&mut self, branch: &str, why: &str) {
+        tracing::info!(branch, why, "the batch's branch given back");
+        self.unidle_group(branch, why, &mut RestoreReport::default());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(groups: &[&str]) -> BTreeSet<String> {
+        groups.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_branch_is_the_highest_group_on_the_batchs_path_that_holds_no_server() {
+        let scope = "/user.slice/user-0.slice/session-1.scope";
+        let redis = set(&["/system.slice/redis.service"]);
+        assert_eq!(
+            branch_of(scope, &redis, "/").as_deref(),
+            Some("/user.slice")
+        );
+        // A server in the same user's slice: they meet lower down.
+        let beside = set(&["/user.slice/user-0.slice/user@0.service/app.service"]);
+        assert_eq!(
+            branch_of(scope, &beside, "/").as_deref(),
+            Some("/user.slice/user-0.slice/session-1.scope")
+        );
+        let other_user = set(&["/user.slice/user-1000.slice/session-2.scope"]);
+        assert_eq!(
+            branch_of(scope, &other_user, "/").as_deref(),
+            Some("/user.slice/user-0.slice")
+        );
+    }
+
+    #[test]
+    fn no_branch_when_a_server_shares_the_batchs_group_or_appease_lives_in_it() {
+        let unit = "/system.slice/ci-runner.service";
+        assert_eq!(branch_of(unit, &set(&[unit]), "/"), None);
+        assert_eq!(
+            branch_of("/", &set(&["/system.slice/x.service"]), "/"),
+            None
+        );
+        // appease's own group is never made idle.
+        assert_eq!(
+            branch_of(
+                "/system.slice/backup.service",
+                &set(&["/user.slice"]),
+                "/system.slice/appease.service"
+            )
+            .as_deref(),
+            Some("/system.slice/backup.service")
+        );
+    }
+
+    #[test]
+    fn ancestry_runs_from_the_top_down() {
+        assert_eq!(ancestry("/a/b/c"), ["/a", "/a/b", "/a/b/c"]);
+        assert!(ancestry("/").is_empty());
+    }
+}

@@ -1,0 +1,748 @@
+//! `appease bench nested`: the shapes of the hosts most people run (a server in a service
+//! unit, batch in a user's session scope), built by hand in the `cpu` hierarchy with real
+//! CPUs, and the server measured beside the batch under every way of making it yield.
+//!
+//! On such a host the kernel chooses between the server and the batch where their
+//! branches of the cgroup tree meet (the root, between `system.slice` and `user.slice`),
+//! so what is done inside the batch's own group may not reach the server at all.
+//! Every shape gets its own top-level groups named after the bench (`appease-bench-PID.
+//! system.slice`, …), so the meeting point is the root as on a systemd host, and nothing
+//! of the host's is touched; they are removed with the run.
+
+use std::ffi::CString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use appease_cgroup::Cgroups;
+use serde::{Deserialize, Serialize};
+
+use crate::{client, Mode, Options, Run};
+
+/// A host layout built by hand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shape {
+    /// systemd's: the server in `system.slice/server.service`, its client in
+    /// `system.slice/client.service`, the batch and a sleeping shell in
+    /// `user.slice/user-0.slice/session-1.scope`.
+    Systemd,
+    /// The same with a CPU quota on `user.slice` (1.9 CPUs), a limit that keeps the batch
+    /// in its scope: appease demotes it in place.
+    SystemdLimited,
+}
+
+impl Shape {
+    pub const ALL: [Shape; 2] = [Shape::Systemd, Shape::SystemdLimited];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Systemd => "systemd",
+            Shape::SystemdLimited => "systemd-limited",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        Shape::ALL
+            .into_iter()
+            .find(|x| x.name() == s)
+            .with_context(|| format!("unknown shape {s:?}; shapes are systemd, systemd-limited"))
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Shape::Systemd => {
+                "server in system.slice/server.service, batch and a sleeping shell in \
+                 user.slice/user-0.slice/session-1.scope, no limit"
+            }
+            Shape::SystemdLimited => {
+                "server in system.slice/server.service, batch and a sleeping shell in \
+                 user.slice/user-0.slice/session-1.scope, user.slice under a CPU quota of 1.9 CPUs"
+            }
+        }
+    }
+}
+
+/// The server measured, with its own client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Server {
+    /// The bench's own (5 ms of CPU per request, 40 requests/s open loop over TCP).
+    Synthetic,
+    /// redis-server, driven by redis-benchmark (`-c 4`, GET, runs of 20,000).
+    Redis,
+}
+
+impl Server {
+    pub const ALL: [Server; 2] = [Server::Synthetic, Server::Redis];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Server::Synthetic => "synthetic",
+            Server::Redis => "redis",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        Server::ALL
+            .into_iter()
+            .find(|x| x.name() == s)
+            .with_context(|| format!("unknown server {s:?}; servers are synthetic, redis"))
+    }
+
+    /// A round is slow when its p99 is more than this above the request's own CPU need:
+    /// the server then waited for a scheduler tick (4 ms at HZ=250) or for the batch.
+    fn slow_above_ms(self) -> f64 {
+        match self {
+            Server::Synthetic => SYNTHETIC_CPU_MS + 1.0,
+            Server::Redis => 1.0,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Server::Synthetic => {
+                "the bench's server, 5 ms of CPU per request, 40 requests/s open loop over TCP"
+            }
+            Server::Redis => "redis-server, redis-benchmark -c 4 -t get, runs of 20,000",
+        }
+    }
+}
+
+const SYNTHETIC_CPU_MS: f64 = 5.0;
+const SYNTHETIC_RATE: f64 = 40.0;
+/// The quota of the limited shape's `user.slice` (cfs_quota_us of a 100 ms period).
+const USER_SLICE_QUOTA_US: u64 = 190_000;
+
+/// The modes the nested scenario runs unless told otherwise.
+pub const MODES: [Mode; 6] = [
+    Mode::Unloaded,
+    Mode::Unmanaged,
+    Mode::BatchGroupIdle,
+    Mode::BatchBranchIdle,
+    Mode::BatchCgroupIdle,
+    Mode::Appease,
+];
+
+/// One mode in one round.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Round {
+    pub p99_ms: f64,
+    /// The median response time, ms.
+    pub p50_ms: f64,
+    pub requests_per_s: f64,
+    pub slow: bool,
+    /// CPUs the soakers got during the measurement (their work is CPU time).
+    pub batch_cpus: f64,
+}
+
+/// One mode over every round.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModeSummary {
+    pub mode: Mode,
+    pub p99_ms: f64,
+    pub p50_ms: f64,
+    pub requests_per_s: f64,
+    pub slow_rounds: usize,
+    pub batch_cpus: f64,
+    /// The batch's CPU against unmanaged's, percent (when unmanaged ran).
+    pub batch_pct: Option<f64>,
+    pub rounds: Vec<Round>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Case {
+    pub shape: Shape,
+    pub server: Server,
+    pub soakers: usize,
+    pub measure_s: f64,
+    pub modes: Vec<ModeSummary>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NestedResult {
+    pub scenario: String,
+    pub cases: Vec<Case>,
+}
+
+impl NestedResult {
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        for c in &self.cases {
+            out.push_str(&format!(
+                "nested, shape {}: {}\nserver: {}; batch: {} soakers; {} rounds of {} s, modes interleaved\n",
+                c.shape.name(),
+                c.shape.describe(),
+                c.server.describe(),
+                c.soakers,
+                c.modes.first().map_or(0, |m| m.rounds.len()),
+                c.measure_s
+            ));
+            out.push_str(&format!(
+                "{:<22} {:>9} {:>9} {:>7} {:>11} {:>12} {:>8}\n",
+                "mode", "p99 ms", "p50 ms", "slow", "requests/s", "batch CPUs", "batch %"
+            ));
+            for m in &c.modes {
+                out.push_str(&format!(
+                    "{:<22} {:>9.3} {:>9.3} {:>7} {:>11.0} {:>12.2} {:>8}\n",
+                    m.mode.name(),
+                    m.p99_ms,
+                    m.p50_ms,
+                    format!("{}/{}", m.slow_rounds, m.rounds.len()),
+                    m.requests_per_s,
+                    m.batch_cpus,
+                    m.batch_pct.map_or("-".to_string(), |p| format!("{p:.1}"))
+                ));
+            }
+            out.push_str(&format!(
+                "(medians over the rounds; a round is slow when its p99 is above {:.1} ms)\n\n",
+                c.server.slow_above_ms()
+            ));
+        }
+        out
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn summarise(mode: Mode, rounds: Vec<Round>) -> ModeSummary {
+    let pick = |f: fn(&Round) -> f64| median(&mut rounds.iter().map(f).collect::<Vec<_>>());
+    ModeSummary {
+        mode,
+        p99_ms: pick(|r| r.p99_ms),
+        p50_ms: pick(|r| r.p50_ms),
+        requests_per_s: pick(|r| r.requests_per_s),
+        slow_rounds: rounds.iter().filter(|r| r.slow).count(),
+        batch_cpus: pick(|r| r.batch_cpus),
+        batch_pct: None,
+        rounds,
+    }
+}
+
+/// The shape's groups for one run, created under the bench's own top-level names.
+struct Groups {
+    cg: Cgroups,
+    server: String,
+    client: String,
+    /// The batch's own group (the session scope).
+    batch: String,
+    /// Where the batch's branch meets the server's: the top-level `user.slice`.
+    branch: String,
+}
+
+impl Groups {
+    fn build(run: &mut Run, shape: Shape) -> Result<Self> {
+        let cg = Cgroups::detect()?;
+        let p = format!("appease-bench-{}", std::process::id());
+        let system = cg.ensure_top_group(&format!("{p}.system.slice"), false, 100)?;
+        let user = cg.ensure_top_group(&format!("{p}.user.slice"), false, 100)?;
+        let server = cg.ensure_child_group(&system, "server.service", 100)?;
+        let client = cg.ensure_child_group(&system, "client.service", 100)?;
+        let user0 = cg.ensure_child_group(&user, "user-0.slice", 100)?;
+        let batch = cg.ensure_child_group(&user0, "session-1.scope", 100)?;
+        // Removed deepest first, once the processes are gone.
+        for g in [&server, &client, &batch, &user0, &system, &user] {
+            run.cgroups.push((cg.clone(), g.clone()));
+        }
+        if shape == Shape::SystemdLimited {
+            cg.set_cpu_quota(&user, Some(USER_SLICE_QUOTA_US))?;
+        }
+        Ok(Groups {
+            cg,
+            server,
+            client,
+            batch,
+            branch: user,
+        })
+    }
+
+    /// `cgroup.procs` of `group`, for a child to write itself into before it runs.
+    fn procs_file(&self, group: &str) -> Result<CString> {
+        let path = self
+            .cg
+            .root()
+            .join(group.trim_start_matches('/'))
+            .join("cgroup.procs");
+        Ok(CString::new(path.into_os_string().into_encoded_bytes())?)
+    }
+}
+
+/// Starts `cmd` inside `group`: the child enters it before it runs, so every thread and
+/// child it makes is born there.
+fn spawn_in(groups: &Groups, group: &str, cmd: &mut Command) -> Result<Child> {
+    let procs = groups.procs_file(group)?;
+    // SAFETY: between fork and exec the child only makes async-signal-safe syscalls
+    // (open, write, close) on memory prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+            let err = std::io::Error::last_os_error();
+            libc::close(fd);
+            if ok {
+                Ok(())
+            } else {
+                Err(err)
+            }
+        });
+    }
+    cmd.spawn()
+        .with_context(|| format!("starting {:?} in {group}", cmd.get_program()))
+}
+
+/// A free TCP port on loopback.
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// The server of one run and how to load it.
+enum Target {
+    Synthetic(client::Target),
+    Redis(u16),
+}
+
+fn start_server(run: &mut Run, opts: &Options, g: &Groups, server: Server) -> Result<Target> {
+    match server {
+        Server::Synthetic => {
+            let cpu = SYNTHETIC_CPU_MS.to_string();
+            let mut cmd = Command::new(&opts.appease);
+            cmd.args(["bench-worker", "server", "--cpu-ms", &cpu, "--port", "0"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+            let mut child = spawn_in(g, &g.server, &mut cmd)?;
+            let mut line = String::new();
+            let read = std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(child.stdout.as_mut().expect("piped")),
+                &mut line,
+            );
+            run.children.push(child);
+            read.context("reading the server's port")?;
+            let port: u16 = line
+                .trim()
+                .parse()
+                .context("the server did not report its port")?;
+            Ok(Target::Synthetic(client::Target::Tcp(
+                ([127, 0, 0, 1], port).into(),
+            )))
+        }
+        Server::Redis => {
+            let port = free_port()?;
+            let p = port.to_string();
+            let mut cmd = Command::new("redis-server");
+            cmd.args([
+                "--port",
+                &p,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+            let child = spawn_in(g, &g.server, &mut cmd)?;
+            run.graceful.push(child);
+            crate::wait_until(Duration::from_secs(10), || {
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            })
+            .context("redis-server did not accept connections within 10 s")?;
+            // A key for the GETs.
+            let set = Command::new("redis-cli")
+                .args(["-p", &p, "set", "key:__rand_int__", "x"])
+                .output()
+                .context("running redis-cli")?;
+            if !set.status.success() {
+                bail!(
+                    "redis-cli set failed: {}",
+                    String::from_utf8_lossy(&set.stderr)
+                );
+            }
+            Ok(Target::Redis(port))
+        }
+    }
+}
+
+/// One redis-benchmark run: (requests/s, p50 ms, p99 ms).
+fn redis_benchmark(g: &Groups, port: u16) -> Result<(f64, f64, f64)> {
+    let p = port.to_string();
+    let mut cmd = Command::new("redis-benchmark");
+    cmd.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &p,
+        "-c",
+        "4",
+        "-n",
+        "20000",
+        "-t",
+        "get",
+        "--csv",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    let child = spawn_in(g, &g.client, &mut cmd)?;
+    let out = child.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_redis_csv(&text).with_context(|| format!("reading redis-benchmark's output: {text:?}"))
+}
+
+/// redis-benchmark's `--csv` answer: a header, then `"GET","rps","avg",…` with the
+/// columns it names.
+fn parse_redis_csv(text: &str) -> Option<(f64, f64, f64)> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<String> = lines
+        .next()?
+        .split(',')
+        .map(|f| f.trim_matches('"').to_string())
+        .collect();
+    let row: Vec<f64> = lines
+        .next()?
+        .split(',')
+        .map(|f| f.trim_matches('"').parse().unwrap_or(f64::NAN))
+        .collect();
+    let col = |name: &str| {
+        let i = header.iter().position(|h| h == name)?;
+        row.get(i).copied().filter(|v| v.is_finite())
+    };
+    Some((col("rps")?, col("p50_latency_ms")?, col("p99_latency_ms")?))
+}
+
+/// Load on the server for `duration` (or until `stop`): (requests/s, p50 ms, p99 ms). For
+/// redis, the median of its runs' figures; for the synthetic server, the run's own.
+fn measure(
+    g: &Groups,
+    target: &Target,
+    duration: Duration,
+    drain: Duration,
+    stop: &Arc<AtomicBool>,
+) -> Result<(f64, f64, f64)> {
+    match target {
+        Target::Synthetic(t) => {
+            let r = client::open_loop(
+                t,
+                &client::Protocol::Synthetic,
+                client::Arrivals::Fixed,
+                SYNTHETIC_RATE,
+                duration,
+                drain,
+                stop,
+            )?;
+            let ms = |q: f64| r.latency_us.value_at_quantile(q) as f64 / 1000.0;
+            Ok((
+                r.answered as f64 / r.elapsed.as_secs_f64().max(1e-9),
+                ms(0.5),
+                ms(0.99),
+            ))
+        }
+        Target::Redis(port) => {
+            let t = Instant::now();
+            let (mut rps, mut p50, mut p99) = (Vec::new(), Vec::new(), Vec::new());
+            while t.elapsed() < duration && !stop.load(Ordering::Relaxed) {
+                let (a, b, c) = redis_benchmark(g, *port)?;
+                rps.push(a);
+                p50.push(b);
+                p99.push(c);
+            }
+            Ok((median(&mut rps), median(&mut p50), median(&mut p99)))
+        }
+    }
+}
+
+/// Runs the scenario: every shape with every server, the modes interleaved round by round.
+pub fn run(opts: &Options) -> Result<NestedResult> {
+    if appease_cgroup::HostLayout::detect().kind == appease_cgroup::LayoutKind::CgroupV2Systemd {
+        bail!(
+            "the nested scenario builds its shapes in the cpu hierarchy itself; on this host systemd \
+             owns the cgroup tree (cgroup v2 under systemd): run it where the cpu controller is on \
+             cgroup v1 or on v2 without a service manager"
+        );
+    }
+    if opts.servers.contains(&Server::Redis) {
+        for p in ["redis-server", "redis-benchmark", "redis-cli"] {
+            if !crate::on_path(p) {
+                bail!("the redis server needs {p}, which is not installed: apt-get install redis-server redis-tools");
+            }
+        }
+    }
+    for &m in &opts.modes {
+        if !MODES.contains(&m) {
+            bail!(
+                "mode {} does not apply to the nested scenario; its modes are {}",
+                m.name(),
+                MODES.map(Mode::name).join(", ")
+            );
+        }
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let soakers = ((opts.loads.first().copied().unwrap_or(4.0)) * cpus as f64).round() as usize;
+    let measure_s = opts.seconds.unwrap_or(if opts.quick { 5.0 } else { 10.0 });
+    let rounds = opts.repeat.max(1);
+    let mut cases = Vec::new();
+    for &shape in &opts.shapes {
+        for &server in &opts.servers {
+            let mut runs: Vec<Vec<Round>> = vec![Vec::new(); opts.modes.len()];
+            'rounds: for round in 0..rounds {
+                for (place, i) in crate::rotated(opts.modes.len(), round).enumerate() {
+                    if opts.stop.load(Ordering::Relaxed) {
+                        break 'rounds;
+                    }
+                    let mode = opts.modes[i];
+                    eprintln!(
+                        "[{} / {}, round {}/{rounds}, {}/{}] {}, {} s ...",
+                        shape.name(),
+                        server.name(),
+                        round + 1,
+                        place + 1,
+                        opts.modes.len(),
+                        mode.name(),
+                        measure_s
+                    );
+                    // SAFETY: sync(2) takes no arguments and cannot fail.
+                    unsafe { libc::sync() };
+                    let r = run_mode(opts, shape, server, mode, soakers, measure_s)?;
+                    eprintln!(
+                        "    p99 {:.3} ms, p50 {:.3} ms, {:.0} requests/s{}; batch on {:.2} CPUs",
+                        r.p99_ms,
+                        r.p50_ms,
+                        r.requests_per_s,
+                        if r.slow { " (slow)" } else { "" },
+                        r.batch_cpus
+                    );
+                    runs[i].push(r);
+                }
+            }
+            let mut modes: Vec<ModeSummary> = opts
+                .modes
+                .iter()
+                .zip(runs)
+                .filter(|(_, r)| !r.is_empty())
+                .map(|(&m, r)| summarise(m, r))
+                .collect();
+            let unmanaged = modes
+                .iter()
+                .find(|m| m.mode == Mode::Unmanaged)
+                .map(|m| m.batch_cpus);
+            for m in &mut modes {
+                m.batch_pct = unmanaged
+                    .filter(|&u| u > 0.0 && m.mode != Mode::Unloaded)
+                    .map(|u| 100.0 * m.batch_cpus / u);
+            }
+            if modes.is_empty() {
+                break;
+            }
+            cases.push(Case {
+                shape,
+                server,
+                soakers,
+                measure_s,
+                modes,
+            });
+        }
+    }
+    Ok(NestedResult {
+        scenario: "nested".into(),
+        cases,
+    })
+}
+
+fn run_mode(
+    opts: &Options,
+    shape: Shape,
+    server: Server,
+    mode: Mode,
+    soakers: usize,
+    measure_s: f64,
+) -> Result<Round> {
+    let mut run = Run::default();
+    let tmp = std::env::temp_dir().join(format!("appease-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    run.tmp = Some(tmp.clone());
+    let g = Groups::build(&mut run, shape)?;
+    let target = start_server(&mut run, opts, &g, server)?;
+
+    // The session: a shell asleep in it (someone logged in), and the batch.
+    let mut shell = Command::new("sh");
+    shell
+        .args(["-c", "sleep 100000; :"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    run.children.push(spawn_in(&g, &g.batch, &mut shell)?);
+    let n = if mode == Mode::Unloaded { 0 } else { soakers };
+    let mut soak_pids = Vec::new();
+    for _ in 0..n {
+        let mut cmd = Command::new(&opts.appease);
+        cmd.args(["bench-worker", "soak"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let c = spawn_in(&g, &g.batch, &mut cmd)?;
+        soak_pids.push(c.id());
+        run.children.push(c);
+    }
+    apply_mode(&mut run, opts, &g, mode, &soak_pids, &tmp)?;
+    warm_up(opts, &g, &target, mode, &soak_pids)?;
+
+    let batch_ns = || -> u64 { soak_pids.iter().map(|&p| crate::process_cpu_ns(p)).sum() };
+    let (t0, cpu0) = (Instant::now(), batch_ns());
+    let (rps, p50, p99) = measure(
+        &g,
+        &target,
+        Duration::from_secs_f64(measure_s),
+        Duration::from_secs(3),
+        &opts.stop,
+    )?;
+    let batch_cpus = batch_ns().saturating_sub(cpu0) as f64 / 1e9 / t0.elapsed().as_secs_f64();
+    Ok(Round {
+        p99_ms: p99,
+        p50_ms: p50,
+        requests_per_s: rps,
+        slow: p99 > server.slow_above_ms(),
+        batch_cpus,
+    })
+}
+
+fn apply_mode(
+    run: &mut Run,
+    opts: &Options,
+    g: &Groups,
+    mode: Mode,
+    soakers: &[u32],
+    tmp: &Path,
+) -> Result<()> {
+    match mode {
+        Mode::Unloaded | Mode::Unmanaged => {}
+        Mode::BatchGroupIdle => g.cg.set_idle(&g.batch, true)?,
+        Mode::BatchBranchIdle => g.cg.set_idle(&g.branch, true)?,
+        Mode::BatchCgroupIdle => crate::into_idle_group(run, soakers)?,
+        Mode::Appease => {
+            let cfg: PathBuf = tmp.join("daemon.toml");
+            let text = match &opts.config {
+                Some(path) => std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?,
+                None => String::new(),
+            };
+            std::fs::write(&cfg, text)?;
+            crate::start_daemon(run, opts, &cfg)?;
+        }
+        other => bail!(
+            "mode {} does not apply to the nested scenario",
+            other.name()
+        ),
+    }
+    Ok(())
+}
+
+/// Load flows while the host settles; for appease, until the daemon has demoted every
+/// soaker and then two scans more (what it does beyond the soakers themselves, such as
+/// their branch, follows from a scan that sees the server serving beside them).
+fn warm_up(
+    opts: &Options,
+    g: &Groups,
+    target: &Target,
+    mode: Mode,
+    soak_pids: &[u32],
+) -> Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let settled = std::thread::scope(|s| -> Result<()> {
+        let load = s.spawn(|| measure(g, target, Duration::from_secs(3600), Duration::ZERO, &stop));
+        let t = Instant::now();
+        let mut result = Ok(());
+        std::thread::sleep(Duration::from_secs(1));
+        if mode == Mode::Appease && !soak_pids.is_empty() {
+            let group = opts.batch_group();
+            result = crate::wait_until(Duration::from_secs(30), || {
+                opts.stop.load(Ordering::Relaxed)
+                    || soak_pids.iter().all(|&p| crate::demoted(&group, p))
+            })
+            .context("the daemon did not demote the soakers within 30 s");
+            if result.is_ok() {
+                eprintln!(
+                    "    soakers demoted by the daemon {:.1} s after they started",
+                    t.elapsed().as_secs_f64()
+                );
+                std::thread::sleep(Duration::from_secs(2));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let _warmup_figures_unused = load.join();
+        result
+    });
+    settled
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_benchmark_csv_is_read_by_its_column_names() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
+                    \"GET\",\"83333.34\",\"0.040\",\"0.016\",\"0.039\",\"0.055\",\"0.079\",\"3.895\"\n";
+        assert_eq!(parse_redis_csv(text), Some((83333.34, 0.039, 0.079)));
+        assert_eq!(parse_redis_csv("\"test\",\"rps\"\n"), None, "no row");
+        assert_eq!(parse_redis_csv(""), None);
+    }
+
+    #[test]
+    fn a_round_is_slow_when_its_tail_waited_for_more_than_the_requests_own_work() {
+        assert_eq!(Server::Redis.slow_above_ms(), 1.0);
+        assert_eq!(Server::Synthetic.slow_above_ms(), 6.0);
+    }
+
+    #[test]
+    fn summaries_are_medians_and_count_slow_rounds() {
+        let r = |p99: f64, slow: bool| Round {
+            p99_ms: p99,
+            p50_ms: 0.05,
+            requests_per_s: 1000.0,
+            slow,
+            batch_cpus: 1.0,
+        };
+        let s = summarise(
+            Mode::Appease,
+            vec![r(0.1, false), r(3.3, true), r(0.2, false)],
+        );
+        assert_eq!(s.p99_ms, 0.2);
+        assert_eq!(s.slow_rounds, 1);
+        assert_eq!(s.rounds.len(), 3);
+    }
+
+    #[test]
+    fn shapes_servers_and_their_names_round_trip() {
+        for s in Shape::ALL {
+            assert_eq!(Shape::parse(s.name()).unwrap(), s);
+        }
+        for s in Server::ALL {
+            assert_eq!(Server::parse(s.name()).unwrap(), s);
+        }
+        assert!(Shape::parse("flat").is_err());
+    }
+}
