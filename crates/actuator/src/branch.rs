@@ -32,6 +32,8 @@ const BUSY_TICKS: u64 = 5;
 pub(crate) struct Branches {
     /// pid -> (start, CPU ticks at the last scan), for the processes in watched branches.
     cpu: HashMap<u32, (u64, u64)>,
+    /// pid -> the idle branch it was in at the last scan (not the batch's own processes).
+    members: HashMap<u32, String>,
 }
 
 /// The groups from the top of `group`'s path down to it: `/a`, `/a/b`, `/a/b/c`.
@@ -72,9 +74,10 @@ impl KernelActuator {
         let wanted = self.wanted_branches(&cg, servers);
         let mut changed = 0;
         let mut seen = HashMap::new();
+        let mut members = HashMap::new();
         for branch in &wanted {
             let ours = self.is_our_branch(branch);
-            if self.only_batch_busy(&cg, branch, &mut seen) {
+            if self.only_batch_busy(&cg, branch, &mut seen, &mut members) {
                 match self.idle_group_in_place(branch, None, &[], ONLY_BATCH_BUSY) {
                     Ok(true) => changed += 1,
                     Ok(false) => {}
@@ -98,7 +101,8 @@ impl KernelActuator {
                 changed += 1;
             }
         }
-        self.branches.cpu = seen;
+        members.retain(|_, b: &mut String| self.is_our_branch(b));
+        self.branches = Branches { cpu: seen, members };
         changed
     }
 
@@ -146,12 +150,13 @@ impl KernelActuator {
     /// Whether every process below `branch` is demoted batch (in `SCHED_IDLE`, or in a
     /// group made idle for a tree) or used less than `BUSY_TICKS` since the last scan. A
     /// process seen for the first time is busy until a scan has measured it. Records the
-    /// CPU of what it read in `seen`.
+    /// CPU of what it read in `seen`, and the processes that are not batch in `members`.
     fn only_batch_busy(
         &self,
         cg: &Cgroups,
         branch: &str,
         seen: &mut HashMap<u32, (u64, u64)>,
+        members: &mut HashMap<u32, String>,
     ) -> bool {
         let Ok(pids) = cg.processes_below(branch) else {
             return false;
@@ -168,6 +173,7 @@ impl KernelActuator {
             if stat.policy == libc::SCHED_IDLE as u32 || self.in_idle_group_of_a_tree(cg, pid) {
                 continue;
             }
+            members.insert(pid, branch.to_string());
             let busy = match self.branches.cpu.get(&pid) {
                 Some(&(start, ticks)) if start == stat.start => {
                     stat.cpu_ticks.saturating_sub(ticks) >= BUSY_TICKS
@@ -216,6 +222,19 @@ impl KernelActuator {
         }
         for b in branches.iter().filter(|b| is_below(&group, b)) {
             self.unidle_branch(b, "a program started in the batch's branch");
+        }
+    }
+
+    /// A process of an idle branch that is not batch received a request: a server there
+    /// the last scans did not know of. The branch goes back now.
+    pub fn on_request_in_branches(&mut self, pid: u32) {
+        if let Some(branch) = self.branches.members.remove(&pid) {
+            if self.is_our_branch(&branch) {
+                self.unidle_branch(
+                    &branch,
+                    "a process in the batch's branch received a request",
+                );
+            }
         }
     }
 

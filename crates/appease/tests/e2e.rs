@@ -18,6 +18,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 mod chaos;
 mod containers;
 mod fuzz;
+mod nested;
 mod support;
 use support::*;
 

@@ -24,25 +24,67 @@ use serde::{Deserialize, Serialize};
 use crate::{client, Mode, Options, Run};
 
 /// A host layout built by hand.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Shape {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
     /// systemd's: the server in `system.slice/server.service`, its client in
-    /// `system.slice/client.service`, the batch and a sleeping shell in
+    /// `system.slice/client.service`, soakers and a sleeping shell in
     /// `user.slice/user-0.slice/session-1.scope`.
     Systemd,
-    /// The same with a CPU quota on `user.slice` (1.9 CPUs), a limit that keeps the batch
-    /// in its scope: appease demotes it in place.
-    SystemdLimited,
+    /// A login session running an interactive shell and a parallel build (`make -j`)
+    /// in `user.slice/user-0.slice/session-1.scope`, beside the service.
+    Session,
+    /// A cron-like service that runs its job in its own unit: `system.slice/cron.service`
+    /// holds the sleeping daemon and a job script running CPU-heavy children, beside the
+    /// server in `system.slice/server.service`.
+    Cron,
+}
+
+/// A layout, and whether a limit keeps the batch in its group (a CPU quota of 1.9 CPUs
+/// on `user.slice`, or on `cron.service`): appease then demotes it in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub layout: Layout,
+    pub limited: bool,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 2] = [Shape::Systemd, Shape::SystemdLimited];
+    pub const ALL: [Shape; 6] = [
+        Shape {
+            layout: Layout::Systemd,
+            limited: false,
+        },
+        Shape {
+            layout: Layout::Systemd,
+            limited: true,
+        },
+        Shape {
+            layout: Layout::Session,
+            limited: false,
+        },
+        Shape {
+            layout: Layout::Session,
+            limited: true,
+        },
+        Shape {
+            layout: Layout::Cron,
+            limited: false,
+        },
+        Shape {
+            layout: Layout::Cron,
+            limited: true,
+        },
+    ];
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Shape::Systemd => "systemd",
-            Shape::SystemdLimited => "systemd-limited",
+    pub fn name(self) -> String {
+        let base = match self.layout {
+            Layout::Systemd => "systemd",
+            Layout::Session => "session",
+            Layout::Cron => "cron",
+        };
+        if self.limited {
+            format!("{base}-limited")
+        } else {
+            base.to_string()
         }
     }
 
@@ -50,19 +92,46 @@ impl Shape {
         Shape::ALL
             .into_iter()
             .find(|x| x.name() == s)
-            .with_context(|| format!("unknown shape {s:?}; shapes are systemd, systemd-limited"))
+            .with_context(|| {
+                let names: Vec<String> = Shape::ALL.iter().map(|x| x.name()).collect();
+                format!("unknown shape {s:?}; shapes are {}", names.join(", "))
+            })
     }
 
-    fn describe(self) -> &'static str {
-        match self {
-            Shape::Systemd => {
-                "server in system.slice/server.service, batch and a sleeping shell in \
-                 user.slice/user-0.slice/session-1.scope, no limit"
-            }
-            Shape::SystemdLimited => {
-                "server in system.slice/server.service, batch and a sleeping shell in \
-                 user.slice/user-0.slice/session-1.scope, user.slice under a CPU quota of 1.9 CPUs"
-            }
+    fn describe(self) -> String {
+        let (what, limit) = match self.layout {
+            Layout::Systemd => (
+                "server in system.slice/server.service, soakers and a sleeping shell in \
+                 user.slice/user-0.slice/session-1.scope",
+                "user.slice",
+            ),
+            Layout::Session => (
+                "server in system.slice/server.service, a sleeping shell and make -j with gcc in \
+                 user.slice/user-0.slice/session-1.scope",
+                "user.slice",
+            ),
+            Layout::Cron => (
+                "server in system.slice/server.service, a sleeping cron daemon and its job (a shell \
+                 script running CPU-heavy children) in system.slice/cron.service",
+                "cron.service",
+            ),
+        };
+        if self.limited {
+            format!("{what}; {limit} under a CPU quota of 1.9 CPUs")
+        } else {
+            format!("{what}; no limit")
+        }
+    }
+
+    /// What its batch is, in words, for `n` jobs.
+    fn batch(self, n: usize) -> String {
+        match self.layout {
+            Layout::Systemd => format!("{n} soakers"),
+            Layout::Session => format!(
+                "make -j{n} over {} C files, in a loop",
+                crate::worker::FILES
+            ),
+            Layout::Cron => format!("a script running {n} CPU-heavy children at a time"),
         }
     }
 }
@@ -115,8 +184,8 @@ impl Server {
 
 const SYNTHETIC_CPU_MS: f64 = 5.0;
 const SYNTHETIC_RATE: f64 = 40.0;
-/// The quota of the limited shape's `user.slice` (cfs_quota_us of a 100 ms period).
-const USER_SLICE_QUOTA_US: u64 = 190_000;
+/// The quota of a limited shape's `user.slice` or `cron.service` (of a 100 ms period).
+const LIMIT_QUOTA_US: u64 = 190_000;
 
 /// The modes the nested scenario runs unless told otherwise.
 pub const MODES: [Mode; 6] = [
@@ -136,7 +205,8 @@ pub struct Round {
     pub p50_ms: f64,
     pub requests_per_s: f64,
     pub slow: bool,
-    /// CPUs the soakers got during the measurement (their work is CPU time).
+    /// CPUs the batch got during the measurement (its work is CPU time): its processes'
+    /// and their reaped children's.
     pub batch_cpus: f64,
 }
 
@@ -156,9 +226,12 @@ pub struct ModeSummary {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Case {
-    pub shape: Shape,
+    pub shape: String,
+    pub description: String,
+    pub batch: String,
     pub server: Server,
-    pub soakers: usize,
+    /// Batch jobs: soakers, make's -j, or the script's children at a time.
+    pub jobs: usize,
     pub measure_s: f64,
     pub modes: Vec<ModeSummary>,
 }
@@ -174,11 +247,11 @@ impl NestedResult {
         let mut out = String::new();
         for c in &self.cases {
             out.push_str(&format!(
-                "nested, shape {}: {}\nserver: {}; batch: {} soakers; {} rounds of {} s, modes interleaved\n",
-                c.shape.name(),
-                c.shape.describe(),
+                "nested, shape {}: {}\nserver: {}; batch: {}; {} rounds of {} s, modes interleaved\n",
+                c.shape,
+                c.description,
                 c.server.describe(),
-                c.soakers,
+                c.batch,
                 c.modes.first().map_or(0, |m| m.rounds.len()),
                 c.measure_s
             ));
@@ -241,7 +314,8 @@ struct Groups {
     client: String,
     /// The batch's own group (the session scope).
     batch: String,
-    /// Where the batch's branch meets the server's: the top-level `user.slice`.
+    /// Where the batch's branch meets the server's: the top-level `user.slice`, or
+    /// `cron.service` beside `server.service`.
     branch: String,
 }
 
@@ -250,24 +324,37 @@ impl Groups {
         let cg = Cgroups::detect()?;
         let p = format!("appease-bench-{}", std::process::id());
         let system = cg.ensure_top_group(&format!("{p}.system.slice"), false, 100)?;
-        let user = cg.ensure_top_group(&format!("{p}.user.slice"), false, 100)?;
         let server = cg.ensure_child_group(&system, "server.service", 100)?;
         let client = cg.ensure_child_group(&system, "client.service", 100)?;
-        let user0 = cg.ensure_child_group(&user, "user-0.slice", 100)?;
-        let batch = cg.ensure_child_group(&user0, "session-1.scope", 100)?;
-        // Removed deepest first, once the processes are gone.
-        for g in [&server, &client, &batch, &user0, &system, &user] {
-            run.cgroups.push((cg.clone(), g.clone()));
+        // Removed in this order, once the processes are gone: deepest first.
+        let mut made = vec![server.clone(), client.clone()];
+        let (batch, branch) = match shape.layout {
+            Layout::Systemd | Layout::Session => {
+                let user = cg.ensure_top_group(&format!("{p}.user.slice"), false, 100)?;
+                let user0 = cg.ensure_child_group(&user, "user-0.slice", 100)?;
+                let scope = cg.ensure_child_group(&user0, "session-1.scope", 100)?;
+                made.extend([scope.clone(), user0, user.clone()]);
+                (scope, user)
+            }
+            Layout::Cron => {
+                let cron = cg.ensure_child_group(&system, "cron.service", 100)?;
+                made.push(cron.clone());
+                (cron.clone(), cron)
+            }
+        };
+        made.push(system);
+        for g in made {
+            run.cgroups.push((cg.clone(), g));
         }
-        if shape == Shape::SystemdLimited {
-            cg.set_cpu_quota(&user, Some(USER_SLICE_QUOTA_US))?;
+        if shape.limited {
+            cg.set_cpu_quota(&branch, Some(LIMIT_QUOTA_US))?;
         }
         Ok(Groups {
             cg,
             server,
             client,
             batch,
-            branch: user,
+            branch,
         })
     }
 
@@ -502,32 +589,44 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
         }
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let soakers = ((opts.loads.first().copied().unwrap_or(4.0)) * cpus as f64).round() as usize;
+    let jobs = ((opts.loads.first().copied().unwrap_or(4.0)) * cpus as f64).round() as usize;
+    if opts.shapes.iter().any(|s| s.layout == Layout::Session) {
+        if let Some(missing) = ["make", "gcc"].into_iter().find(|p| !crate::on_path(p)) {
+            bail!("the session shape's build needs {missing}, which is not installed: apt-get install {missing}");
+        }
+    }
     let measure_s = opts.seconds.unwrap_or(if opts.quick { 5.0 } else { 10.0 });
     let rounds = opts.repeat.max(1);
     let mut cases = Vec::new();
     for &shape in &opts.shapes {
+        // Where the job's own unit is what meets the server's, its branch is its group.
+        let modes: Vec<Mode> = opts
+            .modes
+            .iter()
+            .copied()
+            .filter(|&m| !(shape.layout == Layout::Cron && m == Mode::BatchBranchIdle))
+            .collect();
         for &server in &opts.servers {
-            let mut runs: Vec<Vec<Round>> = vec![Vec::new(); opts.modes.len()];
+            let mut runs: Vec<Vec<Round>> = vec![Vec::new(); modes.len()];
             'rounds: for round in 0..rounds {
-                for (place, i) in crate::rotated(opts.modes.len(), round).enumerate() {
+                for (place, i) in crate::rotated(modes.len(), round).enumerate() {
                     if opts.stop.load(Ordering::Relaxed) {
                         break 'rounds;
                     }
-                    let mode = opts.modes[i];
+                    let mode = modes[i];
                     eprintln!(
                         "[{} / {}, round {}/{rounds}, {}/{}] {}, {} s ...",
                         shape.name(),
                         server.name(),
                         round + 1,
                         place + 1,
-                        opts.modes.len(),
+                        modes.len(),
                         mode.name(),
                         measure_s
                     );
                     // SAFETY: sync(2) takes no arguments and cannot fail.
                     unsafe { libc::sync() };
-                    let r = run_mode(opts, shape, server, mode, soakers, measure_s)?;
+                    let r = run_mode(opts, shape, server, mode, jobs, measure_s)?;
                     eprintln!(
                         "    p99 {:.3} ms, p50 {:.3} ms, {:.0} requests/s{}; batch on {:.2} CPUs",
                         r.p99_ms,
@@ -539,31 +638,32 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
                     runs[i].push(r);
                 }
             }
-            let mut modes: Vec<ModeSummary> = opts
-                .modes
+            let mut summaries: Vec<ModeSummary> = modes
                 .iter()
                 .zip(runs)
                 .filter(|(_, r)| !r.is_empty())
                 .map(|(&m, r)| summarise(m, r))
                 .collect();
-            let unmanaged = modes
+            let unmanaged = summaries
                 .iter()
                 .find(|m| m.mode == Mode::Unmanaged)
                 .map(|m| m.batch_cpus);
-            for m in &mut modes {
+            for m in &mut summaries {
                 m.batch_pct = unmanaged
                     .filter(|&u| u > 0.0 && m.mode != Mode::Unloaded)
                     .map(|u| 100.0 * m.batch_cpus / u);
             }
-            if modes.is_empty() {
+            if summaries.is_empty() {
                 break;
             }
             cases.push(Case {
-                shape,
+                shape: shape.name(),
+                description: shape.describe(),
+                batch: shape.batch(jobs),
                 server,
-                soakers,
+                jobs,
                 measure_s,
-                modes,
+                modes: summaries,
             });
         }
     }
@@ -573,12 +673,26 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
     })
 }
 
+/// CPU time of the processes `roots` and everything below them, with what their reaped
+/// children used (a build's compilers come and go), ns.
+fn tree_cpu_ns(roots: &[u32]) -> u64 {
+    let mut pids = roots.to_vec();
+    pids.extend(crate::descendants(roots));
+    let ticks: u64 = pids
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .filter_map(|t| appease_cgroup::ProcStat::parse(&t))
+        .map(|s| s.cpu_ticks)
+        .sum();
+    ticks * appease_cgroup::clock_tick_ns()
+}
+
 fn run_mode(
     opts: &Options,
     shape: Shape,
     server: Server,
     mode: Mode,
-    soakers: usize,
+    jobs: usize,
     measure_s: f64,
 ) -> Result<Round> {
     let mut run = Run::default();
@@ -588,30 +702,56 @@ fn run_mode(
     let g = Groups::build(&mut run, shape)?;
     let target = start_server(&mut run, opts, &g, server)?;
 
-    // The session: a shell asleep in it (someone logged in), and the batch.
-    let mut shell = Command::new("sh");
-    shell
+    // Someone logged in (a shell asleep), or the cron daemon waiting; and the batch.
+    let mut sleeper = Command::new("sh");
+    sleeper
         .args(["-c", "sleep 100000; :"])
         .stdin(Stdio::null())
         .stdout(Stdio::null());
-    run.children.push(spawn_in(&g, &g.batch, &mut shell)?);
-    let n = if mode == Mode::Unloaded { 0 } else { soakers };
-    let mut soak_pids = Vec::new();
-    for _ in 0..n {
-        let mut cmd = Command::new(&opts.appease);
-        cmd.args(["bench-worker", "soak"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        let c = spawn_in(&g, &g.batch, &mut cmd)?;
-        soak_pids.push(c.id());
-        run.children.push(c);
+    run.children.push(spawn_in(&g, &g.batch, &mut sleeper)?);
+    let n = if mode == Mode::Unloaded { 0 } else { jobs };
+    let mut roots = Vec::new();
+    let mut go = None;
+    match shape.layout {
+        Layout::Systemd => {
+            for _ in 0..n {
+                let mut cmd = Command::new(&opts.appease);
+                cmd.args(["bench-worker", "soak"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::inherit());
+                let c = spawn_in(&g, &g.batch, &mut cmd)?;
+                roots.push(c.id());
+                run.children.push(c);
+            }
+        }
+        Layout::Session | Layout::Cron if n > 0 => {
+            let src = tmp.join("src").display().to_string();
+            let jobs = n.to_string();
+            let args = match shape.layout {
+                Layout::Session => vec!["bench-worker", "compile", "--dir", &src, "--jobs", &jobs],
+                _ => vec!["bench-worker", "script", "--jobs", &jobs],
+            };
+            let mut cmd = Command::new(&opts.appease);
+            cmd.args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit());
+            let mut c = spawn_in(&g, &g.batch, &mut cmd)?;
+            roots.push(c.id());
+            go = c.stdin.take();
+            run.children.push(c);
+        }
+        Layout::Session | Layout::Cron => {}
     }
-    apply_mode(&mut run, opts, &g, mode, &soak_pids, &tmp)?;
-    warm_up(opts, &g, &target, mode, &soak_pids)?;
+    apply_mode(&mut run, opts, &g, mode, &roots, &tmp)?;
+    if let Some(mut go) = go {
+        // Every make, gcc and child the job starts from now on inherits the mode.
+        std::io::Write::write_all(&mut go, b"go\n").context("starting the batch job")?;
+    }
+    warm_up(opts, &g, &target, mode, &roots)?;
 
-    let batch_ns = || -> u64 { soak_pids.iter().map(|&p| crate::process_cpu_ns(p)).sum() };
-    let (t0, cpu0) = (Instant::now(), batch_ns());
+    let (t0, cpu0) = (Instant::now(), tree_cpu_ns(&roots));
     let (rps, p50, p99) = measure(
         &g,
         &target,
@@ -619,7 +759,8 @@ fn run_mode(
         Duration::from_secs(3),
         &opts.stop,
     )?;
-    let batch_cpus = batch_ns().saturating_sub(cpu0) as f64 / 1e9 / t0.elapsed().as_secs_f64();
+    let batch_cpus =
+        tree_cpu_ns(&roots).saturating_sub(cpu0) as f64 / 1e9 / t0.elapsed().as_secs_f64();
     Ok(Round {
         p99_ms: p99,
         p50_ms: p50,
@@ -634,14 +775,14 @@ fn apply_mode(
     opts: &Options,
     g: &Groups,
     mode: Mode,
-    soakers: &[u32],
+    roots: &[u32],
     tmp: &Path,
 ) -> Result<()> {
     match mode {
         Mode::Unloaded | Mode::Unmanaged => {}
         Mode::BatchGroupIdle => g.cg.set_idle(&g.batch, true)?,
         Mode::BatchBranchIdle => g.cg.set_idle(&g.branch, true)?,
-        Mode::BatchCgroupIdle => crate::into_idle_group(run, soakers)?,
+        Mode::BatchCgroupIdle => crate::into_idle_group(run, roots)?,
         Mode::Appease => {
             let cfg: PathBuf = tmp.join("daemon.toml");
             let text = match &opts.config {
@@ -661,7 +802,7 @@ fn apply_mode(
 }
 
 /// Load flows while the host settles; for appease, until the daemon has demoted every
-/// soaker and then two scans more (what it does beyond the soakers themselves, such as
+/// batch job and then two scans more (what it does beyond the soakers themselves, such as
 /// their branch, follows from a scan that sees the server serving beside them).
 fn warm_up(
     opts: &Options,
@@ -682,10 +823,10 @@ fn warm_up(
                 opts.stop.load(Ordering::Relaxed)
                     || soak_pids.iter().all(|&p| crate::demoted(&group, p))
             })
-            .context("the daemon did not demote the soakers within 30 s");
+            .context("the daemon did not demote the batch within 30 s");
             if result.is_ok() {
                 eprintln!(
-                    "    soakers demoted by the daemon {:.1} s after they started",
+                    "    batch demoted by the daemon {:.1} s after it started",
                     t.elapsed().as_secs_f64()
                 );
                 std::thread::sleep(Duration::from_secs(2));
@@ -738,8 +879,9 @@ mod tests {
     #[test]
     fn shapes_servers_and_their_names_round_trip() {
         for s in Shape::ALL {
-            assert_eq!(Shape::parse(s.name()).unwrap(), s);
+            assert_eq!(Shape::parse(&s.name()).unwrap(), s);
         }
+        assert_eq!(Shape::ALL[1].name(), "systemd-limited");
         for s in Server::ALL {
             assert_eq!(Server::parse(s.name()).unwrap(), s);
         }

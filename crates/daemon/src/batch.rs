@@ -150,6 +150,7 @@ impl BatchManager {
         self.last_request.insert(pid, (start, ts_ns));
         self.mode.on_request(ts_ns);
         self.sync_mode(ts_ns, cfg, actuator);
+        actuator.on_request_in_branches(pid);
         if self.demoted.contains(&pid) {
             self.scan_now();
         }
