@@ -134,8 +134,14 @@ impl KernelActuator {
         batch
             .iter()
             .filter_map(|b| branch_of(b, &server_groups, &own).map(|br| (b, br)))
-            // A group made idle for the tree is its own branch already.
-            .filter(|(b, br)| !(br == *b && self.idle_groups.contains_key(br.as_str())))
+            // A group made idle for the tree as a whole is its own branch already.
+            .filter(|(b, br)| {
+                !(br == *b
+                    && self
+                        .idle_groups
+                        .get(br.as_str())
+                        .is_some_and(|g| g.root.is_some()))
+            })
             .map(|(_, br)| br)
             .filter(|br| self.is_our_branch(br) || !cg.idle(br).unwrap_or(true))
             .collect()

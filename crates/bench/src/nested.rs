@@ -34,8 +34,8 @@ pub enum Layout {
     /// in `user.slice/user-0.slice/session-1.scope`, beside the service.
     Session,
     /// A cron-like service that runs its job in its own unit: `system.slice/cron.service`
-    /// holds the sleeping daemon and a job script running CPU-heavy children, beside the
-    /// server in `system.slice/server.service`.
+    /// holds the sleeping daemon and a job (a shell waiting on CPU-bound workers), beside
+    /// the server in `system.slice/server.service`.
     Cron,
 }
 
@@ -112,7 +112,7 @@ impl Shape {
             ),
             Layout::Cron => (
                 "server in system.slice/server.service, a sleeping cron daemon and its job (a shell \
-                 script running CPU-heavy children) in system.slice/cron.service",
+                 waiting on CPU-bound workers) in system.slice/cron.service",
                 "cron.service",
             ),
         };
@@ -131,7 +131,7 @@ impl Shape {
                 "make -j{n} over {} C files, in a loop",
                 crate::worker::FILES
             ),
-            Layout::Cron => format!("a script running {n} CPU-heavy children at a time"),
+            Layout::Cron => format!("a job shell with {n} CPU-bound workers"),
         }
     }
 }
@@ -726,15 +726,33 @@ fn run_mode(
             }
         }
         Layout::Session | Layout::Cron if n > 0 => {
-            let src = tmp.join("src").display().to_string();
-            let jobs = n.to_string();
-            let args = match shape.layout {
-                Layout::Session => vec!["bench-worker", "compile", "--dir", &src, "--jobs", &jobs],
-                _ => vec!["bench-worker", "script", "--jobs", &jobs],
+            let mut cmd = match shape.layout {
+                Layout::Session => {
+                    let src = tmp.join("src").display().to_string();
+                    let mut c = Command::new(&opts.appease);
+                    c.args([
+                        "bench-worker",
+                        "compile",
+                        "--dir",
+                        &src,
+                        "--jobs",
+                        &n.to_string(),
+                    ]);
+                    c
+                }
+                _ => {
+                    // The job: a shell that starts its workers once told to go, and waits.
+                    let mut c = Command::new("sh");
+                    c.args([
+                        "-c",
+                        "read go; i=0; while [ $i -lt \"$1\" ]; do \"$0\" bench-worker soak & i=$((i+1)); done; wait",
+                    ])
+                    .arg(&opts.appease)
+                    .arg(n.to_string());
+                    c
+                }
             };
-            let mut cmd = Command::new(&opts.appease);
-            cmd.args(args)
-                .stdin(Stdio::piped())
+            cmd.stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit());
             let mut c = spawn_in(&g, &g.batch, &mut cmd)?;
