@@ -62,14 +62,10 @@ impl KernelActuator {
     /// the processes that served requests lately (`servers`: pid and start; empty when the
     /// idle class is not in force). Called on every scan. Returns how many branches changed.
     pub fn sync_idle_branches(&mut self, servers: &[(u32, u64)]) -> usize {
-        let Some(g) = self.groups.as_ref() else {
+        // On a systemd host the branch is a unit: through the bus, not built yet.
+        let Some(cg) = self.cgroups_written_here() else {
             return 0;
         };
-        // systemd's tree is changed through its bus only: not built for branches yet.
-        if g.systemd_owned() {
-            return 0;
-        }
-        let cg = g.cgroups().clone();
         self.forget_vanished_idle_groups();
         let wanted = self.wanted_branches(&cg, servers);
         let mut changed = 0;

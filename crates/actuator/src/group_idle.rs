@@ -64,6 +64,13 @@ fn put_back(
 }
 
 impl KernelActuator {
+    /// The cgroup hierarchy, when appease writes other programs' groups itself: not
+    /// without groups, and not on a systemd host (its tree is changed through its bus).
+    pub(crate) fn cgroups_written_here(&self) -> Option<Cgroups> {
+        let g = self.groups.as_ref()?;
+        (!g.systemd_owned()).then(|| g.cgroups().clone())
+    }
+
     /// Makes `group` idle in place. Returns true when it changed something: a first
     /// change, or a change someone undid since (a kubelet rewriting a pod's settings),
     /// applied again.
@@ -201,13 +208,10 @@ impl KernelActuator {
     /// idle again, deleted ones are forgotten. Not on a systemd host (its tree is
     /// systemd's). Returns how many pods changed.
     pub fn keep_besteffort_pods_idle(&mut self) -> usize {
-        let Some(g) = self.groups.as_ref() else {
+        let Some(cg) = self.cgroups_written_here() else {
             return 0;
         };
-        if g.systemd_owned() {
-            return 0;
-        }
-        let pods = g.cgroups().besteffort_pods();
+        let pods = cg.besteffort_pods();
         self.forget_vanished_idle_groups();
         let mut changed = 0;
         for pod in pods {
@@ -226,13 +230,9 @@ impl KernelActuator {
     /// container is not born idle for longer than the exec takes to arrive. Returns how
     /// many parents changed.
     pub fn keep_engine_parents_idle(&mut self) -> usize {
-        let Some(g) = self.groups.as_ref() else {
+        let Some(cg) = self.cgroups_written_here() else {
             return 0;
         };
-        if g.systemd_owned() {
-            return 0;
-        }
-        let cg = g.cgroups().clone();
         self.forget_vanished_idle_groups();
         let parents: std::collections::BTreeSet<String> = self
             .idle_groups

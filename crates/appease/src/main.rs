@@ -79,7 +79,7 @@ enum Command {
     /// Print the man page (roff), as `make install` installs it.
     Manpage,
     /// Run a real server under real batch load in every mode, side by side (root).
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// Redraw the SVG plots of a bench run from the result.json in DIR (no root).
     BenchPlot { dir: PathBuf },
     /// The deterministic scheduler simulator with the 2010 customer-appeasement paper's unhappiness model.
@@ -462,7 +462,7 @@ fn run(cmd: Command) -> Result<()> {
             sort,
             class,
         ),
-        Command::Bench(args) => bench(args),
+        Command::Bench(args) => bench(*args),
         Command::Sim {
             command:
                 SimCommand::Run {

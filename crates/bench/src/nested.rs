@@ -357,22 +357,16 @@ impl Groups {
             branch,
         })
     }
-
-    /// `cgroup.procs` of `group`, for a child to write itself into before it runs.
-    fn procs_file(&self, group: &str) -> Result<CString> {
-        let path = self
-            .cg
-            .root()
-            .join(group.trim_start_matches('/'))
-            .join("cgroup.procs");
-        Ok(CString::new(path.into_os_string().into_encoded_bytes())?)
-    }
 }
 
-/// Starts `cmd` inside `group`: the child enters it before it runs, so every thread and
-/// child it makes is born there.
-fn spawn_in(groups: &Groups, group: &str, cmd: &mut Command) -> Result<Child> {
-    let procs = groups.procs_file(group)?;
+/// Starts `cmd` inside `group` of `cg`: the child enters it before it runs, so every
+/// thread and child it makes is born there.
+pub fn spawn_in_group(cg: &Cgroups, group: &str, cmd: &mut Command) -> Result<Child> {
+    let path = cg
+        .root()
+        .join(group.trim_start_matches('/'))
+        .join("cgroup.procs");
+    let procs = CString::new(path.into_os_string().into_encoded_bytes())?;
     // SAFETY: between fork and exec the child only makes async-signal-safe syscalls
     // (open, write, close) on memory prepared before the fork.
     unsafe {
@@ -393,6 +387,10 @@ fn spawn_in(groups: &Groups, group: &str, cmd: &mut Command) -> Result<Child> {
     }
     cmd.spawn()
         .with_context(|| format!("starting {:?} in {group}", cmd.get_program()))
+}
+
+fn spawn_in(g: &Groups, group: &str, cmd: &mut Command) -> Result<Child> {
+    spawn_in_group(&g.cg, group, cmd)
 }
 
 /// A free TCP port on loopback.

@@ -5,7 +5,6 @@
 
 use super::*;
 use std::io::BufRead;
-use std::os::unix::process::CommandExt;
 
 use appease_bench::client;
 
@@ -58,32 +57,7 @@ impl Shape {
 
     /// Starts `cmd` in `group`: it enters the group before it runs.
     fn spawn_in(&mut self, group: &str, cmd: &mut Command) -> u32 {
-        let procs = std::ffi::CString::new(
-            self.cg
-                .root()
-                .join(group.trim_start_matches('/'))
-                .join("cgroup.procs")
-                .into_os_string()
-                .into_encoded_bytes(),
-        )
-        .unwrap();
-        // SAFETY: only open, write and close between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                let ok = fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                let err = std::io::Error::last_os_error();
-                if fd >= 0 {
-                    libc::close(fd);
-                }
-                if ok {
-                    Ok(())
-                } else {
-                    Err(err)
-                }
-            });
-        }
-        let child = cmd.spawn().unwrap();
+        let child = appease_bench::nested::spawn_in_group(&self.cg, group, cmd).unwrap();
         let pid = child.id();
         self.children.push(child);
         pid
@@ -186,11 +160,11 @@ fn a_limited_sessions_branch_is_made_idle_beside_a_server_which_fares_as_with_it
     let port = shape.start_server();
     let soakers = shape.start_session(4 * host_cpus());
     thread::sleep(Duration::from_secs(1));
-    let unmanaged = p99_ms(port, 5);
+    let unmanaged = p99_ms(port, 8);
     // The best setup by hand: the batch's branch idle where it meets the server's.
     shape.cg.set_idle(&shape.user, true).unwrap();
     thread::sleep(Duration::from_millis(500));
-    let by_hand = p99_ms(port, 5);
+    let by_hand = p99_ms(port, 8);
     shape.cg.set_idle(&shape.user, false).unwrap();
     let shares = shape.cg.weight_raw(&shape.user).unwrap();
 
@@ -231,13 +205,16 @@ fn a_limited_sessions_branch_is_made_idle_beside_a_server_which_fares_as_with_it
         })
     });
     assert!(listed.is_some(), "status lists the idle branch: {st}");
-    let with_appease = p99_ms(port, 5);
+    let with_appease = p99_ms(port, 8);
     eprintln!(
         "server p99: unmanaged {unmanaged:.2} ms, user.slice idle by hand {by_hand:.2} ms, appease {with_appease:.2} ms"
     );
+    // Per-thread SCHED_IDLE under the idle branch costs the server some of what the
+    // branch alone gives (docs/RESULTS.md, "Nested layouts"): far below unmanaged, within
+    // half again of the branch made idle by hand.
     assert!(
-        with_appease <= by_hand * 1.25 + 0.5,
-        "appease's p99 {with_appease:.2} ms against {by_hand:.2} ms by hand (unmanaged {unmanaged:.2})"
+        with_appease < unmanaged && with_appease <= by_hand * 1.5 + 0.5,
+        "appease's p99 {with_appease:.2} ms against {by_hand:.2} ms by hand and {unmanaged:.2} unmanaged"
     );
 
     // A program started in the session (someone typing) gives the branch back at once;
