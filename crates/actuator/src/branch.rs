@@ -172,7 +172,11 @@ impl KernelActuator {
                 continue; // gone
             };
             seen.insert(pid, (stat.start, stat.cpu_ticks));
-            if stat.policy == libc::SCHED_IDLE as u32 || self.in_idle_group_of_a_tree(cg, pid) {
+            let in_tree_group = || {
+                cg.group_of(pid)
+                    .is_ok_and(|g| self.in_a_group_made_idle_for_a_tree(&g))
+            };
+            if stat.policy == libc::SCHED_IDLE as u32 || in_tree_group() {
                 continue;
             }
             members.insert(pid, branch.to_string());
@@ -195,14 +199,6 @@ impl KernelActuator {
         only_batch
     }
 
-    fn in_idle_group_of_a_tree(&self, cg: &Cgroups, pid: u32) -> bool {
-        cg.group_of(pid).is_ok_and(|group| {
-            self.idle_groups
-                .iter()
-                .any(|(path, g)| g.root.is_some() && is_below(&group, path))
-        })
-    }
-
     /// A process exec'd below an idle branch of ours, outside the batch: the branch goes
     /// back now, not at the next scan (a command typed in the session's shell).
     pub(crate) fn on_exec_in_branches(&mut self, pid: u32) {
@@ -218,7 +214,7 @@ impl KernelActuator {
         };
         // SAFETY: sched_getscheduler only reads.
         let batch = unsafe { libc::sched_getscheduler(pid as i32) } == libc::SCHED_IDLE
-            || self.in_idle_group_of_a_tree(&cg, pid);
+            || self.in_a_group_made_idle_for_a_tree(&group);
         if batch {
             return;
         }
@@ -238,10 +234,6 @@ impl KernelActuator {
                 );
             }
         }
-    }
-
-    pub(crate) fn has_idle_branches(&self) -> bool {
-        self.idle_groups.values().any(|g| g.why == ONLY_BATCH_BUSY)
     }
 
     fn unidle_branch(&mut self, branch: &str, why: &str) {

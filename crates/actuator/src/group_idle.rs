@@ -280,9 +280,7 @@ impl KernelActuator {
     }
 
     pub fn on_exec(&mut self, pid: u32) {
-        if self.has_idle_branches() {
-            self.on_exec_in_branches(pid);
-        }
+        self.on_exec_in_branches(pid);
         let parents = crate::keys_where(&self.idle_groups, |g| g.why == ALL_CONTAINERS_BATCH);
         if parents.is_empty() {
             return;
@@ -294,12 +292,16 @@ impl KernelActuator {
         else {
             return;
         };
-        if parents.iter().any(|p| is_below(&group, p)) && !self.in_a_container_made_idle(&group) {
+        if parents.iter().any(|p| is_below(&group, p))
+            && !self.in_a_group_made_idle_for_a_tree(&group)
+        {
             self.keep_engine_parents_idle();
         }
     }
 
-    fn in_a_container_made_idle(&self, group: &str) -> bool {
+    /// Whether `group` is at or below a group (a container's, a pod's, a limited one) made
+    /// idle for a demoted tree.
+    pub(crate) fn in_a_group_made_idle_for_a_tree(&self, group: &str) -> bool {
         self.idle_groups
             .iter()
             .any(|(path, g)| g.root.is_some() && is_below(group, path))
@@ -315,7 +317,9 @@ impl KernelActuator {
             && pids.iter().all(|&p| {
                 cg.group_of(p)
                     // Gone since: it no longer runs there.
-                    .map_or(true, |g| g != parent && self.in_a_container_made_idle(&g))
+                    .map_or(true, |g| {
+                        g != parent && self.in_a_group_made_idle_for_a_tree(&g)
+                    })
             })
     }
 
