@@ -121,8 +121,11 @@ fn print_status(status: &Status) {
         l.runnable_per_cpu, status.cpus, l.psi_some_pct, l.ladder_step, l.unix_nice, l.inet_nice, l.decay_ms
     );
     println!(
-        "probe: {} socket reads, {} request events, {} lost",
-        status.probe.socket_reads, status.probe.request_events, status.probe.lost_events
+        "probe: {} socket reads, {} request events, {} lost; {} reads of responses (a client's side)",
+        status.probe.socket_reads,
+        status.probe.request_events,
+        status.probe.lost_events,
+        status.probe.response_reads
     );
     let (lat, def) = (
         &status.elevation_latency_us,

@@ -19,6 +19,7 @@ mod chaos;
 mod containers;
 mod fuzz;
 mod nested;
+mod responses;
 mod support;
 use support::*;
 
@@ -606,23 +607,28 @@ while (1) {
 }
 "#;
 
+/// A perl server that prints its port first; ended on drop, also when an assertion
+/// fails (its children end with their connections).
+fn perl_server(script: &str) -> (Soakers, String) {
+    let mut child = Command::new("perl")
+        .args(["-e", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("perl runs");
+    let out = child.stdout.take().unwrap();
+    let server = Soakers(vec![child]);
+    let mut port = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut port).unwrap();
+    (server, port.trim().to_string())
+}
+
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn a_forking_server_elevates_fresh_connections_and_sinks_a_heavy_one_at_the_threshold() {
     let _g = serial();
     let (_dir, _cfg, _soak, daemon) = loaded("forking", 4);
-    let mut child = Command::new("perl")
-        .args(["-e", FORKING_SERVER])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("perl runs");
-    let out = child.stdout.take().unwrap();
-    // Ended on drop, also when an assertion fails (its children end with their
-    // connections).
-    let server = Soakers(vec![child]);
-    let mut port = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut port).unwrap();
-    let addr = format!("127.0.0.1:{}", port.trim());
+    let (server, port) = perl_server(FORKING_SERVER);
+    let addr = format!("127.0.0.1:{port}");
     let server_pid = server.0[0].id();
     // A connection and the child that serves it.
     let connect = |known: &[u32]| -> (TcpStream, u32) {

@@ -991,6 +991,7 @@ impl<'obj> Daemon<'obj> {
                 socket_reads: c.socket_reads,
                 request_events: c.requests,
                 lost_events: c.lost,
+                response_reads: c.responses,
             },
             actuator: self.actuator.counters.clone().into(),
             elevation_latency_us: latency_view(&self.latency_us),

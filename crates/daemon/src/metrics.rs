@@ -46,6 +46,7 @@ pub struct Metrics {
     latency: Histogram,
     socket_reads: IntCounter,
     lost_events: IntCounter,
+    response_reads: IntCounter,
     demotions: IntCounter,
     promotions: IntCounter,
     floor_engagements: IntCounter,
@@ -117,6 +118,11 @@ impl Metrics {
             lost_events: IntCounter::new(
                 "probe_lost_events_total",
                 "Probe events lost to a full ring buffer.",
+            )
+            .expect("valid metric"),
+            response_reads: IntCounter::new(
+                "response_reads_total",
+                "Reads on the side of a connection its process connected (a client's), past the per-thread rate limit: responses, never requests.",
             )
             .expect("valid metric"),
             demotions: IntCounter::new(
@@ -198,6 +204,7 @@ impl Metrics {
             Box::new(m.latency.clone()),
             Box::new(m.socket_reads.clone()),
             Box::new(m.lost_events.clone()),
+            Box::new(m.response_reads.clone()),
             Box::new(m.demotions.clone()),
             Box::new(m.promotions.clone()),
             Box::new(m.floor_engagements.clone()),
@@ -247,6 +254,7 @@ impl Metrics {
     pub fn update(&self, st: &Status) {
         raise_to(&self.socket_reads, st.probe.socket_reads);
         raise_to(&self.lost_events, st.probe.lost_events);
+        raise_to(&self.response_reads, st.probe.response_reads);
         raise_to(&self.demotions, st.actuator.demotions);
         raise_to(&self.promotions, st.actuator.promotions);
         for (cause, &n) in &st.actuator.failures_by_cause {

@@ -85,6 +85,10 @@ pub struct ProbeView {
     pub socket_reads: u64,
     pub request_events: u64,
     pub lost_events: u64,
+    /// Reads on the side of a connection its process connected: responses to its own
+    /// requests (a client's, a dump's, a download's), never a request.
+    #[serde(default)]
+    pub response_reads: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

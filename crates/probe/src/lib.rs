@@ -194,6 +194,9 @@ pub struct Counters {
     pub requests: u64,
     /// Events dropped because the ring buffer was full.
     pub lost: u64,
+    /// Reads on the side of a stream connection that connected (a client's): responses,
+    /// never reported; counted once per thread and socket per quiet period.
+    pub responses: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -430,6 +433,17 @@ impl<'obj> Probe<'obj> {
         }
     }
 
+    /// The socket-read program's own run time and run count so far, as the kernel keeps
+    /// them while `kernel.bpf_stats_enabled` is 1 (both 0 otherwise): what the probe costs
+    /// a read, without the read's own noise (the `read_cost` bench).
+    pub fn read_program_stats(&self) -> Option<(u64, u64)> {
+        use std::os::fd::AsFd;
+        let id = libbpf_rs::Program::id_from_fd(self.skel.progs.on_sock_recv.as_fd()).ok()?;
+        libbpf_rs::query::ProgInfoIter::default()
+            .find(|p| p.id == id)
+            .map(|p| (p.run_time_ns, p.run_cnt))
+    }
+
     /// The ring buffer's epoll fd, for callers that multiplex.
     pub fn epoll_fd(&self) -> i32 {
         self.ring.epoll_fd()
@@ -441,6 +455,7 @@ impl<'obj> Probe<'obj> {
             (0u32, &mut c.socket_reads),
             (1, &mut c.requests),
             (2, &mut c.lost),
+            (3, &mut c.responses),
         ] {
             if let Ok(Some(per_cpu)) = self
                 .skel

@@ -183,6 +183,186 @@ fn reports_socket_reads_with_family_filtered_per_thread_and_their_exits() {
     assert_eq!(c.lost, 0);
 }
 
+/// Reads 4 bytes from `s` on a thread of its own (which never read a socket before) once
+/// the peer wrote them; the thread's id.
+fn read_on_new_thread(mut s: impl Read + Send + 'static, mut peer: impl Write) -> u32 {
+    let (tx, rx) = mpsc::channel();
+    let h = thread::spawn(move || {
+        tx.send(gettid()).unwrap();
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).unwrap();
+    });
+    let tid = rx.recv().unwrap();
+    peer.write_all(b"ping").unwrap();
+    h.join().unwrap();
+    tid
+}
+
+/// A child process (`head -c 4`) reading `s` as its standard input once the peer wrote:
+/// a server's forked worker reading the connection its parent accepted, or a client's.
+fn read_in_child(s: std::os::fd::OwnedFd, mut peer: impl Write) -> u32 {
+    let mut child = std::process::Command::new("head")
+        .args(["-c", "4"])
+        .stdin(s)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_millis(20));
+    peer.write_all(b"ping").unwrap();
+    let pid = child.id();
+    assert!(child.wait().unwrap().success());
+    pid
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn what_a_client_reads_on_a_socket_it_connected_is_a_response_not_a_request() {
+    let _serial = assert_root();
+    // A TCP connection made before the probe: which side is which is not known.
+    let tl = TcpListener::bind("127.0.0.1:0").unwrap();
+    let old_client = TcpStream::connect(tl.local_addr().unwrap()).unwrap();
+    let (old_server, _) = tl.accept().unwrap();
+
+    let mut storage = ProbeStorage::uninit();
+    let cfg = ProbeConfig {
+        ignore_pid: None,
+        ..ProbeConfig::default()
+    };
+    let mut probe = Probe::load(&cfg, &mut storage).expect("probe loads as root");
+    let dir = std::env::temp_dir().join(format!("appease-probe-sides-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ul = std::os::unix::net::UnixListener::bind(dir.join("s")).unwrap();
+
+    let tcp_pair = || {
+        let c = TcpStream::connect(tl.local_addr().unwrap()).unwrap();
+        let (s, _) = tl.accept().unwrap();
+        (c, s)
+    };
+    let unix_pair = || {
+        let c = UnixStream::connect(dir.join("s")).unwrap();
+        let (s, _) = ul.accept().unwrap();
+        (c, s)
+    };
+    let mut sides: Vec<(&str, u32, bool)> = Vec::new();
+    let (c, s) = tcp_pair();
+    sides.push((
+        "tcp accepted",
+        read_on_new_thread(s.try_clone().unwrap(), c.try_clone().unwrap()),
+        true,
+    ));
+    sides.push(("tcp connected", read_on_new_thread(c, s), false));
+    let (c, s) = unix_pair();
+    sides.push((
+        "unix accepted",
+        read_on_new_thread(s.try_clone().unwrap(), c.try_clone().unwrap()),
+        true,
+    ));
+    sides.push(("unix connected", read_on_new_thread(c, s), false));
+    let (a, b) = UnixStream::pair().unwrap();
+    sides.push((
+        "socketpair",
+        read_on_new_thread(a.try_clone().unwrap(), b.try_clone().unwrap()),
+        true,
+    ));
+    sides.push(("socketpair's other end", read_on_new_thread(b, a), true));
+    sides.push((
+        "tcp older than the probe, accepted",
+        read_on_new_thread(
+            old_server.try_clone().unwrap(),
+            old_client.try_clone().unwrap(),
+        ),
+        true,
+    ));
+    sides.push((
+        "tcp older than the probe, connected",
+        read_on_new_thread(old_client, old_server),
+        true,
+    ));
+    // Datagrams count wherever they arrive: on a server's bound socket, on a connected one.
+    let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    client.connect(server.local_addr().unwrap()).unwrap();
+    for (name, reader, writer, to) in [
+        ("udp bound", &server, &client, server.local_addr().unwrap()),
+        (
+            "udp connected",
+            &client,
+            &server,
+            client.local_addr().unwrap(),
+        ),
+    ] {
+        let r = reader.try_clone().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let h = thread::spawn(move || {
+            tx.send(gettid()).unwrap();
+            let mut buf = [0u8; 16];
+            r.recv(&mut buf).unwrap();
+        });
+        let tid = rx.recv().unwrap();
+        writer.send_to(b"ping", to).unwrap();
+        h.join().unwrap();
+        sides.push((name, tid, true));
+    }
+    // Children reading a connection as their input: the side is the socket's, whoever
+    // reads it (a forking server's worker reads what its parent accepted).
+    let (c, s) = tcp_pair();
+    let accepted_child = read_in_child(s.into(), c);
+    let (c, s) = tcp_pair();
+    let connected_child = read_in_child(c.into(), s);
+    let (c, s) = unix_pair();
+    let unix_accepted_child = read_in_child(s.into(), c);
+
+    let events = collect(&mut probe, Duration::from_millis(100));
+    let counters = probe.counters();
+    drop(probe);
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut wrong = Vec::new();
+    for (name, tid, request) in &sides {
+        if requests_of(&events, *tid).is_empty() == *request {
+            wrong.push(format!("{name}: request {}", !request));
+        }
+    }
+    let asked = |pid: u32| {
+        events
+            .iter()
+            .any(|e| matches!(e, Event::Request { pid: p, .. } if *p == pid))
+    };
+    for (name, pid, request) in [
+        (
+            "child reading an accepted tcp connection",
+            accepted_child,
+            true,
+        ),
+        (
+            "child reading a connected tcp connection",
+            connected_child,
+            false,
+        ),
+        (
+            "child reading an accepted unix connection",
+            unix_accepted_child,
+            true,
+        ),
+    ] {
+        if asked(pid) != request {
+            wrong.push(format!("{name}: request {}", !request));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:?}\nevents: {events:?}");
+    assert!(
+        counters.responses >= 3,
+        "the clients' reads are counted as responses: {counters:?}"
+    );
+    // A client thread's exit is not reported: it never received a request.
+    let client_tids: Vec<u32> = sides.iter().filter(|s| !s.2).map(|s| s.1).collect();
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::Exit { tid, .. } if client_tids.contains(tid))),
+        "{events:?}"
+    );
+}
+
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn a_request_lost_to_a_full_ring_buffer_mutes_nobody() {

@@ -14,7 +14,8 @@ enum appease_counter {
 	APPEASE_CNT_SOCKET_READS = 0, /* socket reads returning > 0 bytes */
 	APPEASE_CNT_REQUESTS = 1,     /* of those, reported as a request event */
 	APPEASE_CNT_LOST = 2,         /* events dropped because the ring buffer was full */
-	APPEASE_NR_COUNTERS = 3,
+	APPEASE_CNT_RESPONSES = 3,    /* reads on a side that connected, one per thread and socket per quiet period */
+	APPEASE_NR_COUNTERS = 4,
 };
 
 struct appease_event {

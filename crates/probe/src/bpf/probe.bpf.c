@@ -2,7 +2,9 @@
 /*
  * appease probe. A request is a socket receive returning > 0 bytes (read, readv,
  * recv*, all of which end in sock_recvmsg and its sock_recv_length tracepoint), so
- * file reads never run this code. One event per thread per quiet period: the
+ * file reads never run this code, on any socket but the side of a stream connection
+ * its process connected: what a client reads there is the response to its own request
+ * (a dump reading a database, a download, a load generator). One event per thread per quiet period: the
  * per-thread timestamp of the last reported request lives in task storage and
  * filters the rest in the kernel. A task iterator gives the daemon's scan the process
  * table without reading /proc.
@@ -55,6 +57,11 @@ struct {
 
 struct thread_state {
 	u64 last_request_ns; /* the last reported request */
+	/* The last socket found to be a connected side, and when: a client's further reads
+	 * of it within the quiet period cost what a busy server's do. Within that period a
+	 * freed socket's memory taken by an accepted one hides at most its first reads. */
+	u64 response_sk;
+	u64 last_response_ns;
 	u32 waiting_app;     /* while in a reported lock wait: its application + 1 */
 };
 
@@ -65,6 +72,20 @@ struct {
 	__type(key, int);
 	__type(value, struct thread_state);
 } threads SEC(".maps");
+
+/* Which side of a TCP connection a socket is, marked as it becomes established: the
+ * kernel knows then whether it completed a handshake it was asked for (accepted) or one
+ * it started (connected). The mark lives and dies with the socket, so a server's child
+ * that inherits the socket inherits its side. */
+#define SIDE_ACCEPTED 1
+#define SIDE_CONNECTED 2
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, u32);
+} tcp_side SEC(".maps");
 
 /* Processes (their leaders) that listened on a TCP socket: a server's, even before its
  * first request (the scan tells a supervisor of servers from a script this way). */
@@ -138,6 +159,31 @@ static __always_inline struct appease_event *reserve(struct task_struct *t, u32 
 	return e;
 }
 
+/* Whether a read on `sk` is a client's: the side of a stream connection that connected.
+ * TCP: the mark made when the connection was established (none for connections older
+ * than the probe: those count as requests, as before). UNIX: the side a server accepted
+ * carries the listening socket's address and its peer none; the side that connected has
+ * none and its peer one. A socketpair (neither has one), a client that bound an address
+ * of its own (both have one) and every datagram socket count as requests: a datagram
+ * server (DNS, QUIC) is seen by what it receives on its bound socket. */
+static __always_inline int connected_side(struct sock *sk, u16 family)
+{
+	u16 type = sk->sk_type;
+	if (type != SOCK_STREAM && type != SOCK_SEQPACKET)
+		return 0;
+	if (family == AF_UNIX) {
+		struct unix_sock *u = bpf_skc_to_unix_sock(sk);
+		if (!u || u->addr)
+			return 0;
+		struct unix_sock *peer = u->peer ? bpf_skc_to_unix_sock(u->peer) : NULL;
+		return peer && peer->addr;
+	}
+	if (sk->sk_protocol != IPPROTO_TCP)
+		return 0;
+	u32 *side = bpf_sk_storage_get(&tcp_side, sk, 0, 0);
+	return side && *side == SIDE_CONNECTED;
+}
+
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 {
@@ -159,6 +205,16 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	u64 quiet = st->last_request_ns ? now - st->last_request_ns : ~0ULL;
 	if (quiet < min_gap_ns)
 		return 0;
+	/* After the per-thread filter: a busy server's reads never pay for this; a client's
+	 * pay it once per socket per quiet period. */
+	if (st->response_sk == (u64)sk && now - st->last_response_ns < min_gap_ns)
+		return 0;
+	if (connected_side(sk, family)) {
+		st->response_sk = (u64)sk;
+		st->last_response_ns = now;
+		count(APPEASE_CNT_RESPONSES);
+		return 0;
+	}
 
 	struct appease_event *e = reserve(t, APPEASE_EV_REQUEST);
 	/* A lost event mutes nobody: the thread's next request is reported. */
@@ -189,8 +245,10 @@ SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)
 {
 	/* Only threads that ever received a request: the daemon knows no other (the rest
-	 * of a host's exits, a build's thousands a second, would fill the ring). */
-	if (!bpf_task_storage_get(&threads, p, 0, 0))
+	 * of a host's exits, a build's thousands a second, would fill the ring). A client's
+	 * threads have state too, with no request in it. */
+	struct thread_state *st = bpf_task_storage_get(&threads, p, 0, 0);
+	if (!st || !st->last_request_ns)
 		return 0;
 	struct appease_event *e = reserve(p, APPEASE_EV_EXIT);
 	if (e)
@@ -279,12 +337,23 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 
 #define TCP_LISTEN 10
 
-/* listen() on a TCP socket, in the caller's context (inet_csk_listen_start): a mark the
- * task iterator reads, no event. UNIX sockets have no such tracepoint: a UNIX server is
- * known by its requests, or by the daemon's look at open sockets when it starts. */
+/* A TCP connection established (often in softirq, on no task's behalf): which side the
+ * socket is (tcp_side). listen() on a TCP socket, in the caller's context
+ * (inet_csk_listen_start): a mark the task iterator reads, no event. UNIX sockets have no
+ * such tracepoint: a UNIX server is known by its requests, or by the daemon's look at
+ * open sockets when it starts. */
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(on_sock_state, const struct sock *sk, int oldstate, int newstate)
 {
+	if (newstate == TCP_ESTABLISHED && (oldstate == TCP_SYN_RECV || oldstate == TCP_SYN_SENT)) {
+		if (sk->sk_protocol != IPPROTO_TCP)
+			return 0;
+		u32 *side = bpf_sk_storage_get(&tcp_side, (struct sock *)sk, 0,
+					       BPF_SK_STORAGE_GET_F_CREATE);
+		if (side)
+			*side = oldstate == TCP_SYN_RECV ? SIDE_ACCEPTED : SIDE_CONNECTED;
+		return 0;
+	}
 	if (newstate != TCP_LISTEN)
 		return 0;
 	struct task_struct *t = bpf_get_current_task_btf();
