@@ -14,7 +14,7 @@ TEST_PACKAGES := postgresql gcc nginx wget apache2-utils sysbench qemu-system-x8
 # The peer daemons' modes (ananicy, system76-scheduler) also need schedtool and dbus;
 # the peers themselves are built from their own sources (docs/RESULTS.md); the nested
 # scenario measures redis-server with redis-benchmark.
-BENCH_PACKAGES := $(TEST_PACKAGES) schedtool dbus redis-server redis-tools
+BENCH_PACKAGES := $(TEST_PACKAGES) schedtool dbus redis-server redis-tools curl
 # Counts the simulator's instructions per event (a figure the host's noise cannot move).
 PROFILE_PACKAGES := valgrind
 CONFIG ?=

@@ -107,7 +107,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// synthetic, web, db, db-analytic, frames, pipeline, utilization or nested
+    /// synthetic, web, db, db-analytic, frames, pipeline, utilization, nested or fetch
     scenario: String,
     /// A short run (5 s per mode) for CI and a first look.
     #[arg(long)]
@@ -152,7 +152,7 @@ struct BenchArgs {
     #[arg(long, default_value = "soak")]
     batch: String,
     /// Run every mode this many times, interleaved, and report each metric's median
-    /// (default 1; 5 for a --clients sweep and 8 for nested, without --quick).
+    /// (default 1; 5 for a --clients sweep and fetch, 8 for nested, without --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
     repeat: Option<u32>,
     /// web and db: a closed-loop sweep instead of the open-loop run, the Staircase study's
@@ -178,9 +178,15 @@ struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     shape: Vec<String>,
     /// nested: the servers measured (synthetic: the bench's own; redis: redis-server with
-    /// redis-benchmark). Default: both.
+    /// redis-benchmark). fetch: db (PostgreSQL under pgbench), web (nginx under our
+    /// client). Default: all of the scenario's.
     #[arg(long, value_delimiter = ',')]
     server: Vec<String>,
+    /// fetch: the batch jobs, each a loop that reads its input from a server: dump
+    /// (pg_dump | gzip), pull (curl of an archive | tar -xz), etl (psql query | awk).
+    /// Default: all three.
+    #[arg(long, value_delimiter = ',')]
+    job: Vec<String>,
 }
 
 /// `--peer-bin NAME=PATH` with NAME a peer mode.
@@ -693,10 +699,37 @@ fn bench(args: BenchArgs) -> Result<()> {
         peer_bin,
         shape,
         server,
+        job,
     } = args;
-    if scenario != "nested" && !(shape.is_empty() && server.is_empty()) {
-        anyhow::bail!("--shape and --server apply to the nested scenario only");
+    if scenario != "nested" && !shape.is_empty() {
+        anyhow::bail!("--shape applies to the nested scenario only");
     }
+    if !matches!(scenario.as_str(), "nested" | "fetch") && !server.is_empty() {
+        anyhow::bail!("--server applies to the nested and fetch scenarios only");
+    }
+    if scenario != "fetch" && !job.is_empty() {
+        anyhow::bail!("--job applies to the fetch scenario only");
+    }
+    let (fetch_servers, fetch_jobs) = if scenario == "fetch" {
+        let servers = if server.is_empty() {
+            appease_bench::fetch::Server::ALL.to_vec()
+        } else {
+            server
+                .iter()
+                .map(|s| appease_bench::fetch::Server::parse(s))
+                .collect::<Result<_>>()?
+        };
+        let jobs = if job.is_empty() {
+            appease_bench::fetch::Job::ALL.to_vec()
+        } else {
+            job.iter()
+                .map(|s| appease_bench::fetch::Job::parse(s))
+                .collect::<Result<_>>()?
+        };
+        (servers, jobs)
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let shapes = if shape.is_empty() {
         appease_bench::nested::Shape::ALL[..2].to_vec()
     } else {
@@ -705,7 +738,7 @@ fn bench(args: BenchArgs) -> Result<()> {
             .map(|s| appease_bench::nested::Shape::parse(s))
             .collect::<Result<_>>()?
     };
-    let servers = if server.is_empty() {
+    let servers = if server.is_empty() || scenario != "nested" {
         appease_bench::nested::Server::ALL.to_vec()
     } else {
         server
@@ -716,6 +749,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     let repeat = repeat.unwrap_or(match () {
         // The nested shapes' rounds are slow or not as a whole: count them over eight.
         _ if scenario == "nested" && !quick => 8,
+        _ if scenario == "fetch" && !quick => 5,
         _ if clients.is_empty() || quick => 1,
         _ => 5,
     });
@@ -730,6 +764,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         vec![Unmanaged, BatchCgroupIdle, Appease]
     } else if modes.is_empty() && scenario == "nested" {
         appease_bench::nested::MODES.to_vec()
+    } else if modes.is_empty() && scenario == "fetch" {
+        appease_bench::fetch::MODES.to_vec()
     } else if modes.is_empty() {
         appease_bench::Mode::ALL.to_vec()
     } else {
@@ -764,6 +800,8 @@ fn bench(args: BenchArgs) -> Result<()> {
         peer_bins: peer_bin,
         shapes,
         servers,
+        fetch_servers,
+        fetch_jobs,
     };
     let (value, table, csv, plots) = match appease_bench::run(&opts)? {
         appease_bench::Report::Latency(results) => {
@@ -807,6 +845,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         appease_bench::Report::Nested(r) => {
             (serde_json::to_value(&r)?, r.table(), None, Vec::new())
         }
+        appease_bench::Report::Fetch(r) => (serde_json::to_value(&r)?, r.table(), None, Vec::new()),
     };
     if let Some(dir) = &out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

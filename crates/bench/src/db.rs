@@ -17,7 +17,7 @@ use crate::client::ClientResult;
 use crate::{wait_until, Run};
 
 const PGBENCH: &str = "/usr/bin/pgbench";
-const PORT: u16 = 5432;
+pub(crate) const PORT: u16 = 5432;
 /// pgbench's scale (100,000 accounts each) and clients: four branches for four clients,
 /// so their updates rarely wait on one another's row lock.
 const SCALE: u32 = 4;

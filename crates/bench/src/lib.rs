@@ -5,6 +5,7 @@ pub mod client;
 pub mod closed_loop;
 mod db;
 pub mod docker;
+pub mod fetch;
 pub mod nested;
 pub mod peer;
 mod pipeline;
@@ -182,6 +183,7 @@ pub const SCENARIOS: &[&str] = &[
     "pipeline",
     "utilization",
     "nested",
+    "fetch",
 ];
 
 pub struct Options {
@@ -218,6 +220,10 @@ pub struct Options {
     pub shapes: Vec<nested::Shape>,
     /// nested: the servers measured in them.
     pub servers: Vec<nested::Server>,
+    /// fetch: the servers measured.
+    pub fetch_servers: Vec<fetch::Server>,
+    /// fetch: the batch jobs beside them.
+    pub fetch_jobs: Vec<fetch::Job>,
 }
 
 impl Options {
@@ -284,6 +290,7 @@ pub enum Report {
     /// web and db with `--clients`: the closed-loop sweep.
     ClosedLoop(closed_loop::ClosedLoopResult),
     Nested(nested::NestedResult),
+    Fetch(fetch::FetchResult),
 }
 
 pub fn run(opts: &Options) -> Result<Report> {
@@ -308,6 +315,9 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     if opts.scenario == "nested" {
         return Ok(Report::Nested(nested::run(opts)?));
+    }
+    if opts.scenario == "fetch" {
+        return Ok(Report::Fetch(fetch::run(opts)?));
     }
     if let Some(m) = opts.modes.iter().find(|m| Mode::NESTED.contains(m)) {
         bail!("mode {} applies to the nested scenario only", m.name());
@@ -550,6 +560,20 @@ impl Drop for Run {
             }
         }
     }
+}
+
+/// CPU time of the processes `roots` and everything below them, with what their reaped
+/// children used (a build's compilers come and go), ns.
+pub(crate) fn tree_cpu_ns(roots: &[u32]) -> u64 {
+    let mut pids = roots.to_vec();
+    pids.extend(crate::descendants(roots));
+    let ticks: u64 = pids
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .filter_map(|t| appease_cgroup::ProcStat::parse(&t))
+        .map(|s| s.cpu_ticks)
+        .sum();
+    ticks * appease_cgroup::clock_tick_ns()
 }
 
 /// Every process below `roots`, parents before children (so none can fork anew once

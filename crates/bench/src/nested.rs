@@ -671,20 +671,6 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
     })
 }
 
-/// CPU time of the processes `roots` and everything below them, with what their reaped
-/// children used (a build's compilers come and go), ns.
-fn tree_cpu_ns(roots: &[u32]) -> u64 {
-    let mut pids = roots.to_vec();
-    pids.extend(crate::descendants(roots));
-    let ticks: u64 = pids
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
-        .filter_map(|t| appease_cgroup::ProcStat::parse(&t))
-        .map(|s| s.cpu_ticks)
-        .sum();
-    ticks * appease_cgroup::clock_tick_ns()
-}
-
 fn run_mode(
     opts: &Options,
     shape: Shape,
@@ -767,7 +753,7 @@ fn run_mode(
     }
     warm_up(opts, &g, &target, mode, &roots)?;
 
-    let (t0, cpu0) = (Instant::now(), tree_cpu_ns(&roots));
+    let (t0, cpu0) = (Instant::now(), crate::tree_cpu_ns(&roots));
     let (rps, p50, p99) = measure(
         &g,
         &target,
@@ -776,7 +762,7 @@ fn run_mode(
         &opts.stop,
     )?;
     let batch_cpus =
-        tree_cpu_ns(&roots).saturating_sub(cpu0) as f64 / 1e9 / t0.elapsed().as_secs_f64();
+        crate::tree_cpu_ns(&roots).saturating_sub(cpu0) as f64 / 1e9 / t0.elapsed().as_secs_f64();
     Ok(Round {
         p99_ms: p99,
         p50_ms: p50,

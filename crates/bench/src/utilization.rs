@@ -273,6 +273,8 @@ pub fn run(opts: &Options) -> Result<UtilizationResult> {
             peer_bins: opts.peer_bins.clone(),
             shapes: Vec::new(),
             servers: Vec::new(),
+            fetch_servers: Vec::new(),
+            fetch_jobs: Vec::new(),
         };
         with_server.extend(crate::run_latency(&o)?);
     }

@@ -232,3 +232,40 @@ fn a_server_calling_another_stays_elevated_by_what_it_accepted_and_its_load_gene
     );
     assert_eq!(after_exit, [0, 0, 0], "put back at exit");
 }
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn bench_fetch_quick_runs_a_dump_loop_beside_postgresql_in_every_mode_and_cleans_up() {
+    let _g = serial();
+    // The appease mode fails unless the daemon demotes the dump's loop within 30 s.
+    let v = bench_json(&["fetch", "--quick", "--server", "db", "--job", "dump"]);
+    assert_eq!(v["scenario"], "fetch");
+    let case = &v["cases"][0];
+    assert_eq!(case["server"], "db");
+    assert_eq!(case["job"], "dump");
+    let modes = case["modes"].as_array().unwrap();
+    let names: Vec<&str> = modes.iter().map(|m| m["mode"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["unloaded", "unmanaged", "batch-cgroup-idle", "appease"]
+    );
+    for m in modes {
+        assert!(m["p99_ms"].as_f64().unwrap() > 0.0, "{m}");
+        if m["mode"] != "unloaded" {
+            assert!(
+                m["jobs_per_min"].as_f64().unwrap() > 0.0,
+                "the dump loop completed dumps: {m}"
+            );
+        }
+    }
+    assert_eq!(modes[2]["p99_vs_by_hand"].as_f64(), Some(1.0));
+    assert_eq!(bench_postgres_left(), Vec::<String>::new());
+    let loops_left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("pg_dump -h") && c.contains("appease-bench-fetch-"))
+        .collect();
+    assert_eq!(loops_left, Vec::<String>::new());
+}
