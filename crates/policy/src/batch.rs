@@ -829,4 +829,36 @@ mod tests {
         let d = run(&mut c, 6, procs, none);
         assert!(!d.is_empty(), "demoted despite the root moving: {d:?}");
     }
+
+    #[test]
+    fn a_loop_whose_children_each_live_less_than_a_scan_is_judged_by_what_it_reaped() {
+        let mut c = BatchClassifier::new(params());
+        // `while :; do pg_dump | gzip; done`: every scan sees a new dump and compressor,
+        // each just started; what the earlier ones used is the loop's reaped children's
+        // CPU (its cutime). Their reads were responses, not requests.
+        let procs = |t: u64| {
+            let n = 1000 + 2 * t as u32;
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(100, 1, "bash", 0.95 * t as f64),
+                p(n, 100, "pg_dump", 0.01),
+                p(n + 1, 100, "gzip", 0.02),
+            ]
+        };
+        let d = run(&mut c, 5, procs, none);
+        let [(at, BatchDecision::Demote { root, .. })] = &d[..] else {
+            panic!("one tree: {d:?}")
+        };
+        assert_eq!(*root, 100, "the loop, not one of its short-lived children");
+        assert!(*at <= 4, "after 3 s of soaking: {d:?}");
+        // Had the dump's reads been requests, the loop would serve, and stay.
+        let mut c = BatchClassifier::new(params());
+        let served = |pid: u32| (pid >= 1000 && pid % 2 == 0).then_some(0);
+        let d = run(&mut c, 5, procs, served);
+        assert!(
+            !d.iter()
+                .any(|(_, x)| matches!(x, BatchDecision::Demote { root: 100, .. })),
+            "{d:?}"
+        );
+    }
 }
