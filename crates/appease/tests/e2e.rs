@@ -99,6 +99,12 @@ fn serial() -> MutexGuard<'static, ()> {
         euid, 0,
         "this test needs root (BPF, priorities, cgroups); run it as root (make test does)"
     );
+    one_at_a_time()
+}
+
+/// One test at a time, without root: a test that needs none but keeps the CPUs busy
+/// (fuzzing, the simulator) must not run beside one that measures the load or a latency.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 

@@ -31,6 +31,7 @@ fn damaged(seed: &'static [u8]) -> impl Strategy<Value = Vec<u8>> {
 /// Runs `check` over FUZZ_CASES damaged copies of `seed`; a panic fails the test with
 /// the smallest input proptest finds that still panics.
 fn fuzz(parser: &str, seed: &'static [u8], check: impl Fn(&[u8])) {
+    let _g = super::one_at_a_time();
     let cases = std::env::var("FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
