@@ -705,7 +705,7 @@ impl KernelActuator {
         }
         let created: Vec<String> = g.created.iter().rev().cloned().collect();
         for group in created {
-            self.dissolve(&group, "appease stops", report);
+            self.dissolve_trying(&group, "appease stops", report, 10);
         }
         let g = self.groups.as_mut().expect("checked");
         let keys: Vec<TaskKey> = g.moved.drain().map(|(_, m)| m.key).collect();
@@ -715,8 +715,21 @@ impl KernelActuator {
     }
 
     /// Moves every process in `group` (one of appease's) back where it came from, and
-    /// removes the group.
+    /// removes the group, trying 3 times (a fork may race the moves).
     fn dissolve(&mut self, group: &str, why: &str, report: &mut RestoreReport) {
+        self.dissolve_trying(group, why, report, 3)
+    }
+
+    /// As `dissolve`, `attempts` times, 50 ms apart after the first misses: at exit,
+    /// a process that was exiting as it was moved (one a killed job left, its parent gone)
+    /// keeps the group busy until it is reaped.
+    fn dissolve_trying(
+        &mut self,
+        group: &str,
+        why: &str,
+        report: &mut RestoreReport,
+        attempts: u32,
+    ) {
         let Some(g) = self.groups.as_mut() else {
             return;
         };
@@ -725,7 +738,10 @@ impl KernelActuator {
             g.moved.retain(|_, m| m.to != group);
             return;
         }
-        for attempt in 0..3 {
+        for attempt in 0..attempts {
+            if attempt >= 2 {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
             for pid in g.cg.processes(group).unwrap_or_default() {
                 let origin = |p: u32| {
                     g.moved
@@ -749,7 +765,9 @@ impl KernelActuator {
             match g.cg.remove(group) {
                 Ok(()) => break,
                 // A fork raced the moves: go round again.
-                Err(e) if attempt < 2 => tracing::debug!(error = %e, "group not empty yet"),
+                Err(e) if attempt + 1 < attempts => {
+                    tracing::debug!(error = %e, "group not empty yet")
+                }
                 Err(e) => {
                     tracing::warn!(group, error = %e, "could not remove group");
                     report.failed += 1;

@@ -124,7 +124,17 @@ fn a_download_piped_into_a_compressor_is_never_elevated_and_its_loop_is_demoted_
         "the downloads' reads were seen as responses: {}",
         st["probe"]
     );
+    // The job's whole session ends (the loop, and the download and compressor it was
+    // running), then the daemon: every process it moved or that was born in its group is
+    // gone or back, and the group with it.
+    // SAFETY: the loop leads a session and process group of its own, started by this test.
+    unsafe { libc::kill(-(loop_pid as i32), libc::SIGKILL) };
+    let kids_gone = wait_for(Duration::from_secs(5), || {
+        kids.iter()
+            .all(|&k| !std::path::Path::new(&format!("/proc/{k}")).exists())
+    });
     drop((job, server, daemon));
+    assert!(kids_gone.is_some(), "the job's processes ended");
     let cg = appease_cgroup::Cgroups::detect().unwrap();
     assert!(
         !cg.exists(&format!("/{group}")),
