@@ -243,26 +243,14 @@ impl FetchResult {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 fn summarise(modes: &[Mode], runs: Vec<Vec<Round>>) -> Vec<ModeSummary> {
     let mut out: Vec<ModeSummary> = modes
         .iter()
         .zip(runs)
         .filter(|(_, r)| !r.is_empty())
         .map(|(&mode, rounds)| {
-            let pick = |f: fn(&Round) -> f64| median(&mut rounds.iter().map(f).collect::<Vec<_>>());
+            let pick =
+                |f: fn(&Round) -> f64| crate::report::median_of(rounds.iter().map(f).collect());
             ModeSummary {
                 mode,
                 p99_ms: pick(|r| r.p99_ms),

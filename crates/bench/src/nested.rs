@@ -280,21 +280,8 @@ impl NestedResult {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 fn summarise(mode: Mode, rounds: Vec<Round>) -> ModeSummary {
-    let pick = |f: fn(&Round) -> f64| median(&mut rounds.iter().map(f).collect::<Vec<_>>());
+    let pick = |f: fn(&Round) -> f64| crate::report::median_of(rounds.iter().map(f).collect());
     ModeSummary {
         mode,
         p99_ms: pick(|r| r.p99_ms),
@@ -556,7 +543,11 @@ fn measure(
                 p50.push(b);
                 p99.push(c);
             }
-            Ok((median(&mut rps), median(&mut p50), median(&mut p99)))
+            Ok((
+                crate::report::median_of(rps),
+                crate::report::median_of(p50),
+                crate::report::median_of(p99),
+            ))
         }
     }
 }
