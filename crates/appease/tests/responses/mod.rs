@@ -5,15 +5,11 @@
 
 use super::*;
 
-/// Every request elevates (a ladder of one step from no load), fading 50 ms per level;
-/// batch trees are judged every 200 ms and demoted after 2 s, into `group`.
+/// The batch tests' config (trees judged every 200 ms, demoted after 2 s, into `group`),
+/// and every request elevates (a ladder of one step from no load), fading 50 ms per level.
 fn always_elevating_config(group: &str) -> String {
     format!(
-        r#"
-[batch]
-group = "{group}"
-after_ms = 2000
-scan_ms = 200
+        r#"{}
 [elevation]
 tick_ms = 10
 [[elevation.ladder]]
@@ -21,7 +17,8 @@ from_runnable_per_cpu = 0.0
 unix_nice = -8
 inet_nice = -4
 decay_ms = 50
-"#
+"#,
+        batch_config(group)
     )
 }
 
