@@ -73,19 +73,17 @@ struct {
 	__type(value, struct thread_state);
 } threads SEC(".maps");
 
-/* Which side of a TCP connection a socket is, marked as it becomes established: the
- * kernel knows then whether it completed a handshake it was asked for (accepted) or one
- * it started (connected). The mark lives and dies with the socket, so a server's child
- * that inherits the socket inherits its side. */
-#define SIDE_ACCEPTED 1
-#define SIDE_CONNECTED 2
-
+/* TCP sockets on the side that connected, marked as they become established: the kernel
+ * knows then that the socket completed a handshake it started (SYN_SENT), not one it was
+ * asked for (SYN_RECV). Only that side is marked: an accepted socket reads requests as
+ * an unmarked one does, and a busy server's accepts allocate nothing. The mark lives and
+ * dies with the socket. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, u32);
-} tcp_side SEC(".maps");
+} tcp_connected SEC(".maps");
 
 /* Processes (their leaders) that listened on a TCP socket: a server's, even before its
  * first request (the scan tells a supervisor of servers from a script this way). */
@@ -180,8 +178,7 @@ static __always_inline int connected_side(struct sock *sk, u16 family)
 	}
 	if (sk->sk_protocol != IPPROTO_TCP)
 		return 0;
-	u32 *side = bpf_sk_storage_get(&tcp_side, sk, 0, 0);
-	return side && *side == SIDE_CONNECTED;
+	return bpf_sk_storage_get(&tcp_connected, sk, 0, 0) != NULL;
 }
 
 SEC("tp_btf/sock_recv_length")
@@ -337,21 +334,18 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 
 #define TCP_LISTEN 10
 
-/* A TCP connection established (often in softirq, on no task's behalf): which side the
- * socket is (tcp_side). listen() on a TCP socket, in the caller's context
+/* A TCP connection this side started, established (often in softirq, on no task's
+ * behalf): marked in tcp_connected. listen() on a TCP socket, in the caller's context
  * (inet_csk_listen_start): a mark the task iterator reads, no event. UNIX sockets have no
  * such tracepoint: a UNIX server is known by its requests, or by the daemon's look at
  * open sockets when it starts. */
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(on_sock_state, const struct sock *sk, int oldstate, int newstate)
 {
-	if (newstate == TCP_ESTABLISHED && (oldstate == TCP_SYN_RECV || oldstate == TCP_SYN_SENT)) {
-		if (sk->sk_protocol != IPPROTO_TCP)
-			return 0;
-		u32 *side = bpf_sk_storage_get(&tcp_side, (struct sock *)sk, 0,
-					       BPF_SK_STORAGE_GET_F_CREATE);
-		if (side)
-			*side = oldstate == TCP_SYN_RECV ? SIDE_ACCEPTED : SIDE_CONNECTED;
+	if (newstate == TCP_ESTABLISHED && oldstate == TCP_SYN_SENT) {
+		if (sk->sk_protocol == IPPROTO_TCP)
+			bpf_sk_storage_get(&tcp_connected, (struct sock *)sk, 0,
+					   BPF_SK_STORAGE_GET_F_CREATE);
 		return 0;
 	}
 	if (newstate != TCP_LISTEN)
