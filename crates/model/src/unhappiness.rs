@@ -120,7 +120,8 @@ fn first_slice(tau: f64, slice: f64, name: &str, at: &str) -> (Option<f64>, Stri
     }
 }
 
-pub fn evaluate(p: &Params) -> Result<Unhappiness, ParamError> {
+/// Each parameter within what the closed forms take.
+fn check(p: &Params) -> Result<(), ParamError> {
     if p.processes < 2 {
         return Err(ParamError::Processes(p.processes));
     }
@@ -139,6 +140,12 @@ pub fn evaluate(p: &Params) -> Result<Unhappiness, ParamError> {
     if !(1..=15).contains(&p.nice) {
         return Err(ParamError::Nice(p.nice));
     }
+    Ok(())
+}
+
+/// The unhappiness a request causes under each policy, by the closed forms.
+pub fn evaluate(p: &Params) -> Result<Unhappiness, ParamError> {
+    check(p)?;
     let n = p.processes as f64;
     let q = p.quantum_ms;
     let tau: f64 = p.tau_ms.iter().sum();

@@ -318,28 +318,7 @@ impl Workload {
                 ),
             ));
         }
-        let mut paths = Vec::new();
-        for g in &self.group {
-            let p = g.path.get_ref();
-            if !p.starts_with('/') || p.len() < 2 || p.ends_with('/') {
-                return Err((
-                    Some(g.path.span()),
-                    format!("group path {p:?} must look like \"/name\" or \"/a/b\""),
-                ));
-            }
-            if paths.contains(p) {
-                return Err((Some(g.path.span()), format!("group {p:?} is defined twice")));
-            }
-            if let Some(parent) = p.rsplit_once('/').map(|(a, _)| a).filter(|a| !a.is_empty()) {
-                if !paths.iter().any(|q| q == parent) {
-                    return Err((
-                        Some(g.path.span()),
-                        format!("group {p:?}: its parent {parent:?} must be defined before it"),
-                    ));
-                }
-            }
-            paths.push(p.clone());
-        }
+        let paths = self.check_groups()?;
         if self.process.is_empty() {
             return Err((None, "no [[process]]: nothing to simulate".into()));
         }
@@ -372,49 +351,88 @@ impl Workload {
                 ));
             }
             if let Some(s) = &p.serve {
-                if s.calls.len() > MAX_CALLS {
-                    return Err((
-                        Some(p.name.span()),
-                        format!(
-                            "process {name:?} makes {} calls per request; at most {MAX_CALLS} are supported",
-                            s.calls.len()
-                        ),
-                    ));
-                }
-                let mut last = 0.0;
-                for c in &s.calls {
-                    if c.after_cpu_ms > s.cpu_ms || c.after_cpu_ms < last {
-                        return Err((
-                            Some(c.to.span()),
-                            format!(
-                                "process {name:?}: calls must come in order within its cpu_ms ({} ms), after_cpu_ms = {}",
-                                s.cpu_ms, c.after_cpu_ms
-                            ),
-                        ));
-                    }
-                    last = c.after_cpu_ms;
-                    let callee = self.index_of(c.to.get_ref()).ok_or_else(|| {
-                        (
-                            Some(c.to.span()),
-                            format!(
-                                "process {name:?} calls {:?}, which is not defined",
-                                c.to.get_ref()
-                            ),
-                        )
-                    })?;
-                    if self.process[callee].serve.is_none() {
-                        return Err((
-                            Some(c.to.span()),
-                            format!(
-                                "process {name:?} calls {:?}, which serves no requests",
-                                c.to.get_ref()
-                            ),
-                        ));
-                    }
-                }
+                self.check_calls(p, s)?;
             }
         }
         self.check_cycles()?;
+        self.check_customers()
+    }
+
+    /// The groups' paths, each checked (a parent before its children).
+    fn check_groups(&self) -> Result<Vec<String>, (Option<Range<usize>>, String)> {
+        let mut paths = Vec::new();
+        for g in &self.group {
+            let p = g.path.get_ref();
+            if !p.starts_with('/') || p.len() < 2 || p.ends_with('/') {
+                return Err((
+                    Some(g.path.span()),
+                    format!("group path {p:?} must look like \"/name\" or \"/a/b\""),
+                ));
+            }
+            if paths.contains(p) {
+                return Err((Some(g.path.span()), format!("group {p:?} is defined twice")));
+            }
+            if let Some(parent) = p.rsplit_once('/').map(|(a, _)| a).filter(|a| !a.is_empty()) {
+                if !paths.iter().any(|q| q == parent) {
+                    return Err((
+                        Some(g.path.span()),
+                        format!("group {p:?}: its parent {parent:?} must be defined before it"),
+                    ));
+                }
+            }
+            paths.push(p.clone());
+        }
+        Ok(paths)
+    }
+
+    /// A server's calls: few enough, in order within its CPU time, to servers.
+    fn check_calls(&self, p: &ProcessDef, s: &Serve) -> Result<(), (Option<Range<usize>>, String)> {
+        let name = p.name.get_ref();
+        if s.calls.len() > MAX_CALLS {
+            return Err((
+                Some(p.name.span()),
+                format!(
+                    "process {name:?} makes {} calls per request; at most {MAX_CALLS} are supported",
+                    s.calls.len()
+                ),
+            ));
+        }
+        let mut last = 0.0;
+        for c in &s.calls {
+            if c.after_cpu_ms > s.cpu_ms || c.after_cpu_ms < last {
+                return Err((
+                    Some(c.to.span()),
+                    format!(
+                        "process {name:?}: calls must come in order within its cpu_ms ({} ms), after_cpu_ms = {}",
+                        s.cpu_ms, c.after_cpu_ms
+                    ),
+                ));
+            }
+            last = c.after_cpu_ms;
+            let callee = self.index_of(c.to.get_ref()).ok_or_else(|| {
+                (
+                    Some(c.to.span()),
+                    format!(
+                        "process {name:?} calls {:?}, which is not defined",
+                        c.to.get_ref()
+                    ),
+                )
+            })?;
+            if self.process[callee].serve.is_none() {
+                return Err((
+                    Some(c.to.span()),
+                    format!(
+                        "process {name:?} calls {:?}, which serves no requests",
+                        c.to.get_ref()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each customer sends to a process that serves.
+    fn check_customers(&self) -> Result<(), (Option<Range<usize>>, String)> {
         for c in &self.customer {
             let target = self.index_of(c.to.get_ref()).ok_or_else(|| {
                 (
