@@ -457,7 +457,6 @@ mod tests {
     use super::*;
     use crate::journal;
     use crate::testing::{fair, journaled_actuator, FakeKernel, TempDir};
-    use crate::Actuator;
 
     fn actuator(k: &FakeKernel, dir: &TempDir) -> KernelActuator {
         journaled_actuator(k, dir, &[])
@@ -606,7 +605,7 @@ mod tests {
         std::mem::forget(a); // a crash: nothing put back
                              // The process the raise went through is gone; the shell still holds autogroup 7.
         k.exit(100);
-        let report = crate::restore_journal_with(&dir.0, &k).unwrap();
+        let report = crate::restore::restore_journal_on(&dir.0, &k).unwrap();
         assert_eq!((report.restored, report.failed), (2, 0));
         assert_eq!((k.autogroup_nice(7), k.autogroup_nice(8)), (0, 0));
         assert!(journal::read_pending(&dir.0).unwrap().is_empty());

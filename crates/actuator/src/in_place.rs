@@ -12,7 +12,7 @@ use crate::journal::{JournalState, Record, TaskKey};
 use crate::sys::{self, Kernel, Sched};
 use crate::systemd::{self, UnitControl, WEIGHT_IDLE};
 use crate::trail::{audit, Change};
-use crate::{groups::MovedView, now_secs, Actuator, KernelActuator, RestoreReport};
+use crate::{groups::MovedView, now_secs, KernelActuator, RestoreReport};
 
 /// A thread appease put in SCHED_IDLE where it is.
 pub(crate) struct Idled {
@@ -237,7 +237,7 @@ impl KernelActuator {
             }
             // An elevation still on the thread is undone first: one record per change.
             if self.managed.contains_key(&tid) {
-                let _reported_by_restore = Actuator::restore(self, tid, "demoted in place");
+                let _reported_by_restore = self.restore(tid, "demoted in place");
             }
             let Ok(now) = self.kernel.sched_getattr(tid) else {
                 continue;
@@ -256,31 +256,8 @@ impl KernelActuator {
                 tid,
                 start: stat.start,
             };
-            if !self.dry_run && now.policy != sys::SCHED_IDLE {
-                if self.journal(Record::Idle { key, orig }).is_err() {
-                    self.counters.fail("journal");
-                    tracing::warn!(tid, "journal write failed: thread not demoted");
-                    continue;
-                }
-                if let Err(e) = self.kernel.sched_set_policy(
-                    tid,
-                    sys::SCHED_IDLE,
-                    now.nice,
-                    0,
-                    now.reset_on_fork,
-                ) {
-                    let _logged_by_journal = self.journal(Record::Unidle { key });
-                    if !sys::is_esrch(&e) {
-                        self.counters.fail_errno(Some(&e));
-                        tracing::warn!(tid, error = %e, "could not put the thread in SCHED_IDLE");
-                    }
-                    continue;
-                }
-            } else if !self.dry_run {
-                // Already idle by inheritance: recorded so that status and a crash restore see it.
-                if self.journal(Record::Idle { key, orig }).is_err() {
-                    continue;
-                }
+            if !self.dry_run && !self.set_idle_journaled(key, orig, now) {
+                continue;
             }
             if now.policy != sys::SCHED_IDLE {
                 audit!(
@@ -312,6 +289,32 @@ impl KernelActuator {
             n += 1;
         }
         n
+    }
+
+    /// Puts thread `key` in SCHED_IDLE, journaled first (one idle by inheritance is only
+    /// journaled, so that status and a crash restore see it); false if it was not.
+    fn set_idle_journaled(&mut self, key: TaskKey, orig: Sched, now: Sched) -> bool {
+        let tid = key.tid;
+        if now.policy == sys::SCHED_IDLE {
+            return self.journal(Record::Idle { key, orig }).is_ok();
+        }
+        if self.journal(Record::Idle { key, orig }).is_err() {
+            self.counters.fail("journal");
+            tracing::warn!(tid, "journal write failed: thread not demoted");
+            return false;
+        }
+        let set =
+            self.kernel
+                .sched_set_policy(tid, sys::SCHED_IDLE, now.nice, 0, now.reset_on_fork);
+        if let Err(e) = set {
+            let _logged_by_journal = self.journal(Record::Unidle { key });
+            if !sys::is_esrch(&e) {
+                self.counters.fail_errno(Some(&e));
+                tracing::warn!(tid, error = %e, "could not put the thread in SCHED_IDLE");
+            }
+            return false;
+        }
+        true
     }
 
     fn unidle(&mut self, tid: u32, why: &str, report: &mut RestoreReport) {
@@ -750,6 +753,7 @@ pub(crate) fn restore_journal_in_place(
 /// After a crash: every unit the journal says was made idle gets its CPUWeight and
 /// runtime drop-in back, through systemd.
 pub(crate) fn restore_journal_units(
+    k: &dyn Kernel,
     state: &JournalState,
     report: &mut RestoreReport,
 ) -> Vec<Record> {
@@ -757,7 +761,7 @@ pub(crate) fn restore_journal_units(
     if state.units.is_empty() {
         return done;
     }
-    let bus = match systemd::SystemBus::connect() {
+    let bus = match k.system_bus() {
         Ok(b) => b,
         Err(e) => {
             tracing::warn!(error = %e, "the journal lists systemd units made idle, but the system bus is not reachable");
@@ -785,185 +789,4 @@ pub(crate) fn restore_journal_units(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use appease_cgroup::{Cgroups, Version};
-
-    use super::*;
-    use crate::groups::Groups;
-    use crate::journal::Journal;
-    use crate::systemd::{Unit, UnitError};
-
-    /// systemd as the actuator sees it through `UnitControl`: one unit owning the fake
-    /// tree's root, which can refuse calls or go away.
-    #[derive(Default)]
-    struct FakeSystemd {
-        weight: u64,
-        refuse_set: bool,
-        gone: bool,
-        /// Every call, in order.
-        calls: Vec<String>,
-    }
-
-    struct Bus(Arc<Mutex<FakeSystemd>>);
-
-    const UNIT: &str = "backup.service";
-
-    fn refused(what: &str) -> UnitError {
-        UnitError::Unit {
-            unit: UNIT.into(),
-            what: what.into(),
-        }
-    }
-
-    impl UnitControl for Bus {
-        fn unit_of(&self, pid: u32) -> Result<Unit, UnitError> {
-            let mut s = self.0.lock().unwrap();
-            s.calls.push(format!("unit_of {pid}"));
-            if s.gone {
-                return Err(refused("not loaded"));
-            }
-            Ok(Unit {
-                id: UNIT.into(),
-                cgroup: "/".into(),
-                transient: true,
-            })
-        }
-        fn cpu_weight(&self, _: &str) -> Result<u64, UnitError> {
-            let s = self.0.lock().unwrap();
-            if s.gone {
-                return Err(refused("not loaded"));
-            }
-            Ok(s.weight)
-        }
-        fn set_cpu_weight(&self, _: &str, weight: u64) -> Result<(), UnitError> {
-            let mut s = self.0.lock().unwrap();
-            s.calls.push(format!("set {weight}"));
-            if s.refuse_set || s.gone {
-                return Err(refused("access denied"));
-            }
-            s.weight = weight;
-            Ok(())
-        }
-        fn unit_gone(&self, _: &str) -> bool {
-            self.0.lock().unwrap().gone
-        }
-    }
-
-    /// A child process alone in a fake v2 tree that systemd owns, and an actuator
-    /// journaling into `dir` that talks to `fake`.
-    fn set_up(
-        dir: &std::path::Path,
-        fake: &Arc<Mutex<FakeSystemd>>,
-    ) -> (std::process::Child, KernelActuator) {
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
-        assert_eq!(euid, 0, "needs root: run it as root (make test does)");
-        let child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let root = dir.join("cgroup");
-        std::fs::create_dir_all(&root).unwrap();
-        // The child's real v2 path on this host is "/" (the fake tree's root).
-        std::fs::write(root.join("cgroup.procs"), format!("{}\n", child.id())).unwrap();
-        let cg = Cgroups::at(Version::V2, &root).unwrap();
-        let groups = Groups::new(cg, "appease")
-            .owned_by_systemd(true)
-            .with_units(Box::new(Bus(fake.clone())));
-        let journal = Journal::open(&dir.join("run")).unwrap();
-        let act = KernelActuator::new(Some(journal), vec![])
-            .unwrap()
-            .with_groups(groups);
-        (child, act)
-    }
-
-    fn temp_dir(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("appease-act-{tag}-{}", std::process::id()));
-        let _fresh = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    fn start_of(pid: u32) -> u64 {
-        sys::task_stat(pid, pid).unwrap().start
-    }
-
-    fn policy(pid: u32) -> i32 {
-        // SAFETY: sched_getscheduler only reads.
-        unsafe { libc::sched_getscheduler(pid as i32) }
-    }
-
-    #[test]
-    #[ignore = "needs root (putting a thread back from SCHED_IDLE): make test runs it, or as root cargo test -- --include-ignored"]
-    fn a_refused_dbus_call_leaves_the_unit_as_it_was_and_demotes_per_thread() {
-        let dir = temp_dir("refused");
-        let fake = Arc::new(Mutex::new(FakeSystemd {
-            weight: 100,
-            refuse_set: true,
-            ..Default::default()
-        }));
-        let (mut child, mut act) = set_up(&dir, &fake);
-        let pid = child.id();
-        let n = act
-            .demote(pid, &[(pid, start_of(pid))], "cpu-soaker")
-            .unwrap();
-        assert_eq!(n, 1, "demoted all the same");
-        assert_eq!(fake.lock().unwrap().weight, 100, "the unit as it was");
-        assert_eq!(policy(pid), libc::SCHED_IDLE, "per thread instead");
-        assert!(act.idle_units.is_empty());
-        assert_eq!(act.counters.failures, 1, "counted");
-        let journal = Journal::open(&dir.join("run")).unwrap();
-        assert!(journal.state().units.is_empty(), "no unit left to undo");
-        let report = act.restore_all();
-        assert_eq!(report.failed, 0);
-        assert_eq!(policy(pid), libc::SCHED_OTHER, "put back");
-        let _ = child.kill();
-        let _ = child.wait();
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    #[ignore = "needs root (putting a thread back from SCHED_IDLE): make test runs it, or as root cargo test -- --include-ignored"]
-    fn a_unit_that_goes_away_is_skipped_before_and_counted_gone_after_adoption() {
-        let dir = temp_dir("gone");
-        let fake = Arc::new(Mutex::new(FakeSystemd {
-            weight: 100,
-            gone: true,
-            ..Default::default()
-        }));
-        let (mut child, mut act) = set_up(&dir, &fake);
-        let pid = child.id();
-        // Gone before: no unit to make idle, the process is demoted per thread.
-        assert_eq!(
-            act.demote(pid, &[(pid, start_of(pid))], "cpu-soaker")
-                .unwrap(),
-            1
-        );
-        assert!(act.idle_units.is_empty());
-        assert_eq!(policy(pid), libc::SCHED_IDLE);
-        assert_eq!(act.promote(pid, &[pid]).unwrap(), 1);
-        assert_eq!(policy(pid), libc::SCHED_OTHER);
-        // Made idle, then gone (stopped) before appease gives it back.
-        fake.lock().unwrap().gone = false;
-        assert_eq!(
-            act.demote(pid, &[(pid, start_of(pid))], "cpu-soaker")
-                .unwrap(),
-            1
-        );
-        assert_eq!(
-            fake.lock().unwrap().weight,
-            WEIGHT_IDLE,
-            "the unit made idle"
-        );
-        fake.lock().unwrap().gone = true;
-        let report = act.restore_all();
-        assert_eq!((report.gone, report.failed), (1, 0), "{report:?}");
-        let journal = Journal::open(&dir.join("run")).unwrap();
-        assert!(journal.state().units.is_empty(), "nothing left to undo");
-        let _ = child.kill();
-        let _ = child.wait();
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+mod tests;

@@ -365,22 +365,7 @@ fn apply(live: &mut JournalState, rec: Record) {
             next,
             orig,
             ..
-        } => match (live.threads.get_mut(&key), orig) {
-            (Some(p), _) => p.ours = vec![prev, next],
-            // Its Manage line was lost: this record says enough to put it back.
-            (None, Some(orig)) => {
-                live.threads.insert(
-                    key,
-                    Pending {
-                        key,
-                        comm: String::new(),
-                        orig,
-                        ours: vec![prev, next],
-                    },
-                );
-            }
-            (None, None) => {}
-        },
+        } => applied(live, key, [prev, next], orig),
         Record::Release { key } => {
             live.threads.remove(&key);
         }
@@ -437,19 +422,40 @@ fn apply(live: &mut JournalState, rec: Record) {
         } => {
             // A later record of the same autogroup keeps the first original.
             let orig = live.autogroups.get(&id).map_or(orig, |a| a.orig);
-            live.autogroups.insert(
-                id,
-                PendingAutogroup {
-                    key,
-                    orig,
-                    prev,
-                    nice: next,
-                },
-            );
+            let nice = next;
+            let pending = PendingAutogroup {
+                key,
+                orig,
+                prev,
+                nice,
+            };
+            live.autogroups.insert(id, pending);
         }
         Record::AutogroupRestored { id } => {
             live.autogroups.remove(&id);
         }
+    }
+}
+
+/// A thread moved from nice `ours[0]` to `ours[1]`.
+fn applied(live: &mut JournalState, key: TaskKey, ours: [i32; 2], orig: Option<Sched>) {
+    match (live.threads.get_mut(&key), orig) {
+        (Some(p), _) => p.ours = ours.to_vec(),
+        // Its Manage line was lost: this record says enough to put it back.
+        (None, Some(orig)) => {
+            let comm = String::new();
+            let ours = ours.to_vec();
+            live.threads.insert(
+                key,
+                Pending {
+                    key,
+                    comm,
+                    orig,
+                    ours,
+                },
+            );
+        }
+        (None, None) => {}
     }
 }
 

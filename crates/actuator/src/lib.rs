@@ -9,25 +9,25 @@ mod group_idle;
 pub mod groups;
 mod in_place;
 pub mod journal;
+mod restore;
 mod spread;
 pub mod sys;
 pub mod systemd;
+mod threads;
 pub mod trail;
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::OwnedFd;
-use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use appease_policy::elevated_nice;
 use serde::Serialize;
 
 pub use autogroup::AutogroupView;
 pub use groups::{BatchGroup, Groups, MovedView};
 pub use journal::{Journal, JournalState, Pending, PendingMove, Record, TaskKey};
-use sys::Sched;
-use trail::{audit, Change, Trail};
+pub use restore::restore_journal;
+use threads::Managed;
+use trail::Trail;
 
 /// Why appease leaves a thread alone.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -102,54 +102,6 @@ pub struct RestoreReport {
     pub failed: u32,
 }
 
-/// The interface the daemon drives; tests and the simulator use fakes.
-pub trait Actuator {
-    /// Sets `tid` `levels` nice levels above its original nice (recorded on first use),
-    /// with the given EEVDF slice (None: the thread's original slice).
-    fn elevate(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        levels: u32,
-        slice: Option<Duration>,
-        why: &str,
-    ) -> Result<(), ActError>;
-    /// Puts `tid` back to its original nice and slice.
-    fn restore(&mut self, tid: u32, why: &str) -> Result<(), ActError>;
-    /// The thread exited: drop what is known of it.
-    fn forget(&mut self, tid: u32);
-    /// Puts every managed thread back (daemon exit).
-    fn restore_all(&mut self) -> RestoreReport;
-    /// Re-checks every managed thread; returns those no longer managed (gone, or
-    /// changed by someone else and now left alone).
-    fn audit(&mut self) -> Vec<u32>;
-    fn managed(&self) -> Vec<ManagedView>;
-    /// Moves a process tree into the idle group; returns how many processes moved.
-    /// `members` are (PID, start time) as the caller saw them.
-    fn demote(&mut self, root: u32, members: &[(u32, u64)], why: &str) -> Result<usize, ActError>;
-    /// Moves a demoted tree back; returns how many processes moved.
-    fn promote(&mut self, root: u32, members: &[u32]) -> Result<usize, ActError>;
-}
-
-struct Managed {
-    /// Its `manage` record is not written yet: it goes with the first `apply`, in one
-    /// write (a first contact is on the request's path).
-    unjournaled: bool,
-    key: TaskKey,
-    comm: String,
-    orig: Sched,
-    applied_nice: i32,
-    applied_slice_ns: u64,
-    /// Becomes readable when the thread exits; None if pidfds are unavailable.
-    pidfd: Option<OwnedFd>,
-    why: String,
-    since: u64,
-    /// Set to a role's fixed nice (not elevated by requests).
-    role: bool,
-    /// Set below its own nice (a long request).
-    sunk: bool,
-}
-
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ActCounters {
     pub changes: u64,
@@ -204,8 +156,6 @@ pub struct KernelActuator {
     autogroups: autogroup::Autogroups,
     /// The batch's branches made idle: see `branch`.
     branches: branch::Branches,
-    /// The next first contact's thread as the probe saw it (`expect`).
-    expected: Option<Identity>,
     pub counters: ActCounters,
     /// The budgets of the audit trail (one line per change, storms held back).
     pub trail: Trail,
@@ -253,7 +203,6 @@ impl KernelActuator {
             spread: spread::Spread::default(),
             autogroups: autogroup::Autogroups::default(),
             branches: branch::Branches::default(),
-            expected: None,
             counters: ActCounters::default(),
             trail: Trail::default(),
         })
@@ -267,14 +216,6 @@ impl KernelActuator {
 
     pub fn set_exceptions(&mut self, exceptions: Vec<String>) {
         self.exceptions = exceptions;
-    }
-
-    /// The next decision about `who.tid`, if it is a first contact, concerns this thread
-    /// (from the event that caused it): its identity is not read again from /proc.
-    /// Kernel threads never reach here (the probe ignores them). None once that decision
-    /// is made, so the identity serves no later one.
-    pub fn expect(&mut self, who: Option<Identity>) {
-        self.expected = who;
     }
 
     fn journal(&mut self, rec: Record) -> Result<(), ActError> {
@@ -292,451 +233,7 @@ impl KernelActuator {
         }
         Ok(())
     }
-
-    fn leave_alone(&mut self, tid: u32, start: u64, why: HandsOff) -> ActError {
-        tracing::info!(tid, ?why, "leaving thread alone");
-        self.counters.hands_off += 1;
-        self.left_alone.insert(tid, (start, why.clone()));
-        ActError::HandsOff { tid, why }
-    }
-
-    /// First contact with a thread: check it may be touched, record its original state.
-    fn take_charge(&mut self, pid: u32, tid: u32, why: &str) -> Result<Managed, ActError> {
-        let gone = |e: io::Error, op| {
-            if sys::is_esrch(&e) {
-                ActError::Gone { tid }
-            } else {
-                ActError::Sys { op, tid, source: e }
-            }
-        };
-        // Open the pidfd first: the stat read after it then describes the same thread.
-        let pidfd = self.kernel.pidfd_open_thread(tid);
-        let expected = self.expected.take().filter(|e| e.tid == tid);
-        let (start, comm, proc_comm, kernel_thread) = match expected {
-            Some(e) => (e.start, e.comm, Some(e.proc_comm), false),
-            None => {
-                let stat = self
-                    .kernel
-                    .task_stat(pid, tid)
-                    .map_err(|e| gone(e, "read /proc stat"))?;
-                (stat.start, stat.comm, None, stat.kernel_thread)
-            }
-        };
-        if let Some((was, why)) = self.left_alone.get(&tid) {
-            if *was == start {
-                return Err(ActError::HandsOff {
-                    tid,
-                    why: why.clone(),
-                });
-            }
-            self.left_alone.remove(&tid);
-        }
-        let orig = self
-            .kernel
-            .sched_getattr(tid)
-            .map_err(|e| gone(e, "sched_getattr"))?;
-        // The process's name, for the exceptions: a thread's own is in its stat, and the
-        // main thread's is the process's.
-        let proc_comm = match proc_comm {
-            Some(c) => c,
-            None if pid == tid || self.exceptions.is_empty() => comm.clone(),
-            None => self.kernel.comm(pid).unwrap_or_default(),
-        };
-        let refusal = if kernel_thread {
-            Some(HandsOff::KernelThread)
-        } else if pid == self.self_pid {
-            Some(HandsOff::Itself)
-        } else if orig.policy != sys::SCHED_NORMAL && orig.policy != sys::SCHED_BATCH {
-            Some(HandsOff::Policy {
-                policy: orig.policy,
-            })
-        } else {
-            self.exceptions
-                .iter()
-                .find(|c| **c == comm || **c == proc_comm)
-                .map(|c| HandsOff::Exception { comm: c.clone() })
-        };
-        if let Some(r) = refusal {
-            return Err(self.leave_alone(tid, start, r));
-        }
-        let key = TaskKey { pid, tid, start };
-        Ok(Managed {
-            unjournaled: true,
-            key,
-            comm,
-            orig,
-            applied_nice: orig.nice,
-            applied_slice_ns: orig.slice_ns,
-            pidfd,
-            why: why.to_string(),
-            since: now_secs(),
-            role: false,
-            sunk: false,
-        })
-    }
-
-    /// The slice value that gives a thread back its original slice.
-    fn original_slice_arg(&self, orig: &Sched) -> u64 {
-        if orig.slice_ns == self.base_slice_ns {
-            0
-        } else {
-            orig.slice_ns
-        }
-    }
-
-    /// Checks the managed thread is alive and still has what appease gave it.
-    fn verify(&mut self, tid: u32) -> Result<(), ActError> {
-        let m = self.managed.get(&tid).expect("caller checked");
-        let alive = match &m.pidfd {
-            Some(fd) => sys::pidfd_alive(fd),
-            None => self
-                .kernel
-                .task_stat(m.key.pid, tid)
-                .is_ok_and(|s| s.start == m.key.start),
-        };
-        if !alive {
-            return Err(ActError::Gone { tid });
-        }
-        let now = match self.kernel.sched_getattr(tid) {
-            Ok(s) => s,
-            Err(e) if sys::is_esrch(&e) => return Err(ActError::Gone { tid }),
-            Err(source) => {
-                return Err(ActError::Sys {
-                    op: "sched_getattr",
-                    tid,
-                    source,
-                })
-            }
-        };
-        if self.dry_run {
-            return Ok(());
-        }
-        if now.nice != m.applied_nice || now.policy != m.orig.policy {
-            let (key, expected) = (m.key, m.applied_nice);
-            self.managed.remove(&tid);
-            self.journal(Record::Release { key })?;
-            return Err(self.leave_alone(
-                tid,
-                key.start,
-                HandsOff::ChangedByOther {
-                    expected,
-                    found: now.nice,
-                },
-            ));
-        }
-        Ok(())
-    }
-
-    fn drop_gone(&mut self, tid: u32) -> ActError {
-        if let Some(m) = self.managed.remove(&tid) {
-            let _ignored_on_purpose = self.journal(Record::Release { key: m.key });
-        }
-        self.counters.gone += 1;
-        ActError::Gone { tid }
-    }
-
-    fn set(&mut self, tid: u32, nice: i32, slice_ns: u64) -> Result<(), ActError> {
-        let m = self.managed.get(&tid).expect("caller checked");
-        let (key, prev, orig) = (m.key, m.applied_nice, m.orig);
-        let rof = orig.reset_on_fork;
-        if !self.dry_run {
-            let apply = Record::Apply {
-                key,
-                prev,
-                next: nice,
-                slice_ns,
-                orig: Some(orig),
-            };
-            if m.unjournaled {
-                let manage = Record::Manage {
-                    key,
-                    comm: m.comm.clone(),
-                    orig,
-                };
-                self.journal_all(&[manage, apply])?;
-            } else {
-                self.journal(apply)?;
-            }
-            if let Some(m) = self.managed.get_mut(&tid) {
-                m.unjournaled = false;
-            }
-            if let Err(e) = self.kernel.sched_set_fair(tid, nice, slice_ns, rof) {
-                if sys::is_esrch(&e) {
-                    return Err(self.drop_gone(tid));
-                }
-                self.counters.fail_errno(Some(&e));
-                return Err(ActError::Sys {
-                    op: "sched_setattr",
-                    tid,
-                    source: e,
-                });
-            }
-        }
-        let m = self.managed.get_mut(&tid).expect("caller checked");
-        m.applied_nice = nice;
-        m.applied_slice_ns = slice_ns;
-        Ok(())
-    }
 }
-
-/// What nice a managed thread should have.
-#[derive(Clone, Copy)]
-enum Target {
-    /// This many levels above its original nice (request elevation).
-    Levels(u32),
-    /// Exactly this nice (a role's fixed priority).
-    Fixed(i32),
-    /// This many levels below its original nice (a long request).
-    Below(u32),
-}
-
-impl KernelActuator {
-    /// Threads whose name (or their process's) is now an exception get their priority
-    /// back; returns them (the policy forgets them).
-    pub fn release_excepted_threads(&mut self) -> Vec<u32> {
-        let excepted = |m: &Managed| {
-            let proc_comm = || self.kernel.comm(m.key.pid).unwrap_or_default();
-            self.exceptions
-                .iter()
-                .any(|c| *c == m.comm || *c == proc_comm())
-        };
-        let tids: Vec<u32> = self
-            .managed
-            .values()
-            .filter(|m| excepted(m))
-            .map(|m| m.key.tid)
-            .collect();
-        self.restore_each(&tids, "now an exception (hands_off)")
-    }
-
-    /// Threads with a role whose process `keep` no longer gives one (a role removed or
-    /// changed by a reload, an exception) get their priority back; returns them.
-    pub fn release_roles(&mut self, keep: impl Fn(u32) -> bool) -> Vec<u32> {
-        let tids: Vec<u32> = self
-            .managed
-            .values()
-            .filter(|m| m.role && !keep(m.key.pid))
-            .map(|m| m.key.tid)
-            .collect();
-        self.restore_each(&tids, "its role is no longer configured")
-    }
-
-    fn restore_each(&mut self, tids: &[u32], why: &str) -> Vec<u32> {
-        for &tid in tids {
-            match self.restore(tid, why) {
-                Ok(()) | Err(ActError::Gone { .. }) | Err(ActError::HandsOff { .. }) => {}
-                Err(e) => tracing::warn!(tid, error = %e, "could not put the thread back"),
-            }
-        }
-        tids.to_vec()
-    }
-
-    /// Sets a thread to a fixed nice (a role), recorded and restored like an elevation.
-    pub fn fix_nice(&mut self, pid: u32, tid: u32, nice: i32, why: &str) -> Result<(), ActError> {
-        self.apply_nice(pid, tid, Target::Fixed(nice), None, why)
-    }
-
-    /// Sets a thread `levels` nice levels below its original nice with its original
-    /// slice (a long request), recorded and restored like an elevation.
-    pub fn sink(&mut self, pid: u32, tid: u32, levels: u32, why: &str) -> Result<(), ActError> {
-        self.apply_nice(pid, tid, Target::Below(levels), None, why)
-    }
-
-    fn apply_nice(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        target: Target,
-        slice: Option<Duration>,
-        why: &str,
-    ) -> Result<(), ActError> {
-        if !self.managed.contains_key(&tid) {
-            let m = self.take_charge(pid, tid, why)?;
-            self.managed.insert(tid, m);
-        } else if let Err(e) = self.verify(tid) {
-            return Err(match e {
-                ActError::Gone { tid } => self.drop_gone(tid),
-                other => other,
-            });
-        }
-        let m = &self.managed[&tid];
-        let nice = match target {
-            Target::Levels(levels) => elevated_nice(m.orig.nice, levels),
-            Target::Fixed(nice) => nice.clamp(appease_policy::NICE_MIN, appease_policy::NICE_MAX),
-            Target::Below(levels) => appease_policy::sunk_nice(m.orig.nice, levels),
-        };
-        let slice_ns = match slice {
-            Some(s) => s.as_nanos() as u64,
-            None => self.original_slice_arg(&m.orig),
-        };
-        if nice == m.applied_nice && slice_ns == m.applied_slice_ns {
-            return Ok(());
-        }
-        let base = self.base_slice_ns;
-        // Formatted only if the trail admits the line (most are held back in a storm).
-        let (from_nice, from_slice_ns) = (m.applied_nice, m.applied_slice_ns);
-        self.set(tid, nice, slice_ns)?;
-        self.counters.changes += 1;
-        let m = self.managed.get_mut(&tid).expect("present");
-        if m.why != why {
-            m.why = why.to_string();
-        }
-        m.role = matches!(target, Target::Fixed(_));
-        m.sunk = matches!(target, Target::Below(_));
-        let change = match target {
-            Target::Fixed(_) => Change::Role,
-            Target::Below(_) => Change::Sink,
-            Target::Levels(_) => Change::Elevate,
-        };
-        audit!(
-            self.trail,
-            change,
-            pid,
-            tid,
-            comm = m.comm.as_str(),
-            from = sched_text(from_nice, from_slice_ns, base),
-            to = sched_text(nice, slice_ns, base),
-            why,
-            dry_run = self.dry_run.then_some(true)
-        );
-        Ok(())
-    }
-}
-
-impl Actuator for KernelActuator {
-    fn elevate(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        levels: u32,
-        slice: Option<Duration>,
-        why: &str,
-    ) -> Result<(), ActError> {
-        self.apply_nice(pid, tid, Target::Levels(levels), slice, why)
-    }
-
-    fn restore(&mut self, tid: u32, why: &str) -> Result<(), ActError> {
-        if !self.managed.contains_key(&tid) {
-            return Ok(());
-        }
-        if let Err(e) = self.verify(tid) {
-            return Err(match e {
-                ActError::Gone { tid } => self.drop_gone(tid),
-                other => other,
-            });
-        }
-        let m = &self.managed[&tid];
-        let (orig, key) = (m.orig, m.key);
-        let base = self.base_slice_ns;
-        // What it has now, for the audit line (`set` records the new state).
-        let (from_nice, from_slice_ns) = (m.applied_nice, m.applied_slice_ns);
-        let slice = self.original_slice_arg(&orig);
-        self.set(tid, orig.nice, slice)?;
-        let m = self.managed.remove(&tid).expect("present");
-        self.journal(Record::Release { key })?;
-        self.counters.restores += 1;
-        audit!(
-            self.trail,
-            Change::Restore,
-            pid = key.pid,
-            tid,
-            comm = m.comm.as_str(),
-            from = sched_text(from_nice, from_slice_ns, base),
-            to = sched_text(orig.nice, slice, base),
-            why,
-            dry_run = self.dry_run.then_some(true)
-        );
-        Ok(())
-    }
-
-    fn forget(&mut self, tid: u32) {
-        if let Some(m) = self.managed.remove(&tid) {
-            let _ignored_on_purpose = self.journal(Record::Release { key: m.key });
-        }
-        self.left_alone.remove(&tid);
-    }
-
-    fn restore_all(&mut self) -> RestoreReport {
-        let mut report = RestoreReport::default();
-        // Autogroups first: nothing demoted is back in a raised one meanwhile.
-        self.restore_autogroups(&mut report);
-        let tids: Vec<u32> = self.managed.keys().copied().collect();
-        for tid in tids {
-            match self.restore(tid, "shutdown") {
-                Ok(()) => report.restored += 1,
-                Err(ActError::Gone { .. }) => report.gone += 1,
-                Err(ActError::HandsOff { .. }) => report.left_alone += 1,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not restore thread");
-                    report.failed += 1;
-                }
-            }
-        }
-        // Pins first: the threads are still where unpinning looks for their children.
-        self.restore_pins();
-        self.restore_groups(&mut report);
-        self.restore_in_place(&mut report);
-        self.restore_units(&mut report);
-        self.restore_idle_groups(&mut report);
-        if report.failed == 0 {
-            if let Some(j) = self.journal.take() {
-                if let Err(e) = j.remove_if_empty() {
-                    tracing::warn!(error = %e, "could not remove the journal");
-                }
-            }
-        }
-        report
-    }
-
-    fn audit(&mut self) -> Vec<u32> {
-        let tids: Vec<u32> = self.managed.keys().copied().collect();
-        let mut dropped = Vec::new();
-        for tid in tids {
-            match self.verify(tid) {
-                Ok(()) => {}
-                Err(ActError::Gone { tid }) => {
-                    self.drop_gone(tid);
-                    dropped.push(tid);
-                }
-                Err(_) => dropped.push(tid),
-            }
-        }
-        dropped
-    }
-
-    fn demote(&mut self, root: u32, members: &[(u32, u64)], why: &str) -> Result<usize, ActError> {
-        KernelActuator::demote(self, root, members, why)
-    }
-
-    fn promote(&mut self, root: u32, members: &[u32]) -> Result<usize, ActError> {
-        KernelActuator::promote(self, root, members)
-    }
-
-    fn managed(&self) -> Vec<ManagedView> {
-        let mut v: Vec<_> = self
-            .managed
-            .values()
-            .map(|m| ManagedView {
-                pid: m.key.pid,
-                tid: m.key.tid,
-                comm: m.comm.clone(),
-                class: match (m.role, m.sunk) {
-                    (true, _) => "role",
-                    (false, true) => "sunk",
-                    (false, false) => "latency",
-                },
-                nice: m.applied_nice,
-                original_nice: m.orig.nice,
-                slice_ns: m.applied_slice_ns,
-                why: m.why.clone(),
-                since: m.since,
-            })
-            .collect();
-        v.sort_by_key(|m| (m.pid, m.tid));
-        v
-    }
-}
-
 /// Where the chaos harness may end the daemon as `kill -9` would: a test build's
 /// failpoint `name` (feature `failpoints`, configured by the FAILPOINTS environment
 /// variable, e.g. `journal-written=5*off->return`) that fires. Nothing in other builds.
@@ -758,89 +255,8 @@ fn keys_where<V>(map: &HashMap<String, V>, keep: impl Fn(&V) -> bool) -> Vec<Str
         .collect()
 }
 
-/// Undoes what a journal in `dir` records (after a crash): each thread that is still the
-/// same thread and still has a nice appease gave it goes back to its original state.
-pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
-    restore_journal_with(dir, &sys::Host)
-}
-
-fn restore_journal_with(dir: &Path, k: &dyn sys::Kernel) -> io::Result<RestoreReport> {
-    let corrupt = journal::read_pending(dir)?.corrupt;
-    if !corrupt.is_empty() {
-        // What those lines recorded is lost: the journal is kept as it was for a look,
-        // and each counts as a failure. Everything else is still undone.
-        let kept = journal::keep_a_copy(dir)?;
-        tracing::error!(lines = ?corrupt, kept = %kept.display(), "journal lines could not be read: what they recorded cannot be undone; the journal is kept");
-    }
-    let mut journal = Journal::open(dir)?;
-    let base_slice_ns = k.sched_getattr(0)?.slice_ns;
-    let mut report = RestoreReport::default();
-    let pending: Vec<Pending> = journal.state().threads.values().cloned().collect();
-    for p in pending {
-        let same = k
-            .task_stat(p.key.pid, p.key.tid)
-            .is_ok_and(|s| s.start == p.key.start);
-        let now = if same {
-            k.sched_getattr(p.key.tid).ok()
-        } else {
-            None
-        };
-        match now {
-            None => report.gone += 1,
-            Some(now) if !p.ours.contains(&now.nice) || now.policy != p.orig.policy => {
-                tracing::info!(
-                    tid = p.key.tid,
-                    nice = now.nice,
-                    "changed by someone else since; left alone"
-                );
-                report.left_alone += 1;
-            }
-            Some(_) => {
-                let slice = if p.orig.slice_ns == base_slice_ns {
-                    0
-                } else {
-                    p.orig.slice_ns
-                };
-                match k.sched_set_fair(p.key.tid, p.orig.nice, slice, p.orig.reset_on_fork) {
-                    Ok(()) => report.restored += 1,
-                    Err(e) if sys::is_esrch(&e) => report.gone += 1,
-                    Err(e) => {
-                        tracing::warn!(tid = p.key.tid, error = %e, "restore failed");
-                        report.failed += 1;
-                        continue;
-                    }
-                }
-            }
-        }
-        journal.append(&Record::Release { key: p.key })?;
-    }
-    let state = journal.state().clone();
-    // Autogroups first: nothing demoted is back in a raised one meanwhile.
-    for rec in autogroup::restore_journal_autogroups(k, &state, &mut report) {
-        journal.append(&rec)?;
-    }
-    for rec in groups::restore_journal_groups(&state, &mut report) {
-        journal.append(&rec)?;
-    }
-    for rec in in_place::restore_journal_in_place(k, &state, base_slice_ns, &mut report) {
-        journal.append(&rec)?;
-    }
-    for rec in in_place::restore_journal_units(&state, &mut report) {
-        journal.append(&rec)?;
-    }
-    for rec in group_idle::restore_journal_idle_groups(&state, &mut report) {
-        journal.append(&rec)?;
-    }
-    for rec in spread::restore_journal_pins(k, &state, &mut report) {
-        journal.append(&rec)?;
-    }
-    journal.remove_if_empty()?;
-    report.failed += corrupt.len() as u32;
-    Ok(report)
-}
-
-/// Seconds since the epoch, for the `since` appease status shows.
-pub(crate) fn now_secs() -> u64 {
+/// Seconds since the epoch: what `since` and `started` in appease's status count in.
+pub fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -854,10 +270,12 @@ mod testing;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::Sched;
     use crate::sys::{SCHED_BATCH, SCHED_FIFO, SCHED_IDLE};
     use crate::testing::{
         fair, journaled_actuator as actuator, FakeKernel, TempDir, BASE_SLICE_NS,
     };
+    use std::time::Duration;
 
     const MS: u64 = 1_000_000;
 
@@ -884,7 +302,7 @@ mod tests {
         k.spawn(100, 101, "worker", custom(5, 4 * MS));
         let mut a = actuator(&k, &dir, &[]);
         let slice = Some(Duration::from_millis(1));
-        a.elevate(100, 101, 3, slice, "unix-request").unwrap();
+        a.elevate(100, 101, 3, slice, "unix-request", None).unwrap();
         assert_eq!(
             k.sched(101),
             Sched {
@@ -894,9 +312,9 @@ mod tests {
             }
         );
         // A deeper elevation, then the same one again: the second is no change at all.
-        a.elevate(100, 101, 6, slice, "unix-request").unwrap();
+        a.elevate(100, 101, 6, slice, "unix-request", None).unwrap();
         let before = k.changes();
-        a.elevate(100, 101, 6, slice, "unix-request").unwrap();
+        a.elevate(100, 101, 6, slice, "unix-request", None).unwrap();
         assert_eq!(
             k.changes(),
             before,
@@ -909,7 +327,7 @@ mod tests {
             pending.threads.values().next().unwrap().orig,
             custom(5, 4 * MS)
         );
-        Actuator::restore(&mut a, 101, "faded").unwrap();
+        a.restore(101, "faded").unwrap();
         assert_eq!(k.sched(101), custom(5, 4 * MS));
         assert!(journal::read_pending(&dir.0).unwrap().is_empty());
         assert_eq!(k.unjournaled(), Vec::<String>::new());
@@ -921,8 +339,15 @@ mod tests {
         let (k, dir) = (FakeKernel::new(), TempDir::new("slice"));
         k.spawn(100, 100, "srv", fair(0));
         let mut a = actuator(&k, &dir, &[]);
-        a.elevate(100, 100, 4, Some(Duration::from_millis(1)), "inet-request")
-            .unwrap();
+        a.elevate(
+            100,
+            100,
+            4,
+            Some(Duration::from_millis(1)),
+            "inet-request",
+            None,
+        )
+        .unwrap();
         assert_eq!(a.managed()[0].slice_ns, MS);
         a.restore_all();
         assert_eq!(k.sched(100), fair(0));
@@ -934,9 +359,9 @@ mod tests {
         let (k, dir) = (FakeKernel::new(), TempDir::new("other"));
         k.spawn(100, 100, "srv", fair(0));
         let mut a = actuator(&k, &dir, &[]);
-        a.elevate(100, 100, 5, None, "unix-request").unwrap();
+        a.elevate(100, 100, 5, None, "unix-request", None).unwrap();
         k.renice_by_other(100, 10);
-        let err = Actuator::restore(&mut a, 100, "faded").unwrap_err();
+        let err = a.restore(100, "faded").unwrap_err();
         assert!(
             matches!(
                 err,
@@ -951,7 +376,9 @@ mod tests {
             "{err:?}"
         );
         assert_eq!(k.sched(100).nice, 10, "their choice stands");
-        let again = a.elevate(100, 100, 5, None, "unix-request").unwrap_err();
+        let again = a
+            .elevate(100, 100, 5, None, "unix-request", None)
+            .unwrap_err();
         assert!(matches!(again, ActError::HandsOff { .. }), "{again:?}");
         assert_eq!(k.sched(100).nice, 10);
         assert!(a.managed().is_empty());
@@ -963,16 +390,16 @@ mod tests {
         let (k, dir) = (FakeKernel::new(), TempDir::new("recycled"));
         k.spawn(100, 100, "srv", fair(0));
         let mut a = actuator(&k, &dir, &[]);
-        a.elevate(100, 100, 5, None, "unix-request").unwrap();
+        a.elevate(100, 100, 5, None, "unix-request", None).unwrap();
         // The thread ends and its id goes to a new thread at nice -5 by its own choice.
         k.exit(100);
         k.spawn(100, 100, "other", fair(-5));
         let before = k.changes();
         assert!(matches!(
-            Actuator::restore(&mut a, 100, "faded"),
+            a.restore(100, "faded"),
             Err(ActError::Gone { tid: 100 })
         ));
-        assert_eq!(Actuator::audit(&mut a), Vec::<u32>::new());
+        assert_eq!(a.audit(), Vec::<u32>::new());
         let report = a.restore_all();
         assert_eq!(k.changes(), before, "the new thread was not touched");
         assert_eq!(k.sched(100), fair(-5));
@@ -1000,21 +427,24 @@ mod tests {
             other => panic!("expected hands off, got {other:?}"),
         };
         assert_eq!(
-            why(a.elevate(10, 10, 5, None, "r")),
+            why(a.elevate(10, 10, 5, None, "r", None)),
             HandsOff::Policy { policy: SCHED_FIFO }
         );
         assert_eq!(
-            why(a.elevate(11, 11, 5, None, "r")),
+            why(a.elevate(11, 11, 5, None, "r", None)),
             HandsOff::Policy { policy: SCHED_IDLE }
         );
-        assert_eq!(why(a.elevate(12, 12, 5, None, "r")), HandsOff::KernelThread);
+        assert_eq!(
+            why(a.elevate(12, 12, 5, None, "r", None)),
+            HandsOff::KernelThread
+        );
         // The exception names the process: its threads of other names are spared too.
         let backup = HandsOff::Exception {
             comm: "backup".into(),
         };
-        assert_eq!(why(a.elevate(13, 14, 5, None, "r")), backup);
+        assert_eq!(why(a.elevate(13, 14, 5, None, "r", None)), backup);
         assert_eq!(why(a.fix_nice(13, 13, 10, "role")), backup);
-        assert_eq!(why(a.elevate(me, me, 5, None, "r")), HandsOff::Itself);
+        assert_eq!(why(a.elevate(me, me, 5, None, "r", None)), HandsOff::Itself);
         assert_eq!(k.changes(), 0);
         assert_eq!(a.counters.hands_off, 6);
     }
@@ -1025,7 +455,9 @@ mod tests {
         k.spawn(100, 100, "srv", fair(0));
         k.refuse(100, libc::EPERM);
         let mut a = actuator(&k, &dir, &[]);
-        let err = a.elevate(100, 100, 5, None, "unix-request").unwrap_err();
+        let err = a
+            .elevate(100, 100, 5, None, "unix-request", None)
+            .unwrap_err();
         assert!(
             matches!(
                 err,
@@ -1041,7 +473,7 @@ mod tests {
         // The journal says it was about to change: a restore from it leaves it as it is.
         std::mem::forget(a);
         k.allow(100);
-        let report = restore_journal_with(&dir.0, &k).unwrap();
+        let report = crate::restore::restore_journal_on(&dir.0, &k).unwrap();
         assert_eq!(report.failed, 0);
         assert_eq!(k.sched(100), fair(0));
         assert!(journal::read_pending(&dir.0).unwrap().is_empty());
@@ -1052,7 +484,7 @@ mod tests {
         let k = FakeKernel::new();
         k.spawn(100, 100, "srv", fair(0));
         let mut a = KernelActuator::with_kernel(Box::new(k.clone()), None, vec![]).unwrap();
-        a.elevate(100, 100, 5, None, "unix-request").unwrap();
+        a.elevate(100, 100, 5, None, "unix-request", None).unwrap();
         a.fix_nice(100, 100, 10, "role").unwrap();
         assert_eq!(
             a.managed()[0].nice,
@@ -1078,9 +510,9 @@ mod tests {
         k.spawn(300, 300, "make", custom(2, BASE_SLICE_NS));
         k.spawn(300, 301, "make", custom(2, BASE_SLICE_NS));
         let mut a = actuator(&k, &dir, &[]);
-        a.elevate(100, 100, 5, Some(Duration::from_millis(1)), "r")
+        a.elevate(100, 100, 5, Some(Duration::from_millis(1)), "r", None)
             .unwrap();
-        a.elevate(100, 101, 2, None, "r").unwrap();
+        a.elevate(100, 101, 2, None, "r", None).unwrap();
         a.fix_nice(200, 200, 10, "role").unwrap();
         let procs = [(300, "/".to_string(), "cpu-bound".to_string())];
         assert_eq!(a.idle_in_place(300, &procs, "cpu-bound"), 1);
@@ -1091,7 +523,7 @@ mod tests {
         assert_eq!(k.unjournaled(), Vec::<String>::new());
         // The daemon dies: nothing is put back by it.
         std::mem::forget(a);
-        let report = restore_journal_with(&dir.0, &k).unwrap();
+        let report = crate::restore::restore_journal_on(&dir.0, &k).unwrap();
         assert_eq!(k.sched(100), fair(0));
         assert_eq!(k.sched(101), custom(3, 5 * MS));
         assert_eq!(k.sched(200).nice, 15, "the admin's choice stands");
@@ -1260,7 +692,7 @@ mod tests {
         std::mem::forget(a); // the daemon dies: nothing put back
         k.pin_by_other(810, &[0, 1]); // changed by someone else since
         k.exit(820);
-        let report = restore_journal_with(&dir.0, &k).unwrap();
+        let report = crate::restore::restore_journal_on(&dir.0, &k).unwrap();
         assert_eq!(k.cpus(800), CPUS.to_vec());
         assert_eq!(k.cpus(810), vec![0, 1], "someone else's now");
         assert_eq!(

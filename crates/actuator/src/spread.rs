@@ -96,38 +96,14 @@ impl KernelActuator {
         self.spread.pinned.len()
     }
 
+    /// Pins `tid` to `cpu`, journaled first; a thread whose CPUs someone else chose is
+    /// left alone.
     fn pin(&mut self, pid: u32, tid: u32, cpu: usize, online: &[usize]) {
         // A pinned thread costs one system call a scan: its CPUs, which say whether
         // someone else changed them (a thread that ended and whose tid was reused is
         // caught by its start time when it is unpinned).
-        if let Some(p) = self.spread.pinned.get(&tid) {
-            let key = p.key;
-            match self.kernel.affinity(tid) {
-                Ok(now) if now == [p.cpu] && p.cpu == cpu => {}
-                Ok(now) if now == [p.cpu] => match self.kernel.set_affinity(tid, &[cpu]) {
-                    Ok(()) => {
-                        if let Some(p) = self.spread.pinned.get_mut(&tid) {
-                            p.cpu = cpu;
-                            if !p.held.contains(&cpu) {
-                                p.held.push(cpu);
-                            }
-                        }
-                    }
-                    Err(e) => tracing::debug!(tid, error = %e, "could not move a pinned thread"),
-                },
-                Ok(_) => {
-                    // Someone else set its CPUs since: theirs from now on.
-                    self.spread.pinned.remove(&tid);
-                    self.spread.foreign.insert(tid, (pid, key.start));
-                    let _logged_by_journal = self.journal(Record::Unpin { key });
-                    tracing::info!(pid, tid, "its CPUs were set by someone else: left alone");
-                }
-                Err(_) => {
-                    // Gone: nothing of ours is left.
-                    self.spread.pinned.remove(&tid);
-                    let _logged_by_journal = self.journal(Record::Unpin { key });
-                }
-            }
+        if self.spread.pinned.contains_key(&tid) {
+            self.keep_pinned(pid, tid, cpu);
             return;
         }
         let Ok(stat) = self.kernel.task_stat(pid, tid) else {
@@ -201,6 +177,41 @@ impl KernelActuator {
                     self.counters.fail_errno(Some(&e));
                     tracing::warn!(pid, tid, error = %e, "could not pin a thread");
                 }
+            }
+        }
+    }
+
+    /// A thread pinned already: moved to `cpu`, or given up if someone else set its CPUs
+    /// since or it is gone.
+    fn keep_pinned(&mut self, pid: u32, tid: u32, cpu: usize) {
+        let Some(p) = self.spread.pinned.get(&tid) else {
+            return;
+        };
+        let key = p.key;
+        match self.kernel.affinity(tid) {
+            Ok(now) if now == [p.cpu] && p.cpu == cpu => {}
+            Ok(now) if now == [p.cpu] => match self.kernel.set_affinity(tid, &[cpu]) {
+                Ok(()) => {
+                    if let Some(p) = self.spread.pinned.get_mut(&tid) {
+                        p.cpu = cpu;
+                        if !p.held.contains(&cpu) {
+                            p.held.push(cpu);
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(tid, error = %e, "could not move a pinned thread"),
+            },
+            Ok(_) => {
+                // Someone else set its CPUs since: theirs from now on.
+                self.spread.pinned.remove(&tid);
+                self.spread.foreign.insert(tid, (pid, key.start));
+                let _logged_by_journal = self.journal(Record::Unpin { key });
+                tracing::info!(pid, tid, "its CPUs were set by someone else: left alone");
+            }
+            Err(_) => {
+                // Gone: nothing of ours is left.
+                self.spread.pinned.remove(&tid);
+                let _logged_by_journal = self.journal(Record::Unpin { key });
             }
         }
     }

@@ -201,6 +201,9 @@ pub trait Kernel: Send {
     /// at the write). The kernel takes one such write per 100 ms host-wide from a writer
     /// without CAP_SYS_ADMIN and refuses the others with EAGAIN.
     fn set_autogroup_nice(&self, pid: u32, nice: i32) -> io::Result<()>;
+    /// systemd's D-Bus API, connected now (only a restore of units made idle needs it).
+    fn system_bus(&self)
+        -> Result<Box<dyn crate::systemd::UnitControl>, crate::systemd::UnitError>;
 }
 
 /// A session's autogroup: the kernel's task group for it, at the top of the CPU
@@ -291,6 +294,12 @@ impl Kernel for Host {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    fn system_bus(
+        &self,
+    ) -> Result<Box<dyn crate::systemd::UnitControl>, crate::systemd::UnitError> {
+        Ok(Box::new(crate::systemd::SystemBus::connect()?))
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::journal;
 use crate::sys::{Autogroup, Kernel, Sched, TaskStat, SCHED_IDLE, SCHED_NORMAL};
+use crate::systemd::{Unit, UnitControl, UnitError};
 
 /// An actuator over `k` whose journal is in `dir`, which `k` reads at each change to
 /// check the undo was journaled first.
@@ -438,6 +439,35 @@ impl Kernel for FakeKernel {
         s.autogroup_nice.insert(id, nice);
         s.changes += 1;
         Ok(())
+    }
+
+    fn system_bus(&self) -> Result<Box<dyn UnitControl>, UnitError> {
+        Ok(Box::new(NoUnits))
+    }
+}
+
+/// A system bus on which every unit is gone (the fake host runs no systemd units).
+struct NoUnits;
+
+impl UnitControl for NoUnits {
+    fn unit_of(&self, pid: u32) -> Result<Unit, UnitError> {
+        Err(no_unit(&format!("of pid {pid}")))
+    }
+    fn cpu_weight(&self, unit: &str) -> Result<u64, UnitError> {
+        Err(no_unit(unit))
+    }
+    fn set_cpu_weight(&self, unit: &str, _weight: u64) -> Result<(), UnitError> {
+        Err(no_unit(unit))
+    }
+    fn unit_gone(&self, _unit: &str) -> bool {
+        true
+    }
+}
+
+fn no_unit(unit: &str) -> UnitError {
+    UnitError::Unit {
+        unit: unit.to_string(),
+        what: "not loaded".into(),
     }
 }
 

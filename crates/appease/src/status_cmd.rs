@@ -1,7 +1,6 @@
 //! `appease status`: what the running daemon manages and why.
 
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
 use appease_daemon::control::{self, ClientError, Reply, Request};
@@ -75,9 +74,7 @@ pub fn reload(dir: &Path) -> Result<()> {
 }
 
 fn print_status(status: &Status) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = appease_actuator::now_secs();
     println!(
         "appease daemon pid {}, up {}s, config {}{}",
         status.pid,

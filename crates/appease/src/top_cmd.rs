@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use appease_cgroup::procstat::{clock_tick_ns, ProcStat};
@@ -293,7 +293,7 @@ impl View {
         frame.render_widget(Paragraph::new(self.header()), head);
         let mut rows = self.rows.clone();
         arrange(&mut rows, self.sort, self.reverse, self.class);
-        let now = unix_now();
+        let now = appease_actuator::now_secs();
         let body = rows.iter().map(|r| {
             Row::new([
                 Cell::from(r.pid.to_string()),
@@ -337,7 +337,7 @@ impl View {
         let Some(s) = &self.status else {
             return vec![Line::from("appease top: waiting for the daemon")];
         };
-        let up = unix_now().saturating_sub(s.started);
+        let up = appease_actuator::now_secs().saturating_sub(s.started);
         let mut lines = vec![Line::from(format!(
             "appease daemon pid {}, up {up}s, {} CPUs, config {}{}",
             s.pid,
@@ -367,12 +367,6 @@ impl View {
         }
         lines
     }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// Runs the view until `q` (or Esc, Ctrl-C).

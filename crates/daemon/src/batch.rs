@@ -14,7 +14,9 @@ use appease_policy::LiftBudget;
 use serde::{Deserialize, Serialize};
 
 use crate::cadence::Cadence;
-use crate::scanner::{FloorSample, ScanCost, ScanRequest, Snapshot};
+use crate::scanner::{
+    FloorSample, Promotion, Release, RoleProcess, ScanCost, ScanRequest, ServiceProcess, Snapshot,
+};
 
 /// A process: its pid and its start (clock ticks after boot), so a pid reused by another
 /// process is not taken for it.
@@ -293,7 +295,7 @@ impl BatchManager {
         self.roles = snap
             .roles
             .into_iter()
-            .map(|(pid, (_, _, start))| (pid, start))
+            .map(|(pid, r)| (pid, r.start))
             .collect();
         self.demoted = snap.demoted;
         self.demoted_apps = snap.demoted_apps;
@@ -307,7 +309,7 @@ impl BatchManager {
                 }
             }
         }
-        for (root, pid) in snap.releases {
+        for Release { root, pid } in snap.releases {
             match actuator.release_process(pid) {
                 Ok(true) => {
                     tracing::info!(root, pid, "exempted by the config: out of the idle class")
@@ -316,7 +318,7 @@ impl BatchManager {
                 Err(e) => log_failure(&e, root, "release a process of"),
             }
         }
-        for (root, members) in snap.promotions {
+        for Promotion { root, members } in snap.promotions {
             if let Err(e) = actuator.promote(root, &members) {
                 log_failure(&e, root, "promote");
             }
@@ -468,8 +470,13 @@ fn lift_weight(quiet_weight: u32, raised: Option<i32>) -> u32 {
 
 /// Moves each configured service's processes (with their current children) into its
 /// group; children forked later are born there.
-fn place_services(services: &[(u32, String, Vec<u32>)], actuator: &mut KernelActuator) {
-    for (pid, group, members) in services {
+fn place_services(services: &[ServiceProcess], actuator: &mut KernelActuator) {
+    for ServiceProcess {
+        pid,
+        group,
+        members,
+    } in services
+    {
         if actuator.is_moved(*pid) {
             continue;
         }
@@ -487,8 +494,8 @@ fn log_failure(e: &ActError, root: u32, what: &str) {
 }
 
 /// Gives every thread of each role process its fixed nice (new threads included).
-fn apply_roles(roles: &HashMap<u32, (i32, String, u64)>, actuator: &mut KernelActuator) {
-    for (&pid, (nice, label, _)) in roles {
+fn apply_roles(roles: &HashMap<u32, RoleProcess>, actuator: &mut KernelActuator) {
+    for (&pid, RoleProcess { nice, label, .. }) in roles {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
         };

@@ -377,7 +377,7 @@ pub fn request(dir: &Path, req: Request) -> Result<Reply, ClientError> {
 pub fn status(dir: &Path) -> Result<(Status, Option<u64>), ClientError> {
     match request(dir, Request::Status)? {
         Reply::Status { status } => {
-            let age = crate::unix_now().saturating_sub(status.updated);
+            let age = appease_actuator::now_secs().saturating_sub(status.updated);
             let status = Arc::try_unwrap(status).unwrap_or_else(|s| (*s).clone());
             Ok((status, (age > STALE_AFTER_S).then_some(age)))
         }
@@ -434,14 +434,14 @@ mod tests {
         }
         shared.publish(Arc::new(Status {
             pid: 42,
-            updated: crate::unix_now(),
+            updated: appease_actuator::now_secs(),
             ..Default::default()
         }));
         let (st, stale) = status(&dir).unwrap();
         assert_eq!((st.pid, stale), (42, None));
         shared.publish(Arc::new(Status {
             pid: 42,
-            updated: crate::unix_now() - 60,
+            updated: appease_actuator::now_secs() - 60,
             ..Default::default()
         }));
         let (_, stale) = status(&dir).unwrap();

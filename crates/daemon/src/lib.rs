@@ -8,25 +8,26 @@ pub mod host;
 pub mod lock;
 pub mod log_writer;
 pub mod metrics;
+mod reload;
 pub mod scanner;
+mod startup;
 pub mod status;
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use appease_actuator::{
-    restore_journal, ActError, Actuator, Identity, Journal, KernelActuator, RestoreReport,
-};
+use anyhow::Result;
+use appease_actuator::{ActError, Identity, KernelActuator};
 use appease_config::Config;
 use appease_policy::{AppChange, Decision, ElevationPolicy, LoadTracker, Source};
-use appease_probe::{monotonic_ns, Event, Family, Probe, ProbeConfig, ProbeStorage};
+use appease_probe::{monotonic_ns, Event, Family, Probe};
 use hdrhistogram::Histogram;
 
 pub use lock::RunLock;
+pub use startup::{preflight, restore_leftovers, run};
 
 /// Load is sampled this often; it is smoothed over a second anyway.
 const LOAD_SAMPLE_NS: u64 = 100_000_000;
@@ -57,227 +58,6 @@ pub struct DaemonOptions {
 pub struct Controls {
     pub shutdown: Arc<AtomicBool>,
     pub reload: Arc<AtomicBool>,
-}
-
-/// Checks what the daemon needs before anything is changed.
-pub fn preflight() -> Result<()> {
-    if !host::is_root() {
-        bail!(
-            "appease daemon needs root: it loads BPF programs and changes other processes' priorities \
-             (run it as root, e.g. with sudo)"
-        );
-    }
-    if host::in_nested_pid_namespace() {
-        bail!(
-            "appease runs in a PID namespace of its own (a container without the host's \
-             process IDs): the request probe and the journal name processes by the host's \
-             IDs, which mean other processes here. Run it in the host's PID namespace: \
-             `--pid=host` (Docker, Podman), `hostPID: true` (Kubernetes, see deploy/), or on \
-             the host"
-        );
-    }
-    if host::in_nested_cgroup_namespace() {
-        bail!(
-            "appease runs in a cgroup namespace of its own (a container with a private cgroup \
-             view): it must see and change the host's cgroups. Run it in the host's cgroup \
-             namespace: `--cgroupns=host` (Docker, Podman), or on the host"
-        );
-    }
-    Ok(())
-}
-
-/// Undoes what an earlier daemon left (after a crash). Needs the run lock.
-pub fn restore_leftovers(dir: &Path) -> Result<RestoreReport> {
-    restore_journal(dir).with_context(|| format!("restoring from the journal in {}", dir.display()))
-}
-
-pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
-    // Test builds: the chaos harness's crash points, from FAILPOINTS.
-    #[cfg(feature = "failpoints")]
-    let _failpoints = fail::FailScenario::setup();
-    preflight()?;
-    let _lock = RunLock::acquire(&opts.run_dir)?;
-    // A dry run changes nothing: it may watch beside a daemon that acts.
-    let _group_lock = match opts.dry_run {
-        false => Some(RunLock::acquire_group(&opts.config.batch.group)?),
-        true => None,
-    };
-    let leftovers = restore_leftovers(&opts.run_dir)?;
-    if leftovers != RestoreReport::default() {
-        tracing::warn!(?leftovers, "restored what a previous daemon left behind");
-    }
-    host::raise_nofile_limit();
-    // Before capabilities are dropped: giving the socket to a group takes CAP_CHOWN.
-    let gid = opts
-        .config
-        .control
-        .group
-        .as_deref()
-        .and_then(appease_config::gid_of);
-    let socket = control::BoundSocket::bind(&opts.run_dir, gid)
-        .with_context(|| format!("making the control socket in {}", opts.run_dir.display()))?;
-
-    let mut storage = ProbeStorage::uninit();
-    let probe_cfg = ProbeConfig {
-        min_gap: Duration::from_millis(opts.config.probe.min_gap_ms),
-        ignore_pid: Some(std::process::id()),
-        serving_window: serving_window(&opts.config),
-        ..ProbeConfig::default()
-    };
-    let mut probe = Probe::load(&probe_cfg, &mut storage).context("starting the request probe")?;
-    // The probe sees every listen() from here on; what listened before is read now,
-    // while reading other processes' open files is still allowed.
-    let listening = match opts.config.batch.enabled || opts.config.elevation.enabled {
-        true => host::listening_processes(),
-        false => HashSet::new(),
-    };
-    // Their forks from now on belong to their application (its elevation budget, its
-    // lifting), as those of a server started after the probe.
-    for &(pid, _) in &listening {
-        if let Err(e) = probe.mark_listener(pid) {
-            tracing::warn!(error = %e, pid, "could not mark a listening process");
-        }
-    }
-    // The probe is attached: BPF and perf capabilities are no longer needed, nor any
-    // other but what changes priorities and makes the idle group.
-    match host::drop_capabilities() {
-        Ok(kept) => tracing::info!(?kept, "dropped every other capability"),
-        Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
-    }
-    // Threads started from here on inherit only the capabilities kept: the log's
-    // background writer is one.
-    log_writer::go_background();
-    let shared = control::Shared::new(controls.reload.clone());
-    let control = control::ControlServer::start(socket, shared.clone())
-        .context("starting the control socket's thread")?;
-    let metrics = Arc::new(metrics::Metrics::new());
-    let _metrics_server = match opts.config.metrics.listen {
-        Some(addr) => Some(metrics::MetricsServer::start(addr, metrics.clone())?),
-        None => None,
-    };
-    let scans = opts.config.batch.enabled
-        || !opts.config.services.is_empty()
-        || !opts.config.role.is_empty();
-    let scanner = match scans {
-        true => Some(
-            scanner::Scanner::start(probe.take_task_iter(), &opts.config, listening)
-                .context("starting the scanner thread")?,
-        ),
-        false => None,
-    };
-
-    let journal = if opts.dry_run {
-        None
-    } else {
-        Some(
-            Journal::open(&opts.run_dir)
-                .with_context(|| format!("opening the journal in {}", opts.run_dir.display()))?,
-        )
-    };
-    let mut actuator = KernelActuator::new(journal, opts.config.hands_off.comms.clone())
-        .context("starting the actuator")?;
-    let layout = appease_cgroup::HostLayout::detect();
-    tracing::info!(
-        layout = layout.kind.name(),
-        hierarchy = ?layout.cpu_hierarchy,
-        systemd = layout.systemd,
-        container = ?layout.container,
-        sched_ext = ?layout.sched_ext,
-        effects = %layout.effects(),
-        "host layout"
-    );
-    let layout_view = status::LayoutView::from(&layout);
-    services_available(&opts.config, &layout_view).map_err(anyhow::Error::msg)?;
-    let wants_groups = opts.config.batch.enabled || !opts.config.services.is_empty();
-    if wants_groups {
-        match appease_cgroup::Cgroups::detect() {
-            Ok(cg) => {
-                tracing::info!(hierarchy = %cg.root().display(), version = ?cg.version(), "cgroups in use");
-                let systemd_owned = cg.version() == appease_cgroup::Version::V2 && layout.systemd;
-                let mut groups = appease_actuator::Groups::new(cg, &opts.config.batch.group)
-                    .owned_by_systemd(systemd_owned);
-                if systemd_owned {
-                    match appease_actuator::systemd::SystemBus::connect() {
-                        Ok(bus) => groups = groups.with_units(Box::new(bus)),
-                        Err(e) => tracing::warn!(
-                            error = %e,
-                            "systemd's bus is not reachable: batch is demoted per thread only"
-                        ),
-                    }
-                }
-                actuator = actuator.with_groups(groups);
-            }
-            Err(e) if opts.config.services.is_empty() => {
-                tracing::warn!(error = %e, "batch demotion off: no usable CPU cgroup hierarchy")
-            }
-            Err(e) => return Err(e).context("latency services need a CPU cgroup hierarchy"),
-        }
-    }
-    // Service groups are created now: a path the kernel refuses is an error before any
-    // process is touched (and the groups made so far are removed again).
-    for svc in &opts.config.services {
-        if let Err(e) = actuator.ensure_service_group(&svc.group_name(), svc.weight) {
-            actuator.restore_all();
-            return Err(e).with_context(|| {
-                format!(
-                    "service {:?}: cannot set up its group /{}",
-                    svc.name,
-                    svc.group_name()
-                )
-            });
-        }
-    }
-    // After the actuator has read the kernel's default slice from this thread.
-    let priority = host::prioritize_self();
-    let mut daemon = Daemon::new(opts, probe, actuator, scanner, shared, metrics);
-    daemon.layout = layout_view;
-    tracing::info!(
-        pid = std::process::id(),
-        priority,
-        cpus = daemon.cpus,
-        dry_run = daemon.opts.dry_run,
-        config = %daemon.config_origin(),
-        "appease daemon running"
-    );
-    // Under systemd (Type=notify): started. Nothing happens without NOTIFY_SOCKET.
-    notify_systemd(&[sd_notify::NotifyState::Ready]);
-    // Whatever ends the loop (signal, error, panic), every change is put back.
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        daemon.event_loop(&controls)
-    }));
-    notify_systemd(&[sd_notify::NotifyState::Stopping]);
-    let report = daemon.actuator.restore_all();
-    daemon.actuator.trail.report_held();
-    // No state served after the exit.
-    drop(control);
-    let RestoreReport {
-        restored,
-        gone,
-        left_alone,
-        failed,
-    } = report;
-    if failed == 0 {
-        tracing::info!(
-            restored,
-            gone,
-            left_alone,
-            "restored every thread appease changed; exiting"
-        );
-    } else {
-        // The journal keeps what could not be put back, for `appease restore` to retry.
-        tracing::warn!(
-            restored,
-            gone,
-            left_alone,
-            failed,
-            "could not restore every change (see the warnings above); the journal in {} keeps them for `appease restore`; exiting",
-            daemon.opts.run_dir.display()
-        );
-    }
-    match result {
-        Ok(r) => r,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
 }
 
 struct Daemon<'obj> {
@@ -354,7 +134,7 @@ impl<'obj> Daemon<'obj> {
             marked_apps: HashSet::new(),
             cpus,
             clock_tick_ns: appease_cgroup::clock_tick_ns().max(1),
-            started: unix_now(),
+            started: appease_actuator::now_secs(),
             latency_us: latency_histogram(),
             deferred_latency_us: latency_histogram(),
             events: Vec::with_capacity(256),
@@ -543,140 +323,6 @@ impl<'obj> Daemon<'obj> {
         }
     }
 
-    fn reload(&mut self) {
-        // Under systemd (Type=notify-reload): reloading now, ready again after.
-        if let Ok(now) = sd_notify::NotifyState::monotonic_usec_now() {
-            notify_systemd(&[sd_notify::NotifyState::Reloading, now]);
-        }
-        let report = self.load_config_again();
-        self.shared.reloaded(&report);
-        notify_systemd(&[sd_notify::NotifyState::Ready]);
-    }
-
-    /// Reads the config file again and applies all of it but the keys only a restart
-    /// changes; an invalid file leaves the running config as it is.
-    fn load_config_again(&mut self) -> control::ReloadReport {
-        let mut report = control::ReloadReport {
-            config: self.config_origin(),
-            ..Default::default()
-        };
-        let Some(path) = self.opts.config_path.clone() else {
-            tracing::info!("reload requested; the embedded default config is unchanged");
-            report.applied = true;
-            return report;
-        };
-        let mut cfg = match Config::load(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|c| services_available(&c, &self.layout).map(|()| c))
-        {
-            Ok(cfg) => cfg,
-            Err(e) => {
-                tracing::error!(error = %e, "config reload failed; keeping the last good config");
-                report.error = Some(e);
-                return report;
-            }
-        };
-        let old = self.opts.config.clone();
-        // What only a restart changes keeps its running value, and is reported.
-        let mut restart_only = |name: &str, changed: bool| {
-            if changed {
-                report.needs_restart.push(name.to_string());
-            }
-        };
-        restart_only("[probe]", cfg.probe != old.probe);
-        restart_only("[batch] enabled", cfg.batch.enabled != old.batch.enabled);
-        restart_only("[batch] group", cfg.batch.group != old.batch.group);
-        restart_only("[metrics] listen", cfg.metrics != old.metrics);
-        restart_only("[control] group", cfg.control != old.control);
-        // The probe reports lock waits within the window it was loaded with.
-        restart_only(
-            "[elevation.sink] lifting (after_cpu_ms, lift_ms)",
-            serving_window(&cfg) != serving_window(&old),
-        );
-        cfg.probe = old.probe.clone();
-        cfg.batch.enabled = old.batch.enabled;
-        cfg.batch.group = old.batch.group.clone();
-        cfg.metrics = old.metrics.clone();
-        cfg.control = old.control.clone();
-        if self.scanner.is_none() {
-            // Nothing scans processes: services and roles would never be applied.
-            restart_only("[[service]]", cfg.services != old.services);
-            restart_only("[[role]]", cfg.role != old.role || cfg.roles != old.roles);
-            cfg.services = old.services.clone();
-            cfg.role = old.role.clone();
-            cfg.roles = old.roles.clone();
-        }
-        let changed = &mut report.changed;
-        if cfg.elevation != old.elevation {
-            self.policy.set_params(cfg.elevation_params());
-            self.tick = Duration::from_millis(cfg.elevation.tick_ms);
-            changed.push("[elevation]".into());
-        }
-        if cfg.hands_off != old.hands_off {
-            self.actuator.set_exceptions(cfg.hands_off.comms.clone());
-            for tid in self.actuator.release_excepted_threads() {
-                self.policy.forget(tid);
-            }
-            let moved = self.actuator.release_excepted_processes();
-            changed.push(format!("[hands_off] (processes moved back: {moved})"));
-        }
-        for svc in &old.services {
-            if !cfg.services.iter().any(|s| s.name == svc.name) {
-                let r = self.actuator.remove_service_group(&svc.group_name());
-                changed.push(format!(
-                    "[[service]] {} removed ({} moved back)",
-                    svc.name, r.restored
-                ));
-            }
-        }
-        for svc in &cfg.services {
-            let before = old.services.iter().find(|s| s.name == svc.name);
-            if before == Some(svc) {
-                continue;
-            }
-            match self
-                .actuator
-                .ensure_service_group(&svc.group_name(), svc.weight)
-            {
-                Ok(_) if before.is_none() => {
-                    changed.push(format!("[[service]] {} added", svc.name))
-                }
-                Ok(_) => changed.push(format!("[[service]] {} changed", svc.name)),
-                Err(e) => report.failed.push(format!(
-                    "[[service]] {}: cannot set up its group: {e}",
-                    svc.name
-                )),
-            }
-        }
-        if cfg.role != old.role || cfg.roles != old.roles {
-            changed.push("[[role]]".into());
-        }
-        if cfg.rules != old.rules {
-            changed.push("[[rule]]".into());
-        }
-        if cfg.batch != old.batch {
-            changed.push("[batch]".into());
-        }
-        if let Some(b) = self.batch.as_mut() {
-            b.set_config(&cfg);
-        }
-        self.shared_config = Arc::new(cfg.clone());
-        self.opts.config = cfg;
-        report.applied = true;
-        tracing::info!(
-            config = %path.display(),
-            changed = ?report.changed,
-            "config reloaded"
-        );
-        if !report.needs_restart.is_empty() {
-            tracing::warn!(keys = ?report.needs_restart, "changed keys keep their running value until a restart");
-        }
-        for f in &report.failed {
-            tracing::warn!(failed = %f, "part of the reloaded config could not be applied");
-        }
-        report
-    }
-
     fn on_event(&mut self, e: Event) {
         match e {
             Event::Request {
@@ -713,12 +359,12 @@ impl<'obj> Daemon<'obj> {
                     Family::Inet | Family::Inet6 => Source::Network,
                     Family::Other(_) => return,
                 };
-                self.actuator.expect(Some(Identity {
+                let seen = Identity {
                     tid,
                     start: start_ns / self.clock_tick_ns,
                     comm,
                     proc_comm,
-                }));
+                };
                 if let Some(d) = self.policy.on_app_request(
                     ts_ns,
                     app,
@@ -728,7 +374,7 @@ impl<'obj> Daemon<'obj> {
                     cpu_ns,
                     self.load.current(),
                 ) {
-                    if self.apply(d) {
+                    if self.apply_seen(d, Some(seen)) {
                         let us = monotonic_ns().saturating_sub(ts_ns) / 1000;
                         let h = if woke {
                             self.metrics.elevation_latency(us);
@@ -739,7 +385,6 @@ impl<'obj> Daemon<'obj> {
                         let _saturates_instead = h.record(us.max(1));
                     }
                 }
-                self.actuator.expect(None);
                 // After the elevation: a surfaced thread's application may need telling.
                 self.tell_probe();
             }
@@ -879,6 +524,11 @@ impl<'obj> Daemon<'obj> {
 
     /// Applies one decision; true when the kernel state now matches it.
     fn apply(&mut self, d: Decision) -> bool {
+        self.apply_seen(d, None)
+    }
+
+    /// Applies `d`; `seen` is the thread as the event that caused it described it.
+    fn apply_seen(&mut self, d: Decision, seen: Option<Identity>) -> bool {
         let restoring = matches!(d, Decision::Restore { .. });
         let counted = match &d {
             Decision::Elevate { reason, .. } | Decision::Sink { reason, .. } => (false, *reason),
@@ -894,7 +544,7 @@ impl<'obj> Daemon<'obj> {
             } => (
                 tid,
                 self.actuator
-                    .elevate(pid, tid, levels, slice, reason.as_str()),
+                    .elevate(pid, tid, levels, slice, reason.as_str(), seen),
             ),
             Decision::Restore { tid, reason, .. } => {
                 (tid, self.actuator.restore(tid, reason.as_str()))
@@ -974,7 +624,7 @@ impl<'obj> Daemon<'obj> {
         let status = Status {
             pid: std::process::id(),
             started: self.started,
-            updated: unix_now(),
+            updated: appease_actuator::now_secs(),
             config: self.config_origin(),
             dry_run: self.opts.dry_run,
             cpus: self.cpus,
@@ -1011,8 +661,6 @@ impl<'obj> Daemon<'obj> {
     }
 }
 
-/// Latency service groups are not built for a cgroup v2 host under systemd: a config
-/// with services is refused there, at start and on reload.
 /// A thread serves a request for as long as a request may compute before it sinks: its
 /// lock waits within that time are a customer's (lifting sunk threads needs them). The
 /// probe measures it from the thread's last reported request, and reads are reported at
@@ -1023,6 +671,8 @@ fn serving_window(cfg: &Config) -> Option<Duration> {
         .then(|| Duration::from_millis(sink.after_cpu_ms.max(cfg.probe.min_gap_ms).max(10)))
 }
 
+/// Latency service groups are not built for a cgroup v2 host under systemd: a config
+/// with services is refused there, at start and on reload.
 fn services_available(cfg: &Config, layout: &status::LayoutView) -> Result<(), String> {
     let v2_systemd = appease_cgroup::LayoutKind::CgroupV2Systemd.name();
     match cfg.services.first() {
@@ -1054,10 +704,4 @@ fn latency_view(h: &Histogram<u64>) -> LatencyView {
         p99: h.value_at_quantile(0.99),
         max: h.max(),
     }
-}
-
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

@@ -63,6 +63,18 @@ pub struct Metrics {
     scan_processes: IntGauge,
 }
 
+fn counter(name: &str, help: &str) -> IntCounter {
+    IntCounter::new(name, help).expect("valid metric")
+}
+
+fn gauge(name: &str, help: &str) -> Gauge {
+    Gauge::new(name, help).expect("valid metric")
+}
+
+fn int_gauge(name: &str, help: &str) -> IntGauge {
+    IntGauge::new(name, help).expect("valid metric")
+}
+
 fn counter_vec(name: &str, help: &str, label: &str) -> IntCounterVec {
     IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric")
 }
@@ -110,41 +122,13 @@ impl Metrics {
                 .buckets(LATENCY_BUCKETS.to_vec()),
             )
             .expect("valid metric"),
-            socket_reads: IntCounter::new(
-                "socket_reads_total",
-                "Socket reads the probe saw (before its per-thread rate limit).",
-            )
-            .expect("valid metric"),
-            lost_events: IntCounter::new(
-                "probe_lost_events_total",
-                "Probe events lost to a full ring buffer.",
-            )
-            .expect("valid metric"),
-            response_reads: IntCounter::new(
-                "response_reads_total",
-                "Reads on the side of a connection its process connected (a client's), past the per-thread rate limit: responses, never requests.",
-            )
-            .expect("valid metric"),
-            demotions: IntCounter::new(
-                "demotions_total",
-                "Processes moved to the idle class (or their threads made SCHED_IDLE).",
-            )
-            .expect("valid metric"),
-            promotions: IntCounter::new(
-                "promotions_total",
-                "Processes brought back from the idle class.",
-            )
-            .expect("valid metric"),
-            floor_engagements: IntCounter::new(
-                "starvation_floor_engagements_total",
-                "Times the idle group's idle flag was lifted because batch work starved.",
-            )
-            .expect("valid metric"),
-            scans_raised: IntCounter::new(
-                "scans_raised_total",
-                "Scans raised from the idle class to the normal one: normal-class work kept every CPU busy.",
-            )
-            .expect("valid metric"),
+            socket_reads: counter("socket_reads_total", "Socket reads the probe saw (before its per-thread rate limit)."),
+            lost_events: counter("probe_lost_events_total", "Probe events lost to a full ring buffer."),
+            response_reads: counter("response_reads_total", "Reads on the side of a connection its process connected (a client's), past the per-thread rate limit: responses, never requests."),
+            demotions: counter("demotions_total", "Processes moved to the idle class (or their threads made SCHED_IDLE)."),
+            promotions: counter("promotions_total", "Processes brought back from the idle class."),
+            floor_engagements: counter("starvation_floor_engagements_total", "Times the idle group's idle flag was lifted because batch work starved."),
+            scans_raised: counter("scans_raised_total", "Scans raised from the idle class to the normal one: normal-class work kept every CPU busy."),
             failures: counter_vec(
                 "actuator_failures_total",
                 "Changes the kernel or systemd refused, by errno name (or journal, systemd).",
@@ -165,64 +149,14 @@ impl Metrics {
                 "The idle group's mode: 1 for the current one of idle, quiet and floor.",
                 "mode",
             ),
-            group_share: Gauge::new(
-                "batch_group_cpu_share_ratio",
-                "Share of all CPUs the idle group got over the last scan (0 to 1).",
-            )
-            .expect("valid metric"),
-            runnable: Gauge::new(
-                "load_runnable_per_cpu",
-                "Runnable tasks per CPU, smoothed over about a second: the load ladder's input.",
-            )
-            .expect("valid metric"),
-            pressure: Gauge::new(
-                "cpu_pressure_some_ratio",
-                "Share of the last second with a task waiting for a CPU (PSI some, 0 to 1).",
-            )
-            .expect("valid metric"),
-            ladder_step: IntGauge::new(
-                "ladder_step",
-                "The load ladder's step in force (0: uncontended, nothing elevated).",
-            )
-            .expect("valid metric"),
-            scan_seconds: Gauge::new(
-                "scan_duration_seconds",
-                "CPU time of the last process scan (reading and classifying).",
-            )
-            .expect("valid metric"),
-            scan_processes: IntGauge::new(
-                "scan_processes",
-                "Processes the last scan read.",
-            )
-            .expect("valid metric"),
+            group_share: gauge("batch_group_cpu_share_ratio", "Share of all CPUs the idle group got over the last scan (0 to 1)."),
+            runnable: gauge("load_runnable_per_cpu", "Runnable tasks per CPU, smoothed over about a second: the load ladder's input."),
+            pressure: gauge("cpu_pressure_some_ratio", "Share of the last second with a task waiting for a CPU (PSI some, 0 to 1)."),
+            ladder_step: int_gauge("ladder_step", "The load ladder's step in force (0: uncontended, nothing elevated)."),
+            scan_seconds: gauge("scan_duration_seconds", "CPU time of the last process scan (reading and classifying)."),
+            scan_processes: int_gauge("scan_processes", "Processes the last scan read."),
         };
-        let r = &m.registry;
-        let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
-            Box::new(requests),
-            Box::new(elevations),
-            Box::new(restores),
-            Box::new(m.latency.clone()),
-            Box::new(m.socket_reads.clone()),
-            Box::new(m.lost_events.clone()),
-            Box::new(m.response_reads.clone()),
-            Box::new(m.demotions.clone()),
-            Box::new(m.promotions.clone()),
-            Box::new(m.floor_engagements.clone()),
-            Box::new(m.scans_raised.clone()),
-            Box::new(m.failures.clone()),
-            Box::new(m.threads.clone()),
-            Box::new(m.processes.clone()),
-            Box::new(m.group_mode.clone()),
-            Box::new(m.group_share.clone()),
-            Box::new(m.runnable.clone()),
-            Box::new(m.pressure.clone()),
-            Box::new(m.ladder_step.clone()),
-            Box::new(m.scan_seconds.clone()),
-            Box::new(m.scan_processes.clone()),
-        ];
-        for c in all {
-            r.register(c).expect("each metric registered once");
-        }
+        m.register([Box::new(requests), Box::new(elevations), Box::new(restores)]);
         // Every label value known up front: a series at 0 rather than none at all.
         for class in ["latency", "role"] {
             m.threads.with_label_values(&[class]);
@@ -231,6 +165,36 @@ impl Metrics {
             m.processes.with_label_values(&[class]);
         }
         m
+    }
+
+    /// Registers every metric of `self`, with the vectors `with` whose series `self`
+    /// holds one by one.
+    fn register(&self, with: [Box<dyn prometheus::core::Collector>; 3]) {
+        let own: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(self.latency.clone()),
+            Box::new(self.socket_reads.clone()),
+            Box::new(self.lost_events.clone()),
+            Box::new(self.response_reads.clone()),
+            Box::new(self.demotions.clone()),
+            Box::new(self.promotions.clone()),
+            Box::new(self.floor_engagements.clone()),
+            Box::new(self.scans_raised.clone()),
+            Box::new(self.failures.clone()),
+            Box::new(self.threads.clone()),
+            Box::new(self.processes.clone()),
+            Box::new(self.group_mode.clone()),
+            Box::new(self.group_share.clone()),
+            Box::new(self.runnable.clone()),
+            Box::new(self.pressure.clone()),
+            Box::new(self.ladder_step.clone()),
+            Box::new(self.scan_seconds.clone()),
+            Box::new(self.scan_processes.clone()),
+        ];
+        for c in with.into_iter().chain(own) {
+            self.registry
+                .register(c)
+                .expect("each metric registered once");
+        }
     }
 
     /// A request read, by socket family.

@@ -42,14 +42,14 @@ pub struct Snapshot {
     pub taken_at: u64,
     /// Trees to move to the idle group: (pid, start) of each member as the scan saw it.
     pub demotions: Vec<Demotion>,
-    /// Demoted trees to move back: (root, members).
-    pub promotions: Vec<(u32, Vec<u32>)>,
-    /// Processes of demoted trees the config now exempts: (root, pid).
-    pub releases: Vec<(u32, u32)>,
-    /// Each configured service's processes: (main pid, group, the pid and its children).
-    pub services: Vec<(u32, String, Vec<u32>)>,
-    /// Role processes: pid -> (fixed nice, label, its start).
-    pub roles: HashMap<u32, (i32, String, u64)>,
+    /// Demoted trees to move back.
+    pub promotions: Vec<Promotion>,
+    /// Processes of demoted trees the config now exempts.
+    pub releases: Vec<Release>,
+    /// Each configured service's processes.
+    pub services: Vec<ServiceProcess>,
+    /// Role processes by pid.
+    pub roles: HashMap<u32, RoleProcess>,
     /// The idle group since the last scan (none on the first, or while it is empty).
     pub floor: Option<FloorSample>,
     /// Every process in a demoted tree after this scan.
@@ -69,6 +69,37 @@ pub struct Snapshot {
     /// weight, so the load signal counts them.
     pub sched_idle_runnable: u32,
     pub cost: ScanCost,
+}
+
+/// A demoted tree to move back: its root and its members.
+#[derive(Debug, PartialEq)]
+pub struct Promotion {
+    pub root: u32,
+    pub members: Vec<u32>,
+}
+
+/// A process of a demoted tree (`root`) that the config now exempts.
+#[derive(Debug, PartialEq)]
+pub struct Release {
+    pub root: u32,
+    pub pid: u32,
+}
+
+/// A configured service's main process, its group, and the processes placed with it
+/// (the pid and its children).
+#[derive(Debug, PartialEq)]
+pub struct ServiceProcess {
+    pub pid: u32,
+    pub group: String,
+    pub members: Vec<u32>,
+}
+
+/// A process a role applies to: its fixed nice, the role's label, its start time.
+#[derive(Debug, PartialEq)]
+pub struct RoleProcess {
+    pub nice: i32,
+    pub label: String,
+    pub start: u64,
 }
 
 #[derive(Debug)]
@@ -381,14 +412,7 @@ impl Worker {
         let cpu0 = thread_cpu_ns();
         let cfg = &req.cfg;
         self.classifier.set_params(cfg.batch_params());
-        for root in &req.forget {
-            self.classifier.forget(*root);
-        }
-        if req.forget_demoted {
-            for root in self.classifier.demoted_roots() {
-                self.classifier.forget(root);
-            }
-        }
+        self.forget_as_asked(&req);
         let in_group_now = req
             .batch_group
             .as_ref()
@@ -426,7 +450,11 @@ impl Worker {
         let children = appease_policy::tree::Children::new(procs.iter().map(|p| (p.pid, p.ppid)));
         let services = services
             .into_iter()
-            .map(|(pid, group)| (pid, group, children.subtree(pid)))
+            .map(|(pid, group)| ServiceProcess {
+                pid,
+                group,
+                members: children.subtree(pid),
+            })
             .collect();
         // A request counts for the process that received it, not for a later one
         // that got its pid.
@@ -444,7 +472,10 @@ impl Worker {
         };
         let roles = roles
             .into_iter()
-            .filter_map(|(pid, (nice, label))| Some((pid, (nice, label, *start_of.get(&pid)?))))
+            .filter_map(|(pid, (nice, label))| {
+                let start = *start_of.get(&pid)?;
+                Some((pid, RoleProcess { nice, label, start }))
+            })
             .collect();
         let mut snap = Snapshot {
             taken_at,
@@ -456,27 +487,7 @@ impl Worker {
             sched_idle_runnable: reading.sched_idle_runnable,
             ..Default::default()
         };
-        let started = &start_of;
-        for d in decisions {
-            match d {
-                BatchDecision::Demote {
-                    root,
-                    members,
-                    cpus,
-                    why,
-                } => snap.demotions.push(Demotion {
-                    root,
-                    // With the start time the scan saw: a PID reused since is not ours.
-                    members: members
-                        .iter()
-                        .filter_map(|pid| Some((*pid, started.get(pid).copied()?)))
-                        .collect(),
-                    why: format!("{why}: {cpus:.2} CPUs, no requests"),
-                }),
-                BatchDecision::Promote { root, members } => snap.promotions.push((root, members)),
-                BatchDecision::Release { root, pid } => snap.releases.push((root, pid)),
-            }
-        }
+        record_decisions(&mut snap, decisions, &start_of);
         snap.demoted = self.classifier.demoted_members();
         snap.demoted_apps = snap
             .demoted
@@ -493,6 +504,19 @@ impl Worker {
         snap.cost.cpu_us = thread_cpu_ns().saturating_sub(cpu0) / 1000;
         snap.cost.wall_us = appease_probe::monotonic_ns().saturating_sub(taken_at) / 1000;
         snap
+    }
+
+    /// Forgets the trees the daemon could not demote or promote (or, asked to, every
+    /// demoted one).
+    fn forget_as_asked(&mut self, req: &ScanRequest) {
+        for root in &req.forget {
+            self.classifier.forget(*root);
+        }
+        if req.forget_demoted {
+            for root in self.classifier.demoted_roots() {
+                self.classifier.forget(root);
+            }
+        }
     }
 
     /// The threads of the idle group's processes that wanted a CPU (ran, or waited to)
@@ -741,162 +765,35 @@ fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn task(pid: u32, tid: u32, cpu_ns: u64, wait_ns: u64, running: bool) -> TaskRecord {
-        TaskRecord {
-            pid,
-            tid,
-            ppid: if pid == tid { 7 } else { 0 },
-            cpu_ns,
-            wait_ns,
-            start_boot_ns: if pid == tid { 123_456_789_000 } else { 0 },
-            age_ns: 5,
-            gone_cpu_ns: if pid == tid { 1_000 } else { 0 },
-            kernel_thread: false,
-            running,
-            has_tty: pid == tid,
-            listens: false,
-            idle_group: running && tid == 41,
-            sched_idle: tid == 42 || tid == 41,
-            app: pid,
-            comm: if pid == tid {
-                "make".into()
-            } else {
-                "worker".into()
-            },
+/// The classifier's decisions into the snapshot.
+fn record_decisions(
+    snap: &mut Snapshot,
+    decisions: Vec<BatchDecision>,
+    started: &HashMap<u32, u64>,
+) {
+    for d in decisions {
+        match d {
+            BatchDecision::Demote {
+                root,
+                members,
+                cpus,
+                why,
+            } => snap.demotions.push(Demotion {
+                root,
+                // With the start time the scan saw: a PID reused since is not ours.
+                members: members
+                    .iter()
+                    .filter_map(|pid| Some((*pid, started.get(pid).copied()?)))
+                    .collect(),
+                why: format!("{why}: {cpus:.2} CPUs, no requests"),
+            }),
+            BatchDecision::Promote { root, members } => {
+                snap.promotions.push(Promotion { root, members })
+            }
+            BatchDecision::Release { root, pid } => snap.releases.push(Release { root, pid }),
         }
-    }
-
-    fn proc(pid: u32, ppid: u32) -> ProcSample {
-        ProcSample {
-            pid,
-            ppid,
-            comm: "p".into(),
-            start: 1,
-            cpu_ns: 0,
-            wait_ns: 0,
-            kernel_thread: false,
-            has_tty: false,
-            listens: false,
-            age_ns: 0,
-        }
-    }
-
-    #[test]
-    fn ancestors_climb_to_the_first_unknown_parent() {
-        // 1 -> 40 -> 41 -> 50 (the daemon); 60 is a sibling's child.
-        let procs = [
-            proc(1, 0),
-            proc(40, 1),
-            proc(41, 40),
-            proc(50, 41),
-            proc(60, 41),
-        ];
-        assert_eq!(ancestors_of(50, &procs), vec![41, 40, 1]);
-        assert_eq!(ancestors_of(60, &procs), vec![41, 40, 1]);
-        assert!(ancestors_of(1, &procs).is_empty());
-        // A parent missing from the table ends the climb; a loop does not hang it.
-        assert_eq!(ancestors_of(7, &[proc(7, 8)]), vec![8]);
-        assert_eq!(ancestors_of(7, &[proc(7, 8), proc(8, 7)]), vec![8, 7]);
-    }
-
-    #[test]
-    fn the_idle_groups_share_and_waiting_come_from_the_change_since_the_last_scan() {
-        let mut w = Worker::new(
-            Source::Proc(HashMap::new()),
-            &Config::default().batch_params(),
-            HashSet::new(),
-        );
-        let mut a = proc(10, 1);
-        let b = proc(11, 1);
-        let group: HashSet<u32> = [10, 11].into();
-        assert_eq!(
-            w.floor_sample(0, &[a.clone(), b.clone()], &group, &HashSet::new()),
-            None,
-            "no last scan"
-        );
-        w.seen = [(10, (1, 0, 0)), (11, (1, 0, 0))].into();
-        w.last_scan = Some(0);
-        // Over one second, 10 used half a CPU and waited 50 ms.
-        a.cpu_ns = 500_000_000;
-        a.wait_ns = 50_000_000;
-        let s = w
-            .floor_sample(
-                1_000_000_000,
-                &[a.clone(), b.clone()],
-                &group,
-                &HashSet::new(),
-            )
-            .unwrap();
-        assert!(
-            (s.share_pct - 50.0 / host::cpus() as f64).abs() < 1e-9,
-            "{s:?}"
-        );
-        assert!(!s.waiting, "50 ms in a second is not a tenth");
-        let s = w
-            .floor_sample(1_000_000_000, &[a, b], &group, &[11].into())
-            .unwrap();
-        assert!(s.waiting, "one runnable now is waiting");
-        assert_eq!(
-            w.floor_sample(1, &[], &HashSet::new(), &HashSet::new()),
-            None,
-            "empty group"
-        );
-    }
-
-    #[test]
-    fn a_request_counts_for_its_process_not_for_a_later_one_with_its_pid() {
-        // pid 40 received a request; it exited and a new process got pid 40.
-        let last: HashMap<u32, (u64, u64)> = [(40, (1000, 5)), (41, (2000, 6))].into();
-        let start_of: HashMap<u32, u64> = [(40, 1777), (41, 2000)].into();
-        let live = requests_of_live(&last, &start_of);
-        assert_eq!(
-            live.get(&40),
-            None,
-            "the newcomer with pid 40 received nothing"
-        );
-        assert_eq!(live.get(&41), Some(&6));
-    }
-
-    #[test]
-    fn a_process_is_its_leaders_fields_and_its_threads_sums() {
-        let tasks = [
-            task(40, 40, 100, 10, false),
-            task(40, 41, 200, 20, true),
-            task(40, 42, 300, 30, true),
-            task(50, 50, 5, 0, false),
-            // A thread whose leader was not listed (it ended mid-read) is dropped.
-            task(60, 61, 9, 9, true),
-        ];
-        let snap = from_tasks(&tasks, 10_000_000);
-        let p40 = snap.procs.iter().find(|p| p.pid == 40).unwrap();
-        assert_eq!(p40.comm, "make");
-        assert_eq!(p40.ppid, 7);
-        assert_eq!(
-            p40.cpu_ns,
-            1_000 + 600,
-            "threads plus exited ones and children"
-        );
-        assert_eq!(p40.wait_ns, 60);
-        assert_eq!(p40.start, 12_345, "clock ticks of 10 ms, as /proc counts");
-        assert!(p40.has_tty);
-        assert!(
-            snap.runnable.contains(&40),
-            "a running thread makes it runnable"
-        );
-        assert!(!snap.runnable.contains(&50));
-        assert!(!snap.procs.iter().any(|p| p.pid == 60));
-        assert_eq!(snap.cost.threads, 5);
-        assert_eq!(
-            snap.idle_group_runnable, 1,
-            "thread 41, running in an idle group"
-        );
-        assert_eq!(
-            snap.sched_idle_runnable, 1,
-            "thread 42, SCHED_IDLE and running outside an idle group (41 is in one)"
-        );
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,55 @@
+use appease_cgroup::{Cgroups, Version};
+
+use super::*;
+use crate::journal::Journal;
+use crate::KernelActuator;
+
+/// A fake v2 tree whose root is this host's v2 path of the test's children ("/"):
+/// moves are writes to its files, the processes stay where they are.
+#[test]
+fn a_pid_whose_start_time_is_not_the_one_the_scan_saw_is_not_moved() {
+    let dir = std::env::temp_dir().join(format!("appease-groups-{}", std::process::id()));
+    let _fresh = std::fs::remove_dir_all(&dir);
+    let root = dir.join("cgroup");
+    std::fs::create_dir_all(&root).unwrap();
+    // The idle group as the kernel would make it (a fake tree has no kernel).
+    std::fs::create_dir_all(root.join("appease")).unwrap();
+    std::fs::write(root.join("appease/cpu.idle"), "0").unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let cg = Cgroups::at(Version::V2, &root).unwrap();
+    if cg.group_of(pid).unwrap() != "/" {
+        let _ = child.kill();
+        panic!("this test needs its children at the root of the v2 hierarchy");
+    }
+    let mut act = KernelActuator::new(Some(Journal::open(&dir.join("run")).unwrap()), vec![])
+        .unwrap()
+        .with_groups(Groups::new(cg, "appease"));
+    let start = sys::task_stat(pid, pid).unwrap().start;
+    // As if the scan had seen another process under this PID (ended, PID reused).
+    assert_eq!(
+        act.demote(pid, &[(pid, start + 1)], "cpu-soaker").unwrap(),
+        0
+    );
+    assert!(!act.is_moved(pid));
+    assert!(Journal::open(&dir.join("run"))
+        .unwrap()
+        .state()
+        .moves
+        .is_empty());
+    // The process the scan saw is moved, into its job's group in the idle group.
+    assert_eq!(act.demote(pid, &[(pid, start)], "cpu-soaker").unwrap(), 1);
+    let procs =
+        std::fs::read_to_string(root.join(format!("appease/job-{pid}/cgroup.procs"))).unwrap();
+    assert_eq!(procs.trim(), pid.to_string());
+    // Moved back where it was (a fake group cannot be removed: not checked).
+    act.restore_all();
+    let back = std::fs::read_to_string(root.join("cgroup.procs")).unwrap();
+    assert_eq!(back.trim(), pid.to_string());
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
