@@ -1,9 +1,77 @@
 //! `appease sim run`, `appease sim compare` and `appease sim sweep`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use appease_sim::{Report, Workload, POLICIES};
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub(crate) enum SimCommand {
+    /// Simulate a workload file under one policy.
+    Run {
+        file: PathBuf,
+        /// rr, mlfq, o1, staircase, cfs, eevdf, cfs-rbpe or unhappiness (default: the file's).
+        #[arg(long)]
+        policy: Option<String>,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Also write report.json and requests.csv (one line per answered request) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Simulate a workload file under every policy and print one table.
+    Compare {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Also write compare.json and requests.csv here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// The Staircase study's scalability test, simulated: the file's one closed-loop
+    /// customer becomes N clients, each with an instance of its server, sharing a fixed
+    /// number of requests; completion time, spreads and scalability per policy.
+    Sweep {
+        file: PathBuf,
+        /// Client counts.
+        #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "2,4,8,16,32,64,128,256")]
+        clients: Vec<u32>,
+        /// Requests per run, shared by the clients.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+        requests: u64,
+        /// Comma-separated policies (default: every policy).
+        #[arg(long, value_delimiter = ',')]
+        policies: Vec<String>,
+        /// The scalability base A (default: each policy's fastest client count).
+        #[arg(long)]
+        scale_base: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs one of the simulator's commands.
+pub(crate) fn dispatch(command: SimCommand) -> Result<()> {
+    match command {
+        SimCommand::Run {
+            file,
+            policy,
+            json,
+            out,
+        } => run(&file, policy.as_deref(), json, out.as_deref()),
+        SimCommand::Compare { file, json, out } => compare(&file, json, out.as_deref()),
+        SimCommand::Sweep {
+            file,
+            clients,
+            requests,
+            policies,
+            scale_base,
+            json,
+        } => sweep(&file, &clients, requests, &policies, scale_base, json),
+    }
+}
 
 fn write_out(dir: &Path, json_name: &str, json: &str, reports: &[Report]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -220,6 +220,48 @@ fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
 }
 
+/// When requests are due: `start` plus each offset, until `end`.
+struct Schedule {
+    start: Instant,
+    end: Instant,
+    offsets: Box<dyn Iterator<Item = Duration> + Send>,
+}
+
+/// The client's sender thread: each request at its due time, its due time handed to
+/// the receiver first (the answer cannot overtake it); returns how many it sent.
+fn spawn_sender(
+    mut schedule: Schedule,
+    mut sock: Box<dyn Write + Send>,
+    due_tx: mpsc::Sender<Instant>,
+    protocol: Protocol,
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicU64>,
+) -> Result<thread::JoinHandle<Result<u64>>> {
+    // Named so that a scheduler trace tells the client's two threads apart.
+    thread::Builder::new()
+        .name("bench-sender".into())
+        .spawn(move || -> Result<u64> {
+            let _prio = Latency::enter();
+            let mut sent = 0u64;
+            loop {
+                let due = schedule.start + schedule.offsets.next().expect("schedules are endless");
+                if due >= schedule.end || stop.load(Ordering::Relaxed) {
+                    return Ok(sent);
+                }
+                let now = Instant::now();
+                if due > now {
+                    thread::sleep(due - now);
+                }
+                due_tx.send(due).ok();
+                sock.write_all(&protocol.request(sent))
+                    .context("sending a request")?;
+                sent += 1;
+                count.store(sent, Ordering::Release);
+            }
+        })
+        .context("starting the client's sender thread")
+}
+
 /// Sends `rate` requests/s to `addr` for `duration`, then waits up to `drain` for the
 /// last answers. `stop` ends the run early (Ctrl-C).
 pub fn open_loop(
@@ -231,39 +273,23 @@ pub fn open_loop(
     drain: Duration,
     stop: &Arc<AtomicBool>,
 ) -> Result<ClientResult> {
-    let (mut tx_sock, mut rx_sock) = connect(target)?;
+    let (tx_sock, mut rx_sock) = connect(target)?;
     let (due_tx, due_rx) = mpsc::channel::<Instant>();
     let start = Instant::now() + Duration::from_millis(20);
-    let mut offsets = arrivals.offsets(rate);
     let sent_count = Arc::new(AtomicU64::new(0));
-    let (sender_stop, sender_count) = (stop.clone(), sent_count.clone());
-    let sender_protocol = protocol.clone();
-
-    // Named so that a scheduler trace tells the client's two threads apart.
-    let sender = thread::Builder::new()
-        .name("bench-sender".into())
-        .spawn(move || -> Result<u64> {
-            let _prio = Latency::enter();
-            let mut sent = 0u64;
-            loop {
-                let due = start + offsets.next().expect("schedules are endless");
-                if due >= start + duration || sender_stop.load(Ordering::Relaxed) {
-                    return Ok(sent);
-                }
-                let now = Instant::now();
-                if due > now {
-                    thread::sleep(due - now);
-                }
-                // The send time goes first: the answer cannot overtake it.
-                due_tx.send(due).ok();
-                tx_sock
-                    .write_all(&sender_protocol.request(sent))
-                    .context("sending a request")?;
-                sent += 1;
-                sender_count.store(sent, Ordering::Release);
-            }
-        })
-        .context("starting the client's sender thread")?;
+    let schedule = Schedule {
+        start,
+        end: start + duration,
+        offsets: arrivals.offsets(rate),
+    };
+    let sender = spawn_sender(
+        schedule,
+        tx_sock,
+        due_tx,
+        protocol.clone(),
+        stop.clone(),
+        sent_count.clone(),
+    )?;
 
     let _prio = Latency::enter();
     let mut lat = hist();

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::report::median_of;
 use crate::report::NotRun;
+use crate::rounds::interleaved;
 use crate::{
     apply_mode, client, scenario_params, spawn_soakers, start_peer, start_server, warm_up, Batch,
     Load, Mode, Options, Run,
@@ -230,69 +231,33 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
     let soakers = (load * cpus as f64).round() as usize;
     let rounds = opts.repeat.max(1);
     let (modes, not_run) = opts.runnable_modes();
+    let started = Instant::now();
+    let runs = interleaved(&modes, rounds, &opts.stop, |slot| {
+        let n = if slot.mode == Mode::Unloaded {
+            0
+        } else {
+            soakers
+        };
+        eprintln!(
+            "[{}, {:.0} s in] {} with {}: {} {unit} per run at {} clients ...",
+            slot.progress(),
+            started.elapsed().as_secs_f64(),
+            slot.mode.name(),
+            opts.batch.describe(n, if n == 0 { 0.0 } else { load }),
+            work,
+            join(&opts.clients),
+        );
+        run_mode(opts, &p, slot.mode, n, &variants, work)
+    })?;
     // samples[variant][mode][clients]
     let mut samples =
         vec![vec![vec![Vec::<Sample>::new(); opts.clients.len()]; modes.len()]; variants.len()];
-    let started = Instant::now();
-    'rounds: for round in 0..rounds {
-        // Each round starts one mode later, as the open-loop rounds do.
-        for (place, mi) in crate::rotated(modes.len(), round).enumerate() {
-            let mode = modes[mi];
-            if opts.stop.load(Ordering::Relaxed) {
-                break 'rounds;
-            }
-            let n = if mode == Mode::Unloaded { 0 } else { soakers };
-            eprintln!(
-                "[round {}/{rounds}, {}/{}, {:.0} s in] {} with {}: {} {unit} per run at {} clients ...",
-                round + 1,
-                place + 1,
-                modes.len(),
-                started.elapsed().as_secs_f64(),
-                mode.name(),
-                opts.batch.describe(n, if n == 0 { 0.0 } else { load }),
-                work,
-                join(&opts.clients),
-            );
-            let got = run_mode(opts, &p, mode, n, &variants, work)?;
-            for (vi, ci, s) in got {
-                samples[vi][mi][ci].push(s);
-            }
+    for (mi, mode_runs) in runs.into_iter().enumerate() {
+        for (vi, ci, s) in mode_runs.into_iter().flatten() {
+            samples[vi][mi][ci].push(s);
         }
     }
-    let mut series = Vec::new();
-    for (vi, v) in variants.iter().enumerate() {
-        for (mi, &mode) in modes.iter().enumerate() {
-            let points: Vec<Point> = opts
-                .clients
-                .iter()
-                .enumerate()
-                .filter(|(ci, _)| !samples[vi][mi][*ci].is_empty())
-                .map(|(ci, &c)| point(c, &samples[vi][mi][ci]))
-                .collect();
-            if points.is_empty() {
-                continue;
-            }
-            let times: Vec<(u32, f64)> =
-                points.iter().map(|p| (p.clients, p.completion_s)).collect();
-            let scalability = match scalability::scalability(&times, opts.scale_base) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    eprintln!(
-                        "    no scalability for {} under {}: {e}",
-                        v.name(),
-                        mode.name()
-                    );
-                    None
-                }
-            };
-            series.push(Series {
-                variant: v.name().to_string(),
-                mode,
-                points,
-                scalability,
-            });
-        }
-    }
+    let series = series_of(&variants, &modes, &opts.clients, &samples, opts.scale_base);
     Ok(ClosedLoopResult {
         scenario: opts.scenario.clone(),
         client_loop: "closed".into(),
@@ -311,6 +276,51 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
     })
 }
 
+/// One series per variant and mode: its points (medians over the rounds) and its
+/// scalability. `samples[variant][mode][clients]`.
+fn series_of(
+    variants: &[Variant],
+    modes: &[Mode],
+    clients: &[u32],
+    samples: &[Vec<Vec<Vec<Sample>>>],
+    scale_base: Option<u32>,
+) -> Vec<Series> {
+    let mut series = Vec::new();
+    for (vi, v) in variants.iter().enumerate() {
+        for (mi, &mode) in modes.iter().enumerate() {
+            let points: Vec<Point> = clients
+                .iter()
+                .enumerate()
+                .filter(|(ci, _)| !samples[vi][mi][*ci].is_empty())
+                .map(|(ci, &c)| point(c, &samples[vi][mi][ci]))
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            let times: Vec<(u32, f64)> =
+                points.iter().map(|p| (p.clients, p.completion_s)).collect();
+            let scalability = match scalability::scalability(&times, scale_base) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    eprintln!(
+                        "    no scalability for {} under {}: {e}",
+                        v.name(),
+                        mode.name()
+                    );
+                    None
+                }
+            };
+            series.push(Series {
+                variant: v.name().to_string(),
+                mode,
+                points,
+                scalability,
+            });
+        }
+    }
+    series
+}
+
 /// One mode's round: the server, the batch load and the mode, then every client count
 /// with every variant. Returns (variant, client count) indices with their run.
 fn run_mode(
@@ -321,10 +331,7 @@ fn run_mode(
     variants: &[Variant],
     work: u64,
 ) -> Result<Vec<(usize, usize, Sample)>> {
-    let mut run = Run::default();
-    let tmp = std::env::temp_dir().join(format!("appease-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)?;
-    run.tmp = Some(tmp.clone());
+    let (mut run, tmp) = Run::in_tmp()?;
     start_peer(&mut run, opts, mode, &tmp)?;
     let load = start_server(&mut run, opts, p, &tmp)?;
     let target = match &load {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::rounds::interleaved;
 use crate::{client, db, web, Mode, Options, Run};
 
 /// The server whose customers are measured.
@@ -401,30 +402,21 @@ pub fn run(opts: &Options) -> Result<FetchResult> {
                 make_archive(&tmp)?;
             }
             let src = Sources { pg, web };
-            let mut runs: Vec<Vec<Round>> = vec![Vec::new(); modes.len()];
-            'rounds: for round in 0..rounds {
-                for (place, i) in crate::rotated(modes.len(), round).enumerate() {
-                    if opts.stop.load(Ordering::Relaxed) {
-                        break 'rounds;
-                    }
-                    let mode = modes[i];
-                    eprintln!(
-                        "[{} beside {}, round {}/{rounds}, {}/{}] {}, {measure_s} s ...",
-                        job.name(),
-                        server.name(),
-                        round + 1,
-                        place + 1,
-                        modes.len(),
-                        mode.name(),
-                    );
-                    let r = run_mode(opts, server, job, &src, mode, &tmp, measure_s)?;
-                    eprintln!(
-                        "    p99 {:.3} ms, p50 {:.3} ms; {:.1} jobs/minute on {:.2} CPUs",
-                        r.p99_ms, r.p50_ms, r.jobs_per_min, r.batch_cpus
-                    );
-                    runs[i].push(r);
-                }
-            }
+            let runs = interleaved(&modes, rounds, &opts.stop, |slot| {
+                eprintln!(
+                    "[{} beside {}, {}] {}, {measure_s} s ...",
+                    job.name(),
+                    server.name(),
+                    slot.progress(),
+                    slot.mode.name(),
+                );
+                let r = run_mode(opts, server, job, &src, slot.mode, &tmp, measure_s)?;
+                eprintln!(
+                    "    p99 {:.3} ms, p50 {:.3} ms; {:.1} jobs/minute on {:.2} CPUs",
+                    r.p99_ms, r.p50_ms, r.jobs_per_min, r.batch_cpus
+                );
+                Ok(r)
+            })?;
             let summaries = summarise(&modes, runs);
             drop(case_run);
             if summaries.is_empty() {

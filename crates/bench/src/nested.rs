@@ -21,6 +21,7 @@ use anyhow::{bail, Context, Result};
 use appease_cgroup::Cgroups;
 use serde::{Deserialize, Serialize};
 
+use crate::rounds::interleaved;
 use crate::{client, Mode, Options, Run};
 
 /// A host layout built by hand.
@@ -596,37 +597,28 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
             .filter(|&m| !(shape.layout == Layout::Cron && m == Mode::BatchBranchIdle))
             .collect();
         for &server in &opts.servers {
-            let mut runs: Vec<Vec<Round>> = vec![Vec::new(); modes.len()];
-            'rounds: for round in 0..rounds {
-                for (place, i) in crate::rotated(modes.len(), round).enumerate() {
-                    if opts.stop.load(Ordering::Relaxed) {
-                        break 'rounds;
-                    }
-                    let mode = modes[i];
-                    eprintln!(
-                        "[{} / {}, round {}/{rounds}, {}/{}] {}, {} s ...",
-                        shape.name(),
-                        server.name(),
-                        round + 1,
-                        place + 1,
-                        modes.len(),
-                        mode.name(),
-                        measure_s
-                    );
-                    // SAFETY: sync(2) takes no arguments and cannot fail.
-                    unsafe { libc::sync() };
-                    let r = run_mode(opts, shape, server, mode, jobs, measure_s)?;
-                    eprintln!(
-                        "    p99 {:.3} ms, p50 {:.3} ms, {:.0} requests/s{}; batch on {:.2} CPUs",
-                        r.p99_ms,
-                        r.p50_ms,
-                        r.requests_per_s,
-                        if r.slow { " (slow)" } else { "" },
-                        r.batch_cpus
-                    );
-                    runs[i].push(r);
-                }
-            }
+            let runs = interleaved(&modes, rounds, &opts.stop, |slot| {
+                eprintln!(
+                    "[{} / {}, {}] {}, {} s ...",
+                    shape.name(),
+                    server.name(),
+                    slot.progress(),
+                    slot.mode.name(),
+                    measure_s
+                );
+                // SAFETY: sync(2) takes no arguments and cannot fail.
+                unsafe { libc::sync() };
+                let r = run_mode(opts, shape, server, slot.mode, jobs, measure_s)?;
+                eprintln!(
+                    "    p99 {:.3} ms, p50 {:.3} ms, {:.0} requests/s{}; batch on {:.2} CPUs",
+                    r.p99_ms,
+                    r.p50_ms,
+                    r.requests_per_s,
+                    if r.slow { " (slow)" } else { "" },
+                    r.batch_cpus
+                );
+                Ok(r)
+            })?;
             let mut summaries: Vec<ModeSummary> = modes
                 .iter()
                 .zip(runs)
@@ -670,10 +662,7 @@ fn run_mode(
     jobs: usize,
     measure_s: f64,
 ) -> Result<Round> {
-    let mut run = Run::default();
-    let tmp = std::env::temp_dir().join(format!("appease-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)?;
-    run.tmp = Some(tmp.clone());
+    let (mut run, tmp) = Run::in_tmp()?;
     let g = Groups::build(&mut run, shape)?;
     let target = start_server(&mut run, opts, &g, server)?;
 

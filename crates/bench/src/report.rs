@@ -180,8 +180,13 @@ pub struct NotRun {
 impl ScenarioResult {
     /// The side-by-side table, with ratios against `unloaded` and `unmanaged`.
     pub fn table(&self) -> String {
+        self.heading() + &self.mode_rows() + &self.extra_tables()
+    }
+
+    /// What was measured.
+    fn server_description(&self) -> String {
         let p = &self.params;
-        let server = match p.server.as_str() {
+        match p.server.as_str() {
             "nginx" => {
                 "nginx from Debian (1 worker) serving 200 static files of 0.5-16 KiB in 10 directories"
                     .to_string()
@@ -202,7 +207,13 @@ impl ScenarioResult {
                 "one single-threaded server ({} ms CPU per request)",
                 p.cpu_ms
             ),
-        };
+        }
+    }
+
+    /// The run's description and the columns' names.
+    fn heading(&self) -> String {
+        let p = &self.params;
+        let server = self.server_description();
         let mut s = format!(
             "{}: {server}, {} req/s open loop ({} arrivals) over {}, {} on {} CPUs, \
              {} s per mode, median of {} round(s)\n",
@@ -215,58 +226,29 @@ impl ScenarioResult {
             p.measure_s,
             p.rounds
         );
-        s += &format!(
-            "{:<18} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9} {:>12} {:>8} {:>6} {:>6}\n",
-            "mode",
-            "mean",
-            "p50",
-            "p90",
-            "p99",
-            "p99.9",
-            "max",
-            "req",
-            "unhappy",
-            "batch/s",
-            "vs unm.",
-            "b.CPUs",
-            "util%"
-        );
-        let unmanaged = self
-            .modes
-            .iter()
-            .find(|m| m.mode == Mode::Unmanaged)
-            .map(|m| m.batch_throughput);
+        s += &table_line(table_columns().iter().map(|c| (c, c.name.to_string())));
+        s
+    }
+
+    /// One row per mode, and what the columns count.
+    fn mode_rows(&self) -> String {
+        let mut s = String::new();
+        let columns = table_columns();
         for m in &self.modes {
-            let l = &m.latency_ms;
-            let vs = match (unmanaged, m.mode) {
-                (_, Mode::Unloaded) => "-".to_string(),
-                (Some(u), _) if u > 0.0 => format!("{:.1}%", 100.0 * m.batch_throughput / u),
-                _ => "?".into(),
-            };
-            s += &format!(
-                "{:<18} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>5} {:>9} {:>12.prec$} {:>8} {:>6.2} {:>6.1}\n",
-                m.mode.name(),
-                l.mean,
-                l.p50,
-                l.p90,
-                l.p99,
-                l.p999,
-                l.max,
-                m.requests,
-                m.unhappiness_ms.as_ref().map_or("-".to_string(), |u| format!("{:.2}", u.mean)),
-                m.batch_throughput,
-                vs,
-                m.batch_cpus,
-                m.cpu_util_pct,
-                // Files compiled per second are few; work units are millions.
-                prec = if m.batch_throughput < 100.0 { 2 } else { 0 }
-            );
+            s += &table_line(columns.iter().map(|c| (c, (c.cell)(self, m))));
         }
         s += &format!(
             "latency and unhappiness (mean, beyond the request's own CPU) in ms; batch/s = {} per second; \
              b.CPUs = CPUs the batch got on average\n",
-            p.batch.unit()
+            self.params.batch.unit()
         );
+        s
+    }
+
+    /// The tables only some runs have: late requests, fairness, downloads, what peers
+    /// changed, modes not run, frames.
+    fn extra_tables(&self) -> String {
+        let mut s = String::new();
         if self.modes.iter().any(|m| m.late.is_some()) {
             s += "\nlate requests (median per round): waited >= 1 ms beyond their CPU; of them, late only \
                   for time the server lost while on CPU (interrupts, the hypervisor: no mode's doing)\n";
@@ -346,45 +328,158 @@ impl ScenarioResult {
 
 /// One CSV row per (load, mode).
 pub fn csv(results: &[ScenarioResult]) -> String {
-    let mut s = String::from(
-        "scenario,load_per_cpu,mode,requests,lost,mean_ms,p50_ms,p90_ms,p95_ms,p99_ms,p999_ms,\
-         min_ms,max_ms,max_min_ms,p95_min_ms,unhappiness_mean_ms,requests_per_s,time_to_finish_s,\
-         time_per_request_ms,batch_throughput,cpu_util_pct,batch_cpus,batch_jain,late,late_for_cpu_loss\n",
-    );
+    let columns = csv_columns();
+    let mut s = columns.iter().map(|c| c.name).collect::<Vec<_>>().join(",") + "\n";
     for r in results {
         for m in &r.modes {
-            let l = &m.latency_ms;
-            s += &format!(
-                "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.3},{:.4},{:.1},{:.2},{:.3},{},{},{}\n",
-                r.scenario,
-                r.load_per_cpu,
-                m.mode.name(),
-                m.requests,
-                m.lost,
-                l.mean,
-                l.p50,
-                l.p90,
-                l.p95,
-                l.p99,
-                l.p999,
-                l.min,
-                l.max,
-                m.max_min_ms,
-                m.p95_min_ms,
-                m.unhappiness_ms.as_ref().map_or("-".to_string(), |u| format!("{:.2}", u.mean)),
-                m.requests_per_s,
-                m.time_to_finish_s,
-                m.time_per_request_ms,
-                m.batch_throughput,
-                m.cpu_util_pct,
-                m.batch_cpus,
-                m.batch_jain.map_or(String::new(), |j| format!("{j:.4}")),
-                m.late.map_or(String::new(), |n| n.to_string()),
-                m.late_for_cpu_loss.map_or(String::new(), |n| n.to_string())
-            );
+            s += &columns
+                .iter()
+                .map(|c| (c.cell)(r, m))
+                .collect::<Vec<_>>()
+                .join(",");
+            s += "\n";
         }
     }
     s
+}
+
+/// One column of the per-mode rows: its name, its width in the table (0: left-aligned
+/// to 18), and how a mode's cell reads. The table's and the CSV's header and rows come
+/// from the same lists, so they cannot drift apart.
+struct Column {
+    name: &'static str,
+    width: usize,
+    cell: Box<Cell>,
+}
+
+/// A mode's cell of a column, from the scenario's result and the mode's.
+type Cell = dyn Fn(&ScenarioResult, &ModeResult) -> String;
+
+/// A latency column: the CSV's name, the table's (None: not in the table), the value in
+/// ms.
+type LatencyColumn = (&'static str, Option<&'static str>, fn(&Latency) -> f64);
+
+fn col(
+    name: &'static str,
+    width: usize,
+    cell: impl Fn(&ScenarioResult, &ModeResult) -> String + 'static,
+) -> Column {
+    Column {
+        name,
+        width,
+        cell: Box::new(cell),
+    }
+}
+
+/// A table line: each cell padded to its column's width.
+fn table_line<'a>(cells: impl Iterator<Item = (&'a Column, String)>) -> String {
+    let padded: Vec<String> = cells
+        .map(|(c, v)| match c.width {
+            0 => format!("{v:<18}"),
+            w => format!("{v:>w$}"),
+        })
+        .collect();
+    padded.join(" ") + "\n"
+}
+
+fn unhappiness_cell(m: &ModeResult) -> String {
+    m.unhappiness_ms
+        .as_ref()
+        .map_or("-".to_string(), |u| format!("{:.2}", u.mean))
+}
+
+/// The batch's throughput against unmanaged's, percent.
+fn vs_unmanaged(r: &ScenarioResult, m: &ModeResult) -> String {
+    let unmanaged = r
+        .modes
+        .iter()
+        .find(|m| m.mode == Mode::Unmanaged)
+        .map(|m| m.batch_throughput);
+    match (unmanaged, m.mode) {
+        (_, Mode::Unloaded) => "-".to_string(),
+        (Some(u), _) if u > 0.0 => format!("{:.1}%", 100.0 * m.batch_throughput / u),
+        _ => "?".into(),
+    }
+}
+
+/// The latency columns, in order.
+const LATENCIES: &[LatencyColumn] = &[
+    ("mean_ms", Some("mean"), |l| l.mean),
+    ("p50_ms", Some("p50"), |l| l.p50),
+    ("p90_ms", Some("p90"), |l| l.p90),
+    ("p95_ms", None, |l| l.p95),
+    ("p99_ms", Some("p99"), |l| l.p99),
+    ("p999_ms", Some("p99.9"), |l| l.p999),
+    ("min_ms", None, |l| l.min),
+    ("max_ms", Some("max"), |l| l.max),
+];
+
+/// A column of a number, formatted to `decimals`.
+fn number(
+    name: &'static str,
+    width: usize,
+    decimals: usize,
+    value: impl Fn(&ModeResult) -> f64 + 'static,
+) -> Column {
+    col(name, width, move |_, m| format!("{:.decimals$}", value(m)))
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or(String::new(), |v| v.to_string())
+}
+
+/// The table's columns.
+fn table_columns() -> Vec<Column> {
+    let mut c = vec![col("mode", 0, |_, m| m.mode.name().to_string())];
+    for &(_, name, value) in LATENCIES {
+        if let Some(name) = name {
+            c.push(number(name, 7, 2, move |m| value(&m.latency_ms)));
+        }
+    }
+    c.extend([
+        col("req", 5, |_, m| m.requests.to_string()),
+        col("unhappy", 9, |_, m| unhappiness_cell(m)),
+        // Files compiled per second are few; work units are millions.
+        col("batch/s", 12, |_, m| match m.batch_throughput < 100.0 {
+            true => format!("{:.2}", m.batch_throughput),
+            false => format!("{:.0}", m.batch_throughput),
+        }),
+        col("vs unm.", 8, vs_unmanaged),
+        number("b.CPUs", 6, 2, |m| m.batch_cpus),
+        number("util%", 6, 1, |m| m.cpu_util_pct),
+    ]);
+    c
+}
+
+/// The CSV's columns.
+fn csv_columns() -> Vec<Column> {
+    let mut c = vec![
+        col("scenario", 0, |r, _| r.scenario.clone()),
+        col("load_per_cpu", 0, |r, _| r.load_per_cpu.to_string()),
+        col("mode", 0, |_, m| m.mode.name().to_string()),
+        col("requests", 0, |_, m| m.requests.to_string()),
+        col("lost", 0, |_, m| m.lost.to_string()),
+    ];
+    for &(name, _, value) in LATENCIES {
+        c.push(number(name, 0, 3, move |m| value(&m.latency_ms)));
+    }
+    c.extend([
+        number("max_min_ms", 0, 3, |m| m.max_min_ms),
+        number("p95_min_ms", 0, 3, |m| m.p95_min_ms),
+        col("unhappiness_mean_ms", 0, |_, m| unhappiness_cell(m)),
+        number("requests_per_s", 0, 1, |m| m.requests_per_s),
+        number("time_to_finish_s", 0, 3, |m| m.time_to_finish_s),
+        number("time_per_request_ms", 0, 4, |m| m.time_per_request_ms),
+        number("batch_throughput", 0, 1, |m| m.batch_throughput),
+        number("cpu_util_pct", 0, 2, |m| m.cpu_util_pct),
+        number("batch_cpus", 0, 3, |m| m.batch_cpus),
+        col("batch_jain", 0, |_, m| {
+            m.batch_jain.map_or(String::new(), |j| format!("{j:.4}"))
+        }),
+        col("late", 0, |_, m| opt(m.late)),
+        col("late_for_cpu_loss", 0, |_, m| opt(m.late_for_cpu_loss)),
+    ]);
+    c
 }
 
 pub(crate) fn median_of(mut v: Vec<f64>) -> f64 {
@@ -560,9 +655,8 @@ mod tests {
 
     /// A level stopped (Ctrl-C) before it measured anything is left out of the plots: its
     /// empty axis once made the SVG writer run without end.
-    #[test]
-    fn plots_leave_out_a_level_with_nothing_measured() {
-        let params = Synthetic {
+    fn synthetic_params() -> Synthetic {
+        Synthetic {
             server: "synthetic".into(),
             transport: "tcp".into(),
             cpu_ms: 5.0,
@@ -572,7 +666,12 @@ mod tests {
             measure_s: 1.0,
             warmup_s: 1.0,
             rounds: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn plots_leave_out_a_level_with_nothing_measured() {
+        let params = synthetic_params();
         let level = |load: f64, modes: Vec<ModeResult>| ScenarioResult {
             scenario: "synthetic".into(),
             cpus: 2,
@@ -586,6 +685,46 @@ mod tests {
         let names: Vec<&str> = plots.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, vec!["cdf.svg"]);
         assert!(crate::plot::all(&[level(1.0, vec![])]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_csv_and_the_table_have_a_cell_under_every_column_name() {
+        let r = ScenarioResult {
+            scenario: "synthetic".into(),
+            cpus: 2,
+            load_per_cpu: 4.0,
+            soakers: 8,
+            params: synthetic_params(),
+            modes: vec![result(5.0), result(6.0)],
+            not_run: Vec::new(),
+        };
+        let text = csv(std::slice::from_ref(&r));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "scenario,load_per_cpu,mode,requests,lost,mean_ms,p50_ms,p90_ms,p95_ms,p99_ms,\
+             p999_ms,min_ms,max_ms,max_min_ms,p95_min_ms,unhappiness_mean_ms,requests_per_s,\
+             time_to_finish_s,time_per_request_ms,batch_throughput,cpu_util_pct,batch_cpus,\
+             batch_jain,late,late_for_cpu_loss"
+        );
+        assert_eq!(lines.len(), 3);
+        for row in &lines[1..] {
+            assert_eq!(row.split(',').count(), 25, "{row}");
+            assert!(row.starts_with("synthetic,4,"), "{row}");
+        }
+        let table = r.table();
+        let header = table.lines().nth(1).unwrap();
+        let names = "mode mean p50 p90 p99 p99.9 max req unhappy batch/s vs unm. b.CPUs util%";
+        assert_eq!(
+            header.split_whitespace().collect::<Vec<_>>().join(" "),
+            names
+        );
+        let row = table.lines().nth(2).unwrap();
+        assert_eq!(
+            row.len(),
+            header.len(),
+            "cells as wide as their columns:\n{header}\n{row}"
+        );
     }
 }
 

@@ -85,6 +85,50 @@ fn one_group_each(run: &mut Run, pids: &[u32], idle_parent: bool) -> Result<()> 
     Ok(())
 }
 
+/// Each soaker in a group of its own, under the daemon until it demoted them all (and,
+/// with a config that quiets the idle group, until it is quiet).
+fn under_appease(run: &mut Run, opts: &Options, pids: &[u32]) -> Result<()> {
+    one_group_each(run, pids, false)?;
+    let cfg = std::env::temp_dir().join(format!("appease-bench-util-{}.toml", std::process::id()));
+    let text = match &opts.config {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        None => String::new(),
+    };
+    std::fs::write(&cfg, text)?;
+    let group = opts.batch_group();
+    crate::start_daemon(run, opts, &cfg)?;
+    let demoted = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|t| t.contains(&group))
+    };
+    crate::wait_until(Duration::from_secs(30), || pids.iter().all(|&p| demoted(p)))
+        .context("the daemon did not demote the soakers within 30 s")?;
+    // Measure the daemon's steady state: with nothing receiving requests, the
+    // group turns from idle to a normal weighted group after quiet_after_ms.
+    let conf = match &opts.config {
+        Some(p) => appease_config::Config::load(p)?,
+        None => appease_config::Config::default(),
+    };
+    if let Some(quiet) = conf.quiet_after() {
+        let cg = appease_cgroup::Cgroups::detect()?;
+        let path = format!("/{}", conf.batch.group);
+        let settled = crate::wait_until(quiet + Duration::from_secs(3), || {
+            !cg.idle(&path).unwrap_or(true)
+        });
+        eprintln!(
+            "    batch group {}",
+            if settled.is_ok() {
+                "quiet (a normal weighted group): no requests"
+            } else {
+                "still idle"
+            }
+        );
+    }
+    let _best_effort = std::fs::remove_file(&cfg);
+    Ok(())
+}
+
 fn run_case(
     opts: &Options,
     name: &str,
@@ -117,45 +161,7 @@ fn run_case(
             0
         }
         Layout::Appease => {
-            one_group_each(&mut run, &pids, false)?;
-            let cfg = std::env::temp_dir()
-                .join(format!("appease-bench-util-{}.toml", std::process::id()));
-            let text = match &opts.config {
-                Some(p) => std::fs::read_to_string(p)
-                    .with_context(|| format!("reading {}", p.display()))?,
-                None => String::new(),
-            };
-            std::fs::write(&cfg, text)?;
-            let group = opts.batch_group();
-            crate::start_daemon(&mut run, opts, &cfg)?;
-            let demoted = |pid: u32| {
-                std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-                    .is_ok_and(|t| t.contains(&group))
-            };
-            crate::wait_until(Duration::from_secs(30), || pids.iter().all(|&p| demoted(p)))
-                .context("the daemon did not demote the soakers within 30 s")?;
-            // Measure the daemon's steady state: with nothing receiving requests, the
-            // group turns from idle to a normal weighted group after quiet_after_ms.
-            let conf = match &opts.config {
-                Some(p) => appease_config::Config::load(p)?,
-                None => appease_config::Config::default(),
-            };
-            if let Some(quiet) = conf.quiet_after() {
-                let cg = appease_cgroup::Cgroups::detect()?;
-                let path = format!("/{}", conf.batch.group);
-                let settled = crate::wait_until(quiet + Duration::from_secs(3), || {
-                    !cg.idle(&path).unwrap_or(true)
-                });
-                eprintln!(
-                    "    batch group {}",
-                    if settled.is_ok() {
-                        "quiet (a normal weighted group): no requests"
-                    } else {
-                        "still idle"
-                    }
-                );
-            }
-            let _best_effort = std::fs::remove_file(&cfg);
+            under_appease(&mut run, opts, &pids)?;
             1
         }
         Layout::Groups(k) => {
