@@ -49,3 +49,22 @@ fn top_group_idle_weight_move_and_remove() {
     assert!(!cg.exists(&group));
     cg.remove(&group).unwrap(); // removing twice is fine
 }
+
+#[test]
+fn the_proc_parsers_never_panic_on_damaged_proc_text() {
+    use appease_fuzz::{fuzz, seed_from, text};
+    fuzz(
+        "/proc/PID/stat (cgroup)",
+        seed_from("/proc/self/stat"),
+        |b| {
+            let t = text(b);
+            let _ = appease_cgroup::stat_ppid(&t);
+            let _ = appease_cgroup::ProcStat::parse(&t);
+        },
+    );
+    fuzz("/proc/PID/cgroup", seed_from("/proc/self/cgroup"), |b| {
+        let t = text(b);
+        let _ = appease_cgroup::parse_proc_cgroup(&t, appease_cgroup::Version::V1);
+        let _ = appease_cgroup::parse_proc_cgroup(&t, appease_cgroup::Version::V2);
+    });
+}

@@ -453,3 +453,12 @@ lock = {{ name = "kernel", compute_ms = {compute}, hold_ms = 1.0, times = "expon
         }
     }
 }
+
+#[test]
+fn the_workload_parser_never_panics_on_damaged_workloads() {
+    let seed = include_bytes!("../../../examples/sim/web-db.toml");
+    appease_fuzz::fuzz("sim workload", seed, |b| {
+        let text = appease_fuzz::text(b);
+        let _clear_error_or_workload = Workload::parse(&text, "fuzz.toml");
+    });
+}

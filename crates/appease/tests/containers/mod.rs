@@ -63,223 +63,219 @@ impl Drop for RestoreAfter<'_> {
     }
 }
 
-#[test]
-#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
-fn soakers_in_real_docker_containers_stay_in_their_cgroups_a_quota_still_binds_and_a_stopped_container_is_let_go(
-) {
-    let _g = serial();
-    let (dir, engine) = engine("docker-real");
-    // A soaker with a helper beside it (two processes), without and with a quota.
-    let spin = ["sh", "-c", "sleep 600 & while :; do :; done"];
-    let free = engine.run(&[], &spin).unwrap();
-    let capped = engine.run(&["--cpus=0.5"], &spin).unwrap();
-    assert!(
-        wait_for(Duration::from_secs(5), || cgroups_of(&free).len() == 2
-            && cgroups_of(&capped).len() == 2)
-        .is_some(),
-        "two processes in each container"
-    );
-    let before = [cgroups_of(&free), cgroups_of(&capped)];
-    let cg = appease_cgroup::Cgroups::detect().unwrap();
-    let weights = [&free, &capped].map(|c| cg.weight_raw(&c.group()).unwrap());
-    let parent_weight = cg.weight_raw("/docker").unwrap();
-    // The quota holds the capped soaker to half a CPU: the threshold is lowered to match.
-    let cfg = dir.file(
-        "batch.toml",
-        &format!(
-            "{}min_cpus = 0.3\n",
-            batch_config(&format!("appease-e2e-dk{}", std::process::id()))
-        ),
-    );
-    let mut daemon = Daemon::start(&dir.0, &cfg);
-    let both_idle = || {
-        [&free, &capped]
-            .iter()
-            .all(|c| cg.idle(&c.group()).unwrap_or(false))
-    };
-    assert!(
-        wait_for(Duration::from_secs(10), both_idle).is_some(),
-        "both containers made idle where they are: {}",
-        daemon.log_text()
-    );
-    assert_eq!(
-        [cgroups_of(&free), cgroups_of(&capped)],
-        before,
-        "no process left any of its container's cgroups"
-    );
-    // Every container under /docker is batch: /docker itself is idle, a sibling of the
-    // host's servers; a container that starts there makes it normal again.
-    let parent = "/docker";
-    assert!(
-        wait_for(Duration::from_secs(3), || cg.idle(parent).unwrap_or(false)).is_some(),
-        "the containers' parent made idle: {}",
-        daemon.log_text()
-    );
-    let other = engine.run(&[], &["sleep", "600"]).unwrap();
-    assert!(
-        wait_for(Duration::from_secs(2), || !cg.idle(parent).unwrap_or(true)).is_some(),
-        "a new container is not left in an idle parent: {}",
-        daemon.log_text()
-    );
-    engine.remove(&other).unwrap();
-    assert!(
-        wait_for(Duration::from_secs(3), || cg.idle(parent).unwrap_or(false)).is_some(),
-        "idle again once it is gone: {}",
-        daemon.log_text()
-    );
-    let used = cpus_used(&capped, Duration::from_secs(2));
-    assert!(used <= 0.55, "--cpus=0.5 still binds: {used:.3} CPUs");
-    eprintln!("capped container after demotion: {used:.3} CPUs (quota 0.5)");
-
-    // A container that stops while demoted: let go at the next scan, nothing fails.
-    engine.remove(&free).unwrap();
-    assert!(
-        wait_for(Duration::from_secs(5), || {
-            daemon.status_json()["processes"]
-                .as_array()
-                .unwrap()
+root_test! {
+    fn soakers_in_real_docker_containers_stay_in_their_cgroups_a_quota_still_binds_and_a_stopped_container_is_let_go() {
+        let (dir, engine) = engine("docker-real");
+        // A soaker with a helper beside it (two processes), without and with a quota.
+        let spin = ["sh", "-c", "sleep 600 & while :; do :; done"];
+        let free = engine.run(&[], &spin).unwrap();
+        let capped = engine.run(&["--cpus=0.5"], &spin).unwrap();
+        assert!(
+            wait_for(Duration::from_secs(5), || cgroups_of(&free).len() == 2
+                && cgroups_of(&capped).len() == 2)
+            .is_some(),
+            "two processes in each container"
+        );
+        let before = [cgroups_of(&free), cgroups_of(&capped)];
+        let cg = appease_cgroup::Cgroups::detect().unwrap();
+        let weights = [&free, &capped].map(|c| cg.weight_raw(&c.group()).unwrap());
+        let parent_weight = cg.weight_raw("/docker").unwrap();
+        // The quota holds the capped soaker to half a CPU: the threshold is lowered to match.
+        let cfg = dir.file(
+            "batch.toml",
+            &format!(
+                "{}min_cpus = 0.3\n",
+                batch_config(&format!("appease-e2e-dk{}", std::process::id()))
+            ),
+        );
+        let mut daemon = Daemon::start(&dir.0, &cfg);
+        let both_idle = || {
+            [&free, &capped]
                 .iter()
-                .all(|p| p["group"] != free.group().as_str())
-        })
-        .is_some(),
-        "the stopped container is no longer listed: {}",
-        daemon.log_text()
-    );
-    assert!(
-        daemon.signal(libc::SIGTERM).success(),
-        "{}",
-        daemon.log_text()
-    );
-    assert!(!cg.idle(&capped.group()).unwrap(), "idle flag back");
-    assert!(!cg.idle(parent).unwrap(), "the parent's too");
-    assert_eq!(
-        cg.weight_raw(parent).unwrap(),
-        parent_weight,
-        "and its weight"
-    );
-    assert_eq!(
-        cg.weight_raw(&capped.group()).unwrap(),
-        weights[1],
-        "weight back"
-    );
-    assert!(
-        !dir.0.join("journal.jsonl").exists(),
-        "nothing left to undo"
-    );
+                .all(|c| cg.idle(&c.group()).unwrap_or(false))
+        };
+        assert!(
+            wait_for(Duration::from_secs(10), both_idle).is_some(),
+            "both containers made idle where they are: {}",
+            daemon.log_text()
+        );
+        assert_eq!(
+            [cgroups_of(&free), cgroups_of(&capped)],
+            before,
+            "no process left any of its container's cgroups"
+        );
+        // Every container under /docker is batch: /docker itself is idle, a sibling of the
+        // host's servers; a container that starts there makes it normal again.
+        let parent = "/docker";
+        assert!(
+            wait_for(Duration::from_secs(3), || cg.idle(parent).unwrap_or(false)).is_some(),
+            "the containers' parent made idle: {}",
+            daemon.log_text()
+        );
+        let other = engine.run(&[], &["sleep", "600"]).unwrap();
+        assert!(
+            wait_for(Duration::from_secs(2), || !cg.idle(parent).unwrap_or(true)).is_some(),
+            "a new container is not left in an idle parent: {}",
+            daemon.log_text()
+        );
+        engine.remove(&other).unwrap();
+        assert!(
+            wait_for(Duration::from_secs(3), || cg.idle(parent).unwrap_or(false)).is_some(),
+            "idle again once it is gone: {}",
+            daemon.log_text()
+        );
+        let used = cpus_used(&capped, Duration::from_secs(2));
+        assert!(used <= 0.55, "--cpus=0.5 still binds: {used:.3} CPUs");
+        eprintln!("capped container after demotion: {used:.3} CPUs (quota 0.5)");
+
+        // A container that stops while demoted: let go at the next scan, nothing fails.
+        engine.remove(&free).unwrap();
+        assert!(
+            wait_for(Duration::from_secs(5), || {
+                daemon.status_json()["processes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|p| p["group"] != free.group().as_str())
+            })
+            .is_some(),
+            "the stopped container is no longer listed: {}",
+            daemon.log_text()
+        );
+        assert!(
+            daemon.signal(libc::SIGTERM).success(),
+            "{}",
+            daemon.log_text()
+        );
+        assert!(!cg.idle(&capped.group()).unwrap(), "idle flag back");
+        assert!(!cg.idle(parent).unwrap(), "the parent's too");
+        assert_eq!(
+            cg.weight_raw(parent).unwrap(),
+            parent_weight,
+            "and its weight"
+        );
+        assert_eq!(
+            cg.weight_raw(&capped.group()).unwrap(),
+            weights[1],
+            "weight back"
+        );
+        assert!(
+            !dir.0.join("journal.jsonl").exists(),
+            "nothing left to undo"
+        );
+    }
 }
 
-#[test]
-#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
-fn appease_run_in_a_docker_container_manages_the_host_and_its_restarted_container_restores_after_kill_9(
-) {
-    let _g = serial();
-    let (dir, engine) = engine("docker-appease");
-    let group = format!("appease-e2e-dkd{}", std::process::id());
-    // Demotion, and the tests' elevation ladder (engaged from one runnable task per CPU).
-    let elevation = &TEST_CONFIG[TEST_CONFIG.find("[elevation]").unwrap()..];
-    let cfg = dir.file(
-        "batch.toml",
-        &format!("{}{elevation}", batch_config(&group)),
-    );
-    let run_dir = dir.0.join("run");
-    std::fs::create_dir_all(&run_dir).unwrap();
-    let bin = std::fs::canonicalize(BIN).unwrap();
-    let mounts = [
-        "/sys/fs/cgroup:/sys/fs/cgroup".to_string(),
-        "/sys/kernel/tracing:/sys/kernel/tracing:ro".to_string(),
-        format!("{}:/run/appease", run_dir.display()),
-        format!("{}:/appease:ro", bin.display()),
-        format!("{}:/etc/appease/appease.toml:ro", cfg.display()),
-    ];
-    let mut opts = vec![
-        "--pid=host",
-        "--cgroupns=host",
-        "--cap-drop=ALL",
-        // Docker 20.10 does not know BPF and PERFMON by name: SYS_ADMIN stands for both.
-        "--cap-add=SYS_ADMIN",
-        "--cap-add=SYS_NICE",
-        "--cap-add=DAC_OVERRIDE",
-        "--security-opt=seccomp=unconfined",
-        "-e",
-        "APPEASE_RUN_DIR=/run/appease",
-    ];
-    for m in &mounts {
-        opts.extend(["-v", m]);
+root_test! {
+    fn appease_run_in_a_docker_container_manages_the_host_and_its_restarted_container_restores_after_kill_9() {
+        let (dir, engine) = engine("docker-appease");
+        let group = format!("appease-e2e-dkd{}", std::process::id());
+        // Demotion, and the tests' elevation ladder (engaged from one runnable task per CPU).
+        let elevation = &TEST_CONFIG[TEST_CONFIG.find("[elevation]").unwrap()..];
+        let cfg = dir.file(
+            "batch.toml",
+            &format!("{}{elevation}", batch_config(&group)),
+        );
+        let run_dir = dir.0.join("run");
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let bin = std::fs::canonicalize(BIN).unwrap();
+        let mounts = [
+            "/sys/fs/cgroup:/sys/fs/cgroup".to_string(),
+            "/sys/kernel/tracing:/sys/kernel/tracing:ro".to_string(),
+            format!("{}:/run/appease", run_dir.display()),
+            format!("{}:/appease:ro", bin.display()),
+            format!("{}:/etc/appease/appease.toml:ro", cfg.display()),
+        ];
+        let mut opts = vec![
+            "--pid=host",
+            "--cgroupns=host",
+            "--cap-drop=ALL",
+            // Docker 20.10 does not know BPF and PERFMON by name: SYS_ADMIN stands for both.
+            "--cap-add=SYS_ADMIN",
+            "--cap-add=SYS_NICE",
+            "--cap-add=DAC_OVERRIDE",
+            "--security-opt=seccomp=unconfined",
+            "-e",
+            "APPEASE_RUN_DIR=/run/appease",
+        ];
+        for m in &mounts {
+            opts.extend(["-v", m]);
+        }
+        // The host's work: a soaker, and a server thread of this test's under load.
+        let soakers = Soakers(vec![forking_soaker(), forking_soaker(), forking_soaker()]);
+        let cpu_before = cpu_cgroup(soakers.0[0].id()).unwrap();
+        let svc = Service::unix(Duration::from_micros(300), Duration::from_millis(20));
+        let appease_ctr = engine
+            .run(
+                &opts,
+                &[
+                    "/appease",
+                    "daemon",
+                    "--config",
+                    "/etc/appease/appease.toml",
+                ],
+            )
+            .unwrap();
+        let _restore = RestoreAfter(&engine, appease_ctr.id.clone(), run_dir.clone());
+        let logs = || engine.log_text(&appease_ctr.id).unwrap_or_default();
+        let in_group = |want: bool| {
+            soakers.0.iter().all(|s| {
+                cpu_cgroup(s.id()).is_some_and(|g| g.starts_with(&format!("/{group}/job-")) == want)
+            })
+        };
+        assert!(
+            wait_for(Duration::from_secs(10), || in_group(true)).is_some(),
+            "the host's soakers demoted from the container: {}",
+            logs()
+        );
+        // The elevation ends as soon as the soakers are demoted (the load falls), so the
+        // audit line, written once the change is made, is what shows it happened.
+        let elevated = format!(
+            "change=\"elevate\" pid={} tid={}",
+            std::process::id(),
+            svc.server_tid
+        );
+        assert!(
+            wait_for(Duration::from_secs(5), || logs().contains(&elevated)).is_some(),
+            "the host's server elevated from the container: {}",
+            logs()
+        );
+        engine
+            .docker(&["kill", "-s", "KILL", &appease_ctr.id])
+            .unwrap();
+        assert!(
+            run_dir.join("journal.jsonl").exists(),
+            "the journal outlives the container on the host path"
+        );
+        assert!(in_group(true), "a kill -9 restores nothing");
+        engine.docker(&["start", &appease_ctr.id]).unwrap();
+        assert!(
+            wait_for(Duration::from_secs(10), || logs()
+                .contains("restored what a previous daemon left behind"))
+            .is_some(),
+            "the restarted container restores from the journal: {}",
+            logs()
+        );
+        assert!(
+            wait_for(Duration::from_secs(10), || in_group(true)).is_some(),
+            "and goes on: {}",
+            logs()
+        );
+        engine.docker(&["stop", &appease_ctr.id]).unwrap();
+        let out = logs();
+        assert!(!out.contains(" ERROR "), "{out}");
+        assert!(in_group(false), "the soakers back where they were");
+        assert_eq!(cpu_cgroup(soakers.0[0].id()).unwrap(), cpu_before);
+        drop(svc);
+        assert!(
+            !run_dir.join("journal.jsonl").exists(),
+            "nothing left to undo"
+        );
+        assert!(
+            !appease_cgroup::Cgroups::detect()
+                .unwrap()
+                .exists(&format!("/{group}")),
+            "the idle group removed"
+        );
     }
-    // The host's work: a soaker, and a server thread of this test's under load.
-    let soakers = Soakers(vec![forking_soaker(), forking_soaker(), forking_soaker()]);
-    let cpu_before = cpu_cgroup(soakers.0[0].id()).unwrap();
-    let svc = Service::unix(Duration::from_micros(300), Duration::from_millis(20));
-    let appease_ctr = engine
-        .run(
-            &opts,
-            &[
-                "/appease",
-                "daemon",
-                "--config",
-                "/etc/appease/appease.toml",
-            ],
-        )
-        .unwrap();
-    let _restore = RestoreAfter(&engine, appease_ctr.id.clone(), run_dir.clone());
-    let logs = || engine.log_text(&appease_ctr.id).unwrap_or_default();
-    let in_group = |want: bool| {
-        soakers.0.iter().all(|s| {
-            cpu_cgroup(s.id()).is_some_and(|g| g.starts_with(&format!("/{group}/job-")) == want)
-        })
-    };
-    assert!(
-        wait_for(Duration::from_secs(10), || in_group(true)).is_some(),
-        "the host's soakers demoted from the container: {}",
-        logs()
-    );
-    // The elevation ends as soon as the soakers are demoted (the load falls), so the
-    // audit line, written once the change is made, is what shows it happened.
-    let elevated = format!(
-        "change=\"elevate\" pid={} tid={}",
-        std::process::id(),
-        svc.server_tid
-    );
-    assert!(
-        wait_for(Duration::from_secs(5), || logs().contains(&elevated)).is_some(),
-        "the host's server elevated from the container: {}",
-        logs()
-    );
-    engine
-        .docker(&["kill", "-s", "KILL", &appease_ctr.id])
-        .unwrap();
-    assert!(
-        run_dir.join("journal.jsonl").exists(),
-        "the journal outlives the container on the host path"
-    );
-    assert!(in_group(true), "a kill -9 restores nothing");
-    engine.docker(&["start", &appease_ctr.id]).unwrap();
-    assert!(
-        wait_for(Duration::from_secs(10), || logs()
-            .contains("restored what a previous daemon left behind"))
-        .is_some(),
-        "the restarted container restores from the journal: {}",
-        logs()
-    );
-    assert!(
-        wait_for(Duration::from_secs(10), || in_group(true)).is_some(),
-        "and goes on: {}",
-        logs()
-    );
-    engine.docker(&["stop", &appease_ctr.id]).unwrap();
-    let out = logs();
-    assert!(!out.contains(" ERROR "), "{out}");
-    assert!(in_group(false), "the soakers back where they were");
-    assert_eq!(cpu_cgroup(soakers.0[0].id()).unwrap(), cpu_before);
-    drop(svc);
-    assert!(
-        !run_dir.join("journal.jsonl").exists(),
-        "nothing left to undo"
-    );
-    assert!(
-        !appease_cgroup::Cgroups::detect()
-            .unwrap()
-            .exists(&format!("/{group}")),
-        "the idle group removed"
-    );
 }

@@ -2,91 +2,89 @@
 
 use super::*;
 
-#[test]
-#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
-fn a_soaker_under_a_cpu_limit_is_demoted_in_place_and_the_limit_still_binds_the_group() {
-    let _g = serial();
-    let (limited, _dir, soakers, server, mut daemon, batch_group) =
-        demoted_under_a_limit("limit", None);
-    let soaker = soakers.0[0].id();
-    let group = limited.path.clone();
-    assert_eq!(
-        cpu_cgroup(soaker).as_deref(),
-        Some(group.as_str()),
-        "not moved"
-    );
-    assert_eq!(cpu_cgroup(server.pid).as_deref(), Some(group.as_str()));
-    assert_eq!(
-        policy_of(server.pid, server.pid),
-        0,
-        "the server is not batch"
-    );
-    assert!(
-        !limited.cg.exists(&format!("/{batch_group}")),
-        "no idle group was needed"
-    );
-    let mut st = daemon.status_json();
-    let listed = wait_for(Duration::from_secs(3), || {
-        st = daemon.status_json();
-        st["processes"].as_array().unwrap().iter().any(|p| {
-            p["pid"] == soaker
-                && p["placement"].as_str().unwrap().starts_with("in place")
-                && p["group"] == group.as_str()
-        })
-    });
-    assert!(listed.is_some(), "status says how: {st}");
+root_test! {
+    fn a_soaker_under_a_cpu_limit_is_demoted_in_place_and_the_limit_still_binds_the_group() {
+        let (limited, _dir, soakers, server, mut daemon, batch_group) =
+            demoted_under_a_limit("limit", None);
+        let soaker = soakers.0[0].id();
+        let group = limited.path.clone();
+        assert_eq!(
+            cpu_cgroup(soaker).as_deref(),
+            Some(group.as_str()),
+            "not moved"
+        );
+        assert_eq!(cpu_cgroup(server.pid).as_deref(), Some(group.as_str()));
+        assert_eq!(
+            policy_of(server.pid, server.pid),
+            0,
+            "the server is not batch"
+        );
+        assert!(
+            !limited.cg.exists(&format!("/{batch_group}")),
+            "no idle group was needed"
+        );
+        let mut st = daemon.status_json();
+        let listed = wait_for(Duration::from_secs(3), || {
+            st = daemon.status_json();
+            st["processes"].as_array().unwrap().iter().any(|p| {
+                p["pid"] == soaker
+                    && p["placement"].as_str().unwrap().starts_with("in place")
+                    && p["group"] == group.as_str()
+            })
+        });
+        assert!(listed.is_some(), "status says how: {st}");
 
-    // Together, the two still get half a CPU: the quota binds the whole group.
-    let before = cpu_ns_of(soaker) + cpu_ns_of(server.pid);
-    let t = std::time::Instant::now();
-    thread::sleep(Duration::from_secs(2));
-    let used =
-        (cpu_ns_of(soaker) + cpu_ns_of(server.pid) - before) as f64 / t.elapsed().as_nanos() as f64;
-    eprintln!("the limited group used {used:.3} CPUs (quota 0.5)");
-    assert!(
-        used <= 0.55,
-        "the group used {used:.3} CPUs over its 0.5 quota"
-    );
-    assert!(used >= 0.3, "the group ran: {used:.3} CPUs");
+        // Together, the two still get half a CPU: the quota binds the whole group.
+        let before = cpu_ns_of(soaker) + cpu_ns_of(server.pid);
+        let t = std::time::Instant::now();
+        thread::sleep(Duration::from_secs(2));
+        let used =
+            (cpu_ns_of(soaker) + cpu_ns_of(server.pid) - before) as f64 / t.elapsed().as_nanos() as f64;
+        eprintln!("the limited group used {used:.3} CPUs (quota 0.5)");
+        assert!(
+            used <= 0.55,
+            "the group used {used:.3} CPUs over its 0.5 quota"
+        );
+        assert!(used >= 0.3, "the group ran: {used:.3} CPUs");
 
-    // A child born after the demotion is born idle, in the group.
-    let kid = fork_a_sleep(soaker);
-    let _end_kid = KillOnDrop(kid);
-    assert_eq!(policy_of(kid, kid), 5, "born idle");
-    assert_eq!(cpu_cgroup(kid).as_deref(), Some(group.as_str()));
+        // A child born after the demotion is born idle, in the group.
+        let kid = fork_a_sleep(soaker);
+        let _end_kid = KillOnDrop(kid);
+        assert_eq!(policy_of(kid, kid), 5, "born idle");
+        assert_eq!(cpu_cgroup(kid).as_deref(), Some(group.as_str()));
 
-    // Stop: both back in the normal class, still in their group.
-    assert!(daemon.signal(libc::SIGTERM).success());
-    assert_eq!(policy_of(soaker, soaker), 0, "{}", daemon.log_text());
-    assert_eq!(
-        policy_of(kid, kid),
-        0,
-        "the child born idle is put back too"
-    );
-    assert_eq!(cpu_cgroup(soaker).as_deref(), Some(group.as_str()));
+        // Stop: both back in the normal class, still in their group.
+        assert!(daemon.signal(libc::SIGTERM).success());
+        assert_eq!(policy_of(soaker, soaker), 0, "{}", daemon.log_text());
+        assert_eq!(
+            policy_of(kid, kid),
+            0,
+            "the child born idle is put back too"
+        );
+        assert_eq!(cpu_cgroup(soaker).as_deref(), Some(group.as_str()));
+    }
 }
 
-#[test]
-#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
-fn kill_9_with_a_soaker_demoted_in_place_then_restore_puts_its_class_back() {
-    let _g = serial();
-    let (_limited, dir, soakers, _server, mut daemon, _) = demoted_under_a_limit("limk", None);
-    let soaker = soakers.0[0].id();
-    let kid = fork_a_sleep(soaker);
-    let _end_kid = KillOnDrop(kid);
-    daemon.signal(libc::SIGKILL);
-    assert_eq!(policy_of(soaker, soaker), 5, "still idle after the crash");
-    let out = appease(&dir.0, &["restore"]);
-    assert!(out.status.success(), "{out:?}");
-    assert_eq!(policy_of(soaker, soaker), 0);
-    assert_eq!(
-        policy_of(kid, kid),
-        0,
-        "a child with no record of its own goes back as its parent"
-    );
-    assert!(
-        !dir.0.join("journal.jsonl").exists(),
-        "nothing left to undo: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+root_test! {
+    fn kill_9_with_a_soaker_demoted_in_place_then_restore_puts_its_class_back() {
+        let (_limited, dir, soakers, _server, mut daemon, _) = demoted_under_a_limit("limk", None);
+        let soaker = soakers.0[0].id();
+        let kid = fork_a_sleep(soaker);
+        let _end_kid = KillOnDrop(kid);
+        daemon.signal(libc::SIGKILL);
+        assert_eq!(policy_of(soaker, soaker), 5, "still idle after the crash");
+        let out = appease(&dir.0, &["restore"]);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(policy_of(soaker, soaker), 0);
+        assert_eq!(
+            policy_of(kid, kid),
+            0,
+            "a child with no record of its own goes back as its parent"
+        );
+        assert!(
+            !dir.0.join("journal.jsonl").exists(),
+            "nothing left to undo: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -66,46 +66,45 @@ fn quantile(v: &[f64], p: f64) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-#[test]
-#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
-fn a_sunk_thread_holding_a_lock_short_requests_need_is_lifted_while_they_wait() {
-    let _g = serial();
-    let q = quantile;
-    let (off, off_log) =
-        short_latencies_beside_a_sunk_lock_holder("lift-off", "[elevation.sink]\nlift_ms = 0\n", 4);
-    let (on, on_log) = short_latencies_beside_a_sunk_lock_holder("lift-on", "", 4);
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let figures = format!(
-        "short requests, ms: lifting off mean {:.2} p50 {:.2} p95 {:.2} max {:.2} ({} requests); \
-         on mean {:.2} p50 {:.2} p95 {:.2} max {:.2} ({})",
-        mean(&off),
-        q(&off, 0.5),
-        q(&off, 0.95),
-        q(&off, 1.0),
-        off.len(),
-        mean(&on),
-        q(&on, 0.5),
-        q(&on, 0.95),
-        q(&on, 1.0),
-        on.len()
-    );
-    eprintln!("{figures}");
-    assert!(on.len() > 150 && off.len() > 50, "{figures}");
-    let lifted = |log: &str| log.contains("why=\"lifted\"") || log.contains("why=lifted");
-    assert!(
-        !lifted(&off_log) && lifted(&on_log),
-        "lifted only when allowed (audit lines): {on_log}"
-    );
-    assert!(
-        on_log.contains("wait-over"),
-        "sunk again when the wait ends: {on_log}"
-    );
-    // Without lifting a short request that finds the lock held waits for a thread at
-    // nice 10 beside four soakers; lifted, for one at its own nice.
-    assert!(
-        q(&on, 0.95) * 2.0 < q(&off, 0.95),
-        "no inversion spike with lifting: {figures}"
-    );
+root_test! {
+    fn a_sunk_thread_holding_a_lock_short_requests_need_is_lifted_while_they_wait() {
+        let q = quantile;
+        let (off, off_log) =
+            short_latencies_beside_a_sunk_lock_holder("lift-off", "[elevation.sink]\nlift_ms = 0\n", 4);
+        let (on, on_log) = short_latencies_beside_a_sunk_lock_holder("lift-on", "", 4);
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let figures = format!(
+            "short requests, ms: lifting off mean {:.2} p50 {:.2} p95 {:.2} max {:.2} ({} requests); \
+             on mean {:.2} p50 {:.2} p95 {:.2} max {:.2} ({})",
+            mean(&off),
+            q(&off, 0.5),
+            q(&off, 0.95),
+            q(&off, 1.0),
+            off.len(),
+            mean(&on),
+            q(&on, 0.5),
+            q(&on, 0.95),
+            q(&on, 1.0),
+            on.len()
+        );
+        eprintln!("{figures}");
+        assert!(on.len() > 150 && off.len() > 50, "{figures}");
+        let lifted = |log: &str| log.contains("why=\"lifted\"") || log.contains("why=lifted");
+        assert!(
+            !lifted(&off_log) && lifted(&on_log),
+            "lifted only when allowed (audit lines): {on_log}"
+        );
+        assert!(
+            on_log.contains("wait-over"),
+            "sunk again when the wait ends: {on_log}"
+        );
+        // Without lifting a short request that finds the lock held waits for a thread at
+        // nice 10 beside four soakers; lifted, for one at its own nice.
+        assert!(
+            q(&on, 0.95) * 2.0 < q(&off, 0.95),
+            "no inversion spike with lifting: {figures}"
+        );
+    }
 }
 
 /// A SysV semaphore (initially free) that a demoted child holds while it computes, and
@@ -189,49 +188,48 @@ fn short_latencies_beside_a_demoted_semaphore_holder(
     (latencies, daemon.full_log())
 }
 
-#[test]
-#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
-fn a_demoted_tree_holding_a_semaphore_short_requests_need_is_lifted_while_they_wait() {
-    let _g = serial();
-    let q = quantile;
-    let (off, off_log) = short_latencies_beside_a_demoted_semaphore_holder(
-        "dlift-off",
-        "[elevation.sink]\nlift_ms = 0\n",
-        4,
-    );
-    let (on, on_log) = short_latencies_beside_a_demoted_semaphore_holder("dlift-on", "", 4);
-    let figures = format!(
-        "short requests, ms: lifting off p50 {:.2} p90 {:.2} p99 {:.2} max {:.2} ({} requests); \
-         on p50 {:.2} p90 {:.2} p99 {:.2} max {:.2} ({})",
-        q(&off, 0.5),
-        q(&off, 0.9),
-        q(&off, 0.99),
-        q(&off, 1.0),
-        off.len(),
-        q(&on, 0.5),
-        q(&on, 0.9),
-        q(&on, 0.99),
-        q(&on, 1.0),
-        on.len()
-    );
-    eprintln!("{figures}");
-    let lifted = "lifted: a serving thread of an application with a demoted tree";
-    assert!(
-        !off_log.contains(lifted) && on_log.contains(lifted),
-        "the idle group is lifted only when allowed (audit lines): {on_log}"
-    );
-    // Without lifting, a request that finds the semaphore taken waits for a holder that
-    // the idle class starves; lifted, the group runs as a normal one until the wait ends.
-    // Few requests find it taken by a starved holder, but each of those waits for hundreds
-    // of milliseconds (and holds up its client): the worst case tells.
-    assert!(on.len() > off.len(), "{figures}");
-    let off_max = if off.is_empty() {
-        f64::MAX
-    } else {
-        q(&off, 1.0)
-    };
-    assert!(
-        q(&on, 1.0) * 5.0 < off_max,
-        "no inversion spike with lifting: {figures}"
-    );
+root_test! {
+    fn a_demoted_tree_holding_a_semaphore_short_requests_need_is_lifted_while_they_wait() {
+        let q = quantile;
+        let (off, off_log) = short_latencies_beside_a_demoted_semaphore_holder(
+            "dlift-off",
+            "[elevation.sink]\nlift_ms = 0\n",
+            4,
+        );
+        let (on, on_log) = short_latencies_beside_a_demoted_semaphore_holder("dlift-on", "", 4);
+        let figures = format!(
+            "short requests, ms: lifting off p50 {:.2} p90 {:.2} p99 {:.2} max {:.2} ({} requests); \
+             on p50 {:.2} p90 {:.2} p99 {:.2} max {:.2} ({})",
+            q(&off, 0.5),
+            q(&off, 0.9),
+            q(&off, 0.99),
+            q(&off, 1.0),
+            off.len(),
+            q(&on, 0.5),
+            q(&on, 0.9),
+            q(&on, 0.99),
+            q(&on, 1.0),
+            on.len()
+        );
+        eprintln!("{figures}");
+        let lifted = "lifted: a serving thread of an application with a demoted tree";
+        assert!(
+            !off_log.contains(lifted) && on_log.contains(lifted),
+            "the idle group is lifted only when allowed (audit lines): {on_log}"
+        );
+        // Without lifting, a request that finds the semaphore taken waits for a holder that
+        // the idle class starves; lifted, the group runs as a normal one until the wait ends.
+        // Few requests find it taken by a starved holder, but each of those waits for hundreds
+        // of milliseconds (and holds up its client): the worst case tells.
+        assert!(on.len() > off.len(), "{figures}");
+        let off_max = if off.is_empty() {
+            f64::MAX
+        } else {
+            q(&off, 1.0)
+        };
+        assert!(
+            q(&on, 1.0) * 5.0 < off_max,
+            "no inversion spike with lifting: {figures}"
+        );
+    }
 }

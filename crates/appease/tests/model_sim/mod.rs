@@ -56,7 +56,6 @@ fn model_contention_json_has_the_contract_keys() {
 #[test]
 fn model_unhappiness_evaluates_every_closed_form() {
     // CPU-heavy: not beside the timing-sensitive daemon tests.
-    let _g = one_at_a_time();
     let v = json_of(&["model", "unhappiness", "--json"]);
     let rows = v["rows"].as_array().unwrap();
     for policy in ["rr", "mlfq", "cfs", "cfs-rbpe"] {
@@ -89,7 +88,6 @@ fn model_unhappiness_evaluates_every_closed_form() {
 
 #[test]
 fn sim_sweep_reports_the_studys_figures_and_its_scalability_recomputes() {
-    let _g = one_at_a_time();
     let example = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/sim/staircase-sweep.toml"
@@ -162,7 +160,6 @@ fn sim_sweep_reports_the_studys_figures_and_its_scalability_recomputes() {
 #[test]
 fn sim_run_and_compare_report_every_key_and_refuse_bad_workloads() {
     // CPU-heavy: not beside the timing-sensitive daemon tests.
-    let _g = one_at_a_time();
     let example = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/sim/web-db.toml"

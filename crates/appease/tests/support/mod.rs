@@ -366,3 +366,64 @@ impl Drop for Load {
         }
     }
 }
+
+/// The scalability values of one series of a closed-loop result, recomputed from its
+/// points' completion times with the study's formula: (T_B / T_A) / (B / A).
+pub fn recomputed_scalability(
+    series: &serde_json::Value,
+    time_key: &str,
+) -> (u64, Vec<(u64, f64)>) {
+    let points: Vec<(u64, f64)> = series["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["clients"].as_u64().unwrap(),
+                p[time_key].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    // The default base: the fastest point.
+    let &(a, ta) = points.iter().min_by(|x, y| x.1.total_cmp(&y.1)).unwrap();
+    let values = points
+        .iter()
+        .map(|&(b, tb)| (b, (tb / ta) / (b as f64 / a as f64)))
+        .collect();
+    (a, values)
+}
+
+/// Checks a series' `scalability` against the values recomputed from its points.
+pub fn assert_scalability_recomputes(series: &serde_json::Value, time_key: &str) {
+    let (base, values) = recomputed_scalability(series, time_key);
+    let sc = &series["scalability"];
+    assert_eq!(sc["base"].as_u64(), Some(base), "{series}");
+    for (clients, v) in values {
+        let got = sc["values"][clients.to_string()].as_f64().unwrap();
+        assert!(
+            (got - v).abs() < 1e-9 * v.max(1.0),
+            "{clients}: {got} vs {v}: {series}"
+        );
+    }
+}
+
+/// Runs `cmd` and checks that it fails with `expect` in its error output.
+pub fn fails_saying(cmd: &mut Command, expect: &str) {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(expect),
+        "{cmd:?}: expected {expect:?} in: {err}"
+    );
+}
+
+/// `appease ARGS` that must succeed, its stdout as JSON.
+pub fn json_of(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}

@@ -4,23 +4,20 @@
 
 use super::*;
 
-#[test]
-#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
-fn on_cgroup_v2_under_systemd_demoted_soakers_stay_in_their_units_held_to_their_limits() {
-    let _g = serial();
-    in_vm("systemd", "systemd.sh");
+root_test! {
+    fn on_cgroup_v2_under_systemd_demoted_soakers_stay_in_their_units_held_to_their_limits() {
+        in_vm("systemd", "systemd.sh");
+    }
 }
 
-#[test]
-#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
-fn as_a_systemd_service_it_notifies_ready_pings_the_watchdog_and_restores_after_a_crash() {
-    let _g = serial();
-    in_vm_with("systemd", "service.sh", &["deploy/appease.service"]);
+root_test! {
+    fn as_a_systemd_service_it_notifies_ready_pings_the_watchdog_and_restores_after_a_crash() {
+        in_vm_with("systemd", "service.sh", &["deploy/appease.service"]);
+    }
 }
 
-#[test]
-#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
-fn on_cgroup_v2_without_systemd_free_soakers_move_and_limited_ones_are_demoted_in_place() {
-    let _g = serial();
-    in_vm("init", "init.sh");
+root_test! {
+    fn on_cgroup_v2_without_systemd_free_soakers_move_and_limited_ones_are_demoted_in_place() {
+        in_vm("init", "init.sh");
+    }
 }

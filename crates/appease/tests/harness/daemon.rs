@@ -1,0 +1,174 @@
+//! Daemons under test with the configs the tests share, and what they report.
+
+use crate::*;
+
+/// Short fades so the tests run in seconds; otherwise the default's shape. Batch
+/// demotion is off: these tests need the soakers competing at nice 0.
+pub(crate) const TEST_CONFIG: &str = r#"
+[batch]
+enabled = false
+[elevation]
+tick_ms = 10
+[elevation.budget]
+# Far below what a spinning thread gets beside 2 soakers (~2/3 of a CPU), far above
+# what the test servers use (~1/10): robust on a noisy machine.
+cpu_share = 0.3
+burst_ms = 200
+[[elevation.ladder]]
+from_runnable_per_cpu = 0.0
+unix_nice = 0
+inet_nice = 0
+decay_ms = 0
+[[elevation.ladder]]
+from_runnable_per_cpu = 1.0
+unix_nice = -8
+inet_nice = -4
+decay_ms = 50
+"#;
+
+/// A daemon with TEST_CONFIG under `soakers` CPU soakers, once it reports the load
+/// (servers started after this find the ladder engaged). Bound left to right, dropped
+/// right to left: the daemon stops first.
+pub(crate) fn loaded(name: &str, soakers: usize) -> (TempDir, PathBuf, Soakers, Daemon) {
+    loaded_with(name, soakers, "")
+}
+
+/// As `loaded`, with `extra` appended to TEST_CONFIG.
+pub(crate) fn loaded_with(
+    name: &str,
+    soakers: usize,
+    extra: &str,
+) -> (TempDir, PathBuf, Soakers, Daemon) {
+    let dir = TempDir::new(name);
+    let cfg = dir.file("test.toml", &format!("{TEST_CONFIG}{extra}"));
+    let soak = Soakers::start(soakers);
+    let daemon = Daemon::start(&dir.0, &cfg);
+    // About one time constant of the runnable EMA.
+    let want = 0.6 * soakers as f64 / host_cpus() as f64;
+    let seen = wait_for(Duration::from_secs(5), || {
+        daemon.status_json()["load"]["runnable_per_cpu"]
+            .as_f64()
+            .unwrap_or(0.0)
+            >= want
+    });
+    assert!(
+        seen.is_some(),
+        "the daemon never reported the load: {}",
+        daemon.log_text()
+    );
+    (dir, cfg, soak, daemon)
+}
+
+pub(crate) fn batch_config(group: &str) -> String {
+    format!(
+        r#"
+[batch]
+group = "{group}"
+after_ms = 2000
+scan_ms = 200
+"#
+    )
+}
+
+/// A daemon with the batch config plus `extra` ([batch] keys), and one soaker it has
+/// demoted: (run dir, the group's path, the soaker, the daemon).
+pub(crate) fn demoted_soaker(name: &str, extra: &str) -> (TempDir, String, Soakers, Daemon) {
+    let dir = TempDir::new(name);
+    let group = format!("appease-e2e-{name}{}", std::process::id());
+    let cfg = dir.file(
+        &format!("{name}.toml"),
+        &format!("{}{extra}", batch_config(&group)),
+    );
+    let soakers = Soakers(vec![forking_soaker()]);
+    let pid = soakers.0[0].id();
+    let home = cpu_cgroup(std::process::id());
+    let daemon = Daemon::start(&dir.0, &cfg);
+    let gpath = format!("/{group}");
+    assert!(
+        wait_for(Duration::from_secs(8), || in_idle_group(pid, &gpath)).is_some(),
+        "demoted (running now: {:?}; status: {}): {}",
+        running_processes(),
+        daemon.status_json()["batch"],
+        daemon.log_text()
+    );
+    // The soaker alone: this process started the daemon, so it (and whatever runs it)
+    // supervises the daemon and is never part of a batch tree.
+    assert_eq!(
+        cpu_cgroup(std::process::id()),
+        home,
+        "{}",
+        daemon.log_text()
+    );
+    // The daemon logs the move after it is made: wait for the line.
+    let moved = format!("root={pid} moved=1");
+    assert!(
+        wait_for(Duration::from_secs(3), || daemon
+            .log_text()
+            .contains(&moved))
+        .is_some(),
+        "{}",
+        daemon.log_text()
+    );
+    (dir, gpath, soakers, daemon)
+}
+
+/// GET http://ADDR/metrics: the body.
+pub(crate) fn scrape(addr: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    body.to_string()
+}
+
+/// A sample's value in a scrape.
+pub(crate) fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+}
+
+/// The daemon's audit lines (JSON logs): the `fields` of each.
+pub(crate) fn audit_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| v["fields"].clone())
+        .filter(|f| f["change"].is_string())
+        .collect()
+}
+
+/// The soaker and the server under one half-CPU limit, a daemon, and the soaker
+/// demoted in place. Bound left to right, dropped right to left: the daemon stops first.
+pub(crate) fn demoted_under_a_limit(
+    tag: &str,
+    pids_max: Option<u32>,
+) -> (LimitedGroup, TempDir, Soakers, BusyServer, Daemon, String) {
+    let mut limited = LimitedGroup::new(tag, pids_max);
+    let dir = TempDir::new(tag);
+    let batch_group = format!("appease-e2e-{tag}b{}", std::process::id());
+    // Under half a CPU shared with the server, the soaker can want only about a quarter
+    // of one (a throttled task is not even waiting): the threshold is lowered to match.
+    let cfg = dir.file(
+        "batch.toml",
+        &format!("{}min_cpus = 0.15\n", batch_config(&batch_group)),
+    );
+    let soakers = Soakers(vec![forking_soaker()]);
+    let soaker = soakers.0[0].id();
+    let server = BusyServer::start();
+    limited.adopt(soaker);
+    limited.adopt(server.pid);
+    let daemon = Daemon::start(&dir.0, &cfg);
+    let idle = wait_for(Duration::from_secs(8), || policy_of(soaker, soaker) == 5);
+    assert!(
+        idle.is_some(),
+        "soaker demoted in place: {}",
+        daemon.log_text()
+    );
+    (limited, dir, soakers, server, daemon, batch_group)
+}

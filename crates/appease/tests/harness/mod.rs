@@ -1,0 +1,39 @@
+//! The end-to-end tests' harness: daemons under test, servers and their clients,
+//! soakers and scripts with the guards that end them, /proc readers, bench and VM
+//! helpers. Everything started here is ended by its pid.
+
+use std::sync::{Mutex, MutexGuard};
+
+mod bench;
+mod daemon;
+mod processes;
+mod procfs;
+mod servers;
+mod vm;
+
+pub(crate) use bench::*;
+pub(crate) use daemon::*;
+pub(crate) use processes::*;
+pub(crate) use procfs::*;
+pub(crate) use servers::*;
+pub(crate) use vm::*;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// One test at a time, as root: run without root, a test fails here saying so, never
+/// passes silently.
+pub(crate) fn serial() -> MutexGuard<'static, ()> {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this test needs root (BPF, priorities, cgroups); run it as root (make test does)"
+    );
+    one_at_a_time()
+}
+
+/// One test at a time, without root: a test that needs none but keeps the CPUs busy
+/// (fuzzing, the simulator) must not run beside one that measures the load or a latency.
+pub(crate) fn one_at_a_time() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
