@@ -14,9 +14,8 @@ use appease_policy::LiftBudget;
 use serde::{Deserialize, Serialize};
 
 use crate::cadence::Cadence;
-use crate::scanner::{
-    FloorSample, Promotion, Release, RoleProcess, ScanCost, ScanRequest, ServiceProcess, Snapshot,
-};
+use crate::configured::Configured;
+use crate::scanner::{FloorSample, Promotion, Release, ScanCost, ScanRequest, Snapshot};
 
 /// A process: its pid and its start (clock ticks after boot), so a pid reused by another
 /// process is not taken for it.
@@ -44,9 +43,8 @@ pub struct BatchManager {
     applied: GroupMode,
     /// The idle group's share of all CPUs over the last scan, percent.
     share_pct: f64,
-    /// Processes with a role (fixed nice): request elevation leaves them alone.
-    /// pid -> its start.
-    roles: HashMap<u32, u64>,
+    /// The configured services and roles, as the last scan found their processes.
+    configured: Configured,
     /// The last scan's cost: the scanner thread's, and the event loop's for the rest.
     cost: ScanCost,
     loop_us: u64,
@@ -98,7 +96,7 @@ impl BatchManager {
             mode: GroupModeKeeper::new(cfg.quiet_after(), cfg.floor_params(), now),
             applied: GroupMode::Idle,
             share_pct: 0.0,
-            roles: HashMap::new(),
+            configured: Configured::default(),
             cost: ScanCost::default(),
             loop_us: 0,
             spread_round: 0,
@@ -107,8 +105,8 @@ impl BatchManager {
     }
 
     /// Whether the process has a fixed role priority.
-    pub fn is_role(&self, (pid, start): Process) -> bool {
-        self.roles.get(&pid) == Some(&start)
+    pub fn is_role(&self, process: Process) -> bool {
+        self.configured.is_role(process)
     }
 
     pub fn set_config(&mut self, cfg: &Config) {
@@ -289,14 +287,7 @@ impl BatchManager {
             actuator.keep_besteffort_pods_idle();
             actuator.keep_engine_parents_idle();
         }
-        place_services(&snap.services, actuator);
-        apply_roles(&snap.roles, actuator);
-        actuator.release_roles(|pid| snap.roles.contains_key(&pid));
-        self.roles = snap
-            .roles
-            .into_iter()
-            .map(|(pid, r)| (pid, r.start))
-            .collect();
+        self.configured.apply(snap.services, snap.roles, actuator);
         self.demoted = snap.demoted;
         self.demoted_apps = snap.demoted_apps;
         for d in snap.demotions {
@@ -468,48 +459,10 @@ fn lift_weight(quiet_weight: u32, raised: Option<i32>) -> u32 {
     (u64::from(quiet_weight) * scale / 1024).clamp(1, 10_000) as u32
 }
 
-/// Moves each configured service's processes (with their current children) into its
-/// group; children forked later are born there.
-fn place_services(services: &[ServiceProcess], actuator: &mut KernelActuator) {
-    for ServiceProcess {
-        pid,
-        group,
-        members,
-    } in services
-    {
-        if actuator.is_moved(*pid) {
-            continue;
-        }
-        if let Err(e) = actuator.place_in_service(group, *pid, members, "configured service") {
-            log_failure(&e, *pid, "place in its service group");
-        }
-    }
-}
-
-fn log_failure(e: &ActError, root: u32, what: &str) {
+pub(crate) fn log_failure(e: &ActError, root: u32, what: &str) {
     match e {
         ActError::Cgroup(c) if c.is_gone() => tracing::debug!(root, what, "tree or group vanished"),
         _ => tracing::warn!(root, error = %e, "could not {what} process tree"),
-    }
-}
-
-/// Gives every thread of each role process its fixed nice (new threads included).
-fn apply_roles(roles: &HashMap<u32, RoleProcess>, actuator: &mut KernelActuator) {
-    for (&pid, RoleProcess { nice, label, .. }) in roles {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for tid in tasks
-            .flatten()
-            .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
-        {
-            match actuator.fix_nice(pid, tid, *nice, label) {
-                Ok(()) | Err(ActError::Gone { .. }) | Err(ActError::HandsOff { .. }) => {}
-                Err(e) => {
-                    tracing::warn!(pid, tid, error = %e, "could not give a role its priority")
-                }
-            }
-        }
     }
 }
 

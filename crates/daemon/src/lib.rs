@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod cadence;
+mod configured;
 pub mod control;
 pub mod host;
 pub mod lock;
