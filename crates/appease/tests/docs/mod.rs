@@ -1,0 +1,275 @@
+//! The docs name only what exists: every relative link points at a file, every
+//! `cargo test` names a package, a test binary and tests that exist, every `appease`
+//! command is one the binary has.
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// README.md and every page under docs/, with their text.
+fn pages() -> Vec<(PathBuf, String)> {
+    let root = repo();
+    let mut paths = vec![root.join("README.md")];
+    for e in std::fs::read_dir(root.join("docs")).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "md") {
+            paths.push(e.path());
+        }
+    }
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
+        .collect()
+}
+
+/// The targets of the markdown links `[text](target)` in `text`.
+fn links(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("](") {
+        rest = &rest[i + 2..];
+        if let Some(end) = rest.find(')') {
+            out.push(&rest[..end]);
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn every_relative_link_in_the_docs_points_at_a_file_that_exists() {
+    let mut dangling = Vec::new();
+    for (page, text) in pages() {
+        for target in links(&text) {
+            let path = target.split('#').next().unwrap().trim();
+            let external = ["http://", "https://", "mailto:"]
+                .iter()
+                .any(|p| path.starts_with(p));
+            if path.is_empty() || external || path.contains(' ') {
+                continue;
+            }
+            if !page.parent().unwrap().join(path).exists() {
+                dangling.push(format!("{}: {target}", page.display()));
+            }
+        }
+    }
+    assert!(
+        dangling.is_empty(),
+        "links to nothing:\n{}",
+        dangling.join("\n")
+    );
+}
+
+/// Every `fn` in the workspace's Rust files as `module::name`, with the module named by
+/// the file's path (`crates/appease/tests/nested/mod.rs` → `nested`,
+/// `crates/actuator/src/in_place/tests.rs` → `in_place::tests`): what a `cargo test`
+/// filter is matched against.
+fn test_paths(dir: &Path, module: &str, out: &mut Vec<String>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if p.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                test_paths(&p, &format!("{module}::{name}"), out);
+            }
+            continue;
+        }
+        let Some(stem) = name.strip_suffix(".rs") else {
+            continue;
+        };
+        let module = match stem {
+            "mod" | "lib" | "main" => module.to_string(),
+            _ => format!("{module}::{stem}"),
+        };
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
+        for line in text.lines() {
+            let Some(at) = line.find("fn ") else {
+                continue;
+            };
+            let name: String = line[at + 3..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.push(format!("{module}::{name}"));
+            }
+        }
+    }
+}
+
+/// The code spans (`…`) and the lines of fenced code blocks of `text`.
+fn code(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            out.push(line.to_string());
+            continue;
+        }
+        out.extend(line.split('`').skip(1).step_by(2).map(str::to_string));
+    }
+    out
+}
+
+/// The packages of the workspace and their test binaries.
+fn packages() -> Vec<(String, Vec<String>)> {
+    let crates = repo().join("crates");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&crates).unwrap().flatten() {
+        let toml = std::fs::read_to_string(e.path().join("Cargo.toml")).unwrap_or_default();
+        let Some(name) = toml
+            .lines()
+            .find_map(|l| l.strip_prefix("name = \""))
+            .map(|n| n.trim_end_matches('"').to_string())
+        else {
+            continue;
+        };
+        let tests = std::fs::read_dir(e.path().join("tests"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| {
+                t.file_name()
+                    .to_str()?
+                    .strip_suffix(".rs")
+                    .map(String::from)
+            })
+            .collect();
+        out.push((name, tests));
+    }
+    out
+}
+
+/// What is wrong with one `cargo test …` command, if anything.
+fn check_cargo_test(
+    cmd: &str,
+    packages: &[(String, Vec<String>)],
+    paths: &[String],
+) -> Vec<String> {
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    let mut wrong = Vec::new();
+    let package = words
+        .windows(2)
+        .find(|w| w[0] == "-p")
+        .map(|w| w[1].to_string());
+    if let Some(p) = &package {
+        if !packages.iter().any(|(n, _)| n == p) {
+            wrong.push(format!("no package {p}"));
+        }
+    }
+    if let Some(t) = words.windows(2).find(|w| w[0] == "--test").map(|w| w[1]) {
+        let has = packages
+            .iter()
+            .filter(|(n, _)| package.as_ref().is_none_or(|p| p == n))
+            .any(|(_, tests)| tests.iter().any(|x| x == t));
+        if !has {
+            wrong.push(format!("no test binary {t}"));
+        }
+    }
+    let filters = words
+        .iter()
+        .skip_while(|w| **w != "--")
+        .skip(1)
+        .take_while(|w| !w.starts_with('#') && !w.contains('|') && !w.contains('>'))
+        .filter(|w| !w.starts_with('-') && !w.contains('='));
+    for f in filters {
+        if !paths.iter().any(|p| p.contains(f)) {
+            wrong.push(format!("no test matches {f:?}"));
+        }
+    }
+    wrong
+}
+
+/// The `appease` subcommand a command line starts with (`appease status`, `sudo appease
+/// daemon`, `./target/release/appease bench …`), if it starts so.
+fn subcommand(line: &str) -> Option<&str> {
+    let mut words = line
+        .split_whitespace()
+        .skip_while(|w| *w == "sudo" || *w == "$");
+    let first = words.next()?;
+    if first != "appease" && !first.ends_with("/appease") {
+        return None;
+    }
+    words
+        .next()
+        .filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+}
+
+/// Whether `appease SUB` is a command (hidden ones included).
+fn is_command(sub: &str) -> bool {
+    Command::new(BIN)
+        .args([sub, "--help"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn every_cargo_test_and_appease_command_named_in_the_docs_exists() {
+    let packages = packages();
+    let mut known = std::collections::HashMap::new();
+    let mut paths = Vec::new();
+    test_paths(&repo().join("crates"), "", &mut paths);
+    let mut wrong = Vec::new();
+    for (page, text) in pages() {
+        for span in code(&text) {
+            for (i, _) in span.match_indices("cargo test") {
+                for w in check_cargo_test(&span[i..], &packages, &paths) {
+                    wrong.push(format!("{}: `{}`: {w}", page.display(), span.trim()));
+                }
+            }
+            if let Some(sub) = subcommand(&span) {
+                if !*known
+                    .entry(sub.to_string())
+                    .or_insert_with(|| is_command(sub))
+                {
+                    wrong.push(format!(
+                        "{}: `{}`: no command {sub}",
+                        page.display(),
+                        span.trim()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the docs name what does not exist:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn a_test_binary_package_or_test_that_does_not_exist_is_caught() {
+    let packages = packages();
+    let mut paths = Vec::new();
+    test_paths(&repo().join("crates"), "", &mut paths);
+    let check = |cmd: &str| check_cargo_test(cmd, &packages, &paths);
+    assert_eq!(
+        check("cargo test --release -p appease --test cli -- docs:: --nocapture"),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        check("cargo test -p appease --test e2e -- no_such_test").len(),
+        1
+    );
+    assert_eq!(check("cargo test -p appease --test nothing").len(), 1);
+    assert_eq!(check("cargo test -p appease-nothing").len(), 1);
+    assert!(is_command("daemon") && is_command("bench-worker"));
+    assert!(!is_command("no-such-command"));
+    assert_eq!(subcommand("sudo appease status --json"), Some("status"));
+    assert_eq!(subcommand("the appease daemon"), None);
+}
