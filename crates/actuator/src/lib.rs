@@ -263,6 +263,8 @@ pub fn now_secs() -> u64 {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod testing;
 
 /// The actuator over a fake kernel: what it changes, what it refuses to touch, and that

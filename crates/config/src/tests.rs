@@ -209,3 +209,11 @@ fn a_rule_by_user_name_looks_the_name_up_once() {
     assert!(svc.matcher().matches("x", None, Some(0)));
     assert_eq!(svc.uid.get(), Some(&Some(0)), "a service's too");
 }
+
+#[test]
+fn the_config_parser_never_panics_on_damaged_configs() {
+    let seed = include_bytes!("../../../config/default.toml");
+    appease_fuzz::fuzz("config", seed, |b| {
+        let _clear_error_or_config = Config::parse(&appease_fuzz::text(b), "fuzz.toml");
+    });
+}
