@@ -156,14 +156,9 @@ fn the_daemonset_in_deploy_runs_appease_on_the_host_with_only_what_it_needs() {
         [
             ("/run/appease".into(), "/run/appease".into(), false),
             ("/sys/fs/cgroup".into(), "/sys/fs/cgroup".into(), false),
-            (
-                "/sys/kernel/tracing".into(),
-                "/sys/kernel/tracing".into(),
-                true
-            ),
         ]
     );
-    assert_eq!(volumes.len(), 3, "no other volume");
+    assert_eq!(volumes.len(), 2, "no other volume");
     let run_dir = c
         .env
         .as_ref()

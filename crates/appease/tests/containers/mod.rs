@@ -181,7 +181,6 @@ root_test! {
         let bin = std::fs::canonicalize(BIN).unwrap();
         let mounts = [
             "/sys/fs/cgroup:/sys/fs/cgroup".to_string(),
-            "/sys/kernel/tracing:/sys/kernel/tracing:ro".to_string(),
             format!("{}:/run/appease", run_dir.display()),
             format!("{}:/appease:ro", bin.display()),
             format!("{}:/etc/appease/appease.toml:ro", cfg.display()),
