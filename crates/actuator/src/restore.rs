@@ -10,7 +10,7 @@ use std::path::Path;
 use crate::journal::{self, JournalState, Record};
 use crate::sys::{self, Kernel};
 use crate::{
-    autogroup, group_idle, groups, in_place, spread, threads, ActError, Journal, KernelActuator,
+    autogroup, group_idle, groups, in_place, spread, threads, Journal, KernelActuator,
     RestoreReport,
 };
 
@@ -23,6 +23,7 @@ pub(crate) struct FromJournal<'a> {
 
 /// One kind of change the actuator makes, journaled before it is made, and how it is put
 /// back on each path.
+#[derive(Clone, Copy)]
 pub(crate) struct Part {
     /// Its name, for logs.
     pub name: &'static str,
@@ -107,21 +108,6 @@ impl KernelActuator {
         }
         report
     }
-
-    /// Puts every elevated, sunk or role thread back (a step of `restore_all`).
-    pub(crate) fn restore_threads(&mut self, report: &mut RestoreReport) {
-        for tid in self.managed_tids() {
-            match self.restore(tid, "shutdown") {
-                Ok(()) => report.restored += 1,
-                Err(ActError::Gone { .. }) => report.gone += 1,
-                Err(ActError::HandsOff { .. }) => report.left_alone += 1,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not restore thread");
-                    report.failed += 1;
-                }
-            }
-        }
-    }
 }
 
 /// Undoes what a journal in `dir` records (after a crash): each change whose object is
@@ -133,13 +119,13 @@ pub fn restore_journal(dir: &Path) -> io::Result<RestoreReport> {
 
 /// The same on the kernel `k` (the unit tests' fake).
 pub(crate) fn restore_journal_on(dir: &Path, k: &dyn Kernel) -> io::Result<RestoreReport> {
-    restore_journal_with(dir, k, &PARTS.iter().collect::<Vec<_>>())
+    restore_journal_with(dir, k, PARTS)
 }
 
 pub(crate) fn restore_journal_with(
     dir: &Path,
     k: &dyn Kernel,
-    parts: &[&Part],
+    parts: &[Part],
 ) -> io::Result<RestoreReport> {
     let corrupt = journal::read_pending(dir)?.corrupt;
     if !corrupt.is_empty() {
@@ -263,11 +249,11 @@ mod tests {
         for left_out in 0..=PARTS.len() {
             let (k, dir) = (FakeKernel::new(), TempDir::new("left-out"));
             one_of_each(&dir.0);
-            let parts: Vec<&Part> = PARTS
+            let parts: Vec<Part> = PARTS
                 .iter()
                 .enumerate()
                 .filter(|&(i, _)| i != left_out)
-                .map(|(_, p)| p)
+                .map(|(_, p)| *p)
                 .collect();
             restore_journal_with(&dir.0, &k, &parts).unwrap();
             let after = journal::read_pending(&dir.0).unwrap();

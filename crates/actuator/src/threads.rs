@@ -452,9 +452,20 @@ impl KernelActuator {
 }
 
 impl KernelActuator {
-    /// The threads this actuator has changed.
-    pub(crate) fn managed_tids(&self) -> Vec<u32> {
-        self.managed.keys().copied().collect()
+    /// Puts every elevated, sunk or role thread back (a step of `restore_all`).
+    pub(crate) fn restore_threads(&mut self, report: &mut RestoreReport) {
+        let tids: Vec<u32> = self.managed.keys().copied().collect();
+        for tid in tids {
+            match self.restore(tid, "shutdown") {
+                Ok(()) => report.restored += 1,
+                Err(ActError::Gone { .. }) => report.gone += 1,
+                Err(ActError::HandsOff { .. }) => report.left_alone += 1,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not restore thread");
+                    report.failed += 1;
+                }
+            }
+        }
     }
 }
 

@@ -242,34 +242,16 @@ fn options(args: BenchArgs) -> Result<Options> {
     } = args;
     check_scenario_options(&scenario, &shape, &server, &job)?;
     let fetch = scenario == "fetch";
-    let fetch_servers = parsed_or(
-        fetch && !server.is_empty(),
-        &server,
-        fetch,
-        &fetch::Server::ALL,
-        fetch::Server::parse,
-    )?;
-    let fetch_jobs = parsed_or(
-        fetch && !job.is_empty(),
-        &job,
-        fetch,
-        &fetch::Job::ALL,
-        fetch::Job::parse,
-    )?;
-    let shapes = parsed_or(
-        !shape.is_empty(),
-        &shape,
-        true,
-        &nested::Shape::ALL[..2],
-        nested::Shape::parse,
-    )?;
-    let servers = parsed_or(
-        scenario == "nested" && !server.is_empty(),
-        &server,
-        true,
-        &nested::Server::ALL,
-        nested::Server::parse,
-    )?;
+    let (fetch_servers, fetch_jobs) = match fetch {
+        true => (
+            parsed(&server, &fetch::Server::ALL, fetch::Server::parse)?,
+            parsed(&job, &fetch::Job::ALL, fetch::Job::parse)?,
+        ),
+        false => (Vec::new(), Vec::new()),
+    };
+    let shapes = parsed(&shape, &nested::Shape::ALL[..2], nested::Shape::parse)?;
+    let nested_servers: &[String] = if scenario == "nested" { &server } else { &[] };
+    let servers = parsed(nested_servers, &nested::Server::ALL, nested::Server::parse)?;
     let repeat = repeat.unwrap_or(match () {
         // The nested shapes' rounds are slow or not as a whole: count them over eight.
         _ if scenario == "nested" && !quick => 8,
@@ -331,18 +313,15 @@ fn check_scenario_options(
     Ok(())
 }
 
-/// `given` parsed one by one when `use_given`; else `default` when `wanted`; else none.
-fn parsed_or<T: Clone>(
-    use_given: bool,
+/// `given` parsed one by one, or `default` when none is given.
+fn parsed<T: Clone>(
     given: &[String],
-    wanted: bool,
     default: &[T],
     parse: impl Fn(&str) -> Result<T>,
 ) -> Result<Vec<T>> {
-    match (use_given, wanted) {
-        (true, _) => given.iter().map(|s| parse(s)).collect(),
-        (false, true) => Ok(default.to_vec()),
-        (false, false) => Ok(Vec::new()),
+    match given.is_empty() {
+        true => Ok(default.to_vec()),
+        false => given.iter().map(|s| parse(s)).collect(),
     }
 }
 

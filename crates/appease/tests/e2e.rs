@@ -8,23 +8,17 @@
 
 // What the topic modules use, through `use super::*`.
 #[allow(unused_imports)]
-use std::io::{Read, Write};
-#[allow(unused_imports)]
-use std::net::{TcpListener, TcpStream};
-#[allow(unused_imports)]
-use std::os::unix::net::UnixStream;
-#[allow(unused_imports)]
-use std::path::PathBuf;
-#[allow(unused_imports)]
-use std::process::{Command, Stdio};
-#[allow(unused_imports)]
-use std::sync::atomic::{AtomicBool, Ordering};
-#[allow(unused_imports)]
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
-#[allow(unused_imports)]
-use std::thread::{self, JoinHandle};
-#[allow(unused_imports)]
-use std::time::{Duration, Instant};
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    os::unix::net::UnixStream,
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
+    sync::{mpsc, Arc, Mutex, MutexGuard},
+    thread::{self, JoinHandle},
+    time::{Duration, Instant},
+};
 
 /// A test that needs root: ignored with the reason unless run with `--include-ignored`
 /// (make test does), one test at a time, failing clearly when run without root.
@@ -42,9 +36,7 @@ macro_rules! root_test {
 
 mod harness;
 mod support;
-#[allow(unused_imports)]
 use harness::*;
-#[allow(unused_imports)]
 use support::*;
 
 mod batch;

@@ -56,7 +56,7 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
     preflight()?;
-    let _locks = Locks::take(&opts)?;
+    let _locks = take_locks(&opts)?;
     let mut storage = ProbeStorage::uninit();
     let (mut daemon, servers) = start(opts, &controls, &mut storage)?;
     // Under systemd (Type=notify): started. Nothing happens without NOTIFY_SOCKET.
@@ -72,22 +72,14 @@ pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
 }
 
 /// The run directory's lock, and the batch group's unless this is a dry run (a dry run
-/// changes nothing: it may watch beside a daemon that acts). Held, not read: each is
-/// released when dropped.
-struct Locks(
-    #[allow(dead_code)] RunLock,
-    #[allow(dead_code)] Option<RunLock>,
-);
-
-impl Locks {
-    fn take(opts: &DaemonOptions) -> Result<Self> {
-        let run = RunLock::acquire(&opts.run_dir)?;
-        let group = match opts.dry_run {
-            false => Some(RunLock::acquire_group(&opts.config.batch.group)?),
-            true => None,
-        };
-        Ok(Locks(run, group))
-    }
+/// changes nothing: it may watch beside a daemon that acts). Each is released when dropped.
+fn take_locks(opts: &DaemonOptions) -> Result<(RunLock, Option<RunLock>)> {
+    let run = RunLock::acquire(&opts.run_dir)?;
+    let group = match opts.dry_run {
+        false => Some(RunLock::acquire_group(&opts.config.batch.group)?),
+        true => None,
+    };
+    Ok((run, group))
 }
 
 /// What serves the daemon's state to others: stopped after everything is put back.

@@ -212,13 +212,12 @@ impl BatchClassifier {
     }
 
     /// The CPU demand of each process since the last scan, in CPUs (None on the first
-    /// scan: nothing to compare with).
+    /// scan, or one at the same instant: nothing to compare with).
     fn demand(&mut self, now: Nanos, procs: &[ProcSample]) -> Option<HashMap<u32, f64>> {
         let dt = self.prev_at.map(|t| now.saturating_sub(t) as f64);
-        let rate = dt.map(|dt| {
+        let rate = dt.filter(|&dt| dt > 0.0).map(|dt| {
             procs
                 .iter()
-                .filter(|_| dt > 0.0)
                 .map(|p| {
                     let busy = p.cpu_ns + p.wait_ns;
                     let used = match self.prev.get(&p.pid) {
@@ -400,7 +399,8 @@ struct Scan<'a> {
     now: Nanos,
     by_pid: HashMap<u32, &'a ProcSample>,
     children: crate::tree::Children,
-    /// Each process's CPU demand since the last scan, in CPUs (None: the first scan).
+    /// Each process's CPU demand since the last scan, in CPUs (None: nothing to compare
+    /// with, the first scan or one at the same instant).
     rate: Option<HashMap<u32, f64>>,
     last_request: &'a dyn Fn(u32) -> Option<Nanos>,
     forced: &'a dyn Fn(&ProcSample) -> Option<Class>,

@@ -290,7 +290,7 @@ root_test! {
         let group = format!("appease-e2e-p{}", std::process::id());
         let cfg = dir.file("batch.toml", &batch_config(&group));
         let home = cpu_cgroup(std::process::id()).unwrap();
-        let (mut a, b) = UnixStream::pair().unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
         // It receives a request once the test starts sending.
         let child = fork_spinning_receiver(&b);
         let _reap = KillOnDrop(child);
@@ -301,19 +301,11 @@ root_test! {
             "demoted first: {}",
             daemon.log_text()
         );
-        let stop = Arc::new(AtomicBool::new(false));
-        let st = stop.clone();
-        let feeder = thread::spawn(move || {
-            while !st.load(Ordering::Relaxed) {
-                let _ = a.write_all(b"q");
-                thread::sleep(Duration::from_millis(50));
-            }
-        });
+        let feeder = Feeder::start(a);
         let took = wait_for(Duration::from_secs(3), || {
             cpu_cgroup(child).as_deref() == Some(home.as_str())
         });
-        stop.store(true, Ordering::Relaxed);
-        feeder.join().unwrap();
+        drop(feeder);
         assert!(
             took.is_some(),
             "promoted once it answers requests: {}",

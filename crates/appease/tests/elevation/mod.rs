@@ -26,19 +26,11 @@ root_test! {
         assert_eq!(nice_of(t_unix), -8, "UNIX request elevates more: unix_nice");
 
         // Status (rewritten every second) lists both with their original nice and why.
-        let mut st = daemon.status_json();
-        let listed = |st: &serde_json::Value, tid: u32| {
-            st["threads"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|t| t["tid"] == tid)
-        };
-        let shown = wait_for(Duration::from_secs(3), || {
-            st = daemon.status_json();
-            listed(&st, t_tcp) && listed(&st, t_unix)
+        let listed = |st: &serde_json::Value, tid: u32| lists_thread(st, |t| t["tid"] == tid);
+        let (shown, st) = daemon.status_until(Duration::from_secs(3), |st| {
+            listed(st, t_tcp) && listed(st, t_unix)
         });
-        assert!(shown.is_some(), "{st}");
+        assert!(shown, "{st}");
         let threads = st["threads"].as_array().unwrap();
         let row = |tid: u32| threads.iter().find(|t| t["tid"] == tid).cloned().unwrap();
         assert_eq!(row(t_unix)["original_nice"], 0);
@@ -76,16 +68,10 @@ root_test! {
             -8,
             "the short requests' thread keeps its elevation"
         );
-        let mut st = daemon.status_json();
-        let shown = wait_for(Duration::from_secs(3), || {
-            st = daemon.status_json();
-            st["threads"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|t| t["tid"] == l && t["class"] == "sunk" && t["nice"] == 10)
+        let (shown, st) = daemon.status_until(Duration::from_secs(3), |st| {
+            lists_thread(st, |t| t["tid"] == l && t["class"] == "sunk" && t["nice"] == 10)
         });
-        assert!(shown.is_some(), "status shows it sunk: {st}");
+        assert!(shown, "status shows it sunk: {st}");
         // Its next request brings it back (elevated), and it sinks again as it computes.
         assert!(
             wait_for(Duration::from_secs(10), || nice_of(l) == -8).is_some(),
@@ -336,17 +322,11 @@ root_test! {
         // Requests keep coming; fades and re-elevations would have changed it by now.
         thread::sleep(Duration::from_millis(1000));
         assert_eq!(nice_of(tid), 5, "appease does not fight the operator");
-        let mut st = daemon.status_json();
-        let noticed = wait_for(Duration::from_secs(3), || {
-            st = daemon.status_json();
+        let (noticed, st) = daemon.status_until(Duration::from_secs(3), |st| {
             st["actuator"]["hands_off"].as_u64().unwrap() >= 1
-                && !st["threads"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|t| t["tid"] == tid)
+                && st["threads"].as_array().unwrap().iter().all(|t| t["tid"] != tid)
         });
-        assert!(noticed.is_some(), "status says it is left alone: {st}");
+        assert!(noticed, "status says it is left alone: {st}");
         daemon.signal(libc::SIGTERM);
         assert_eq!(nice_of(tid), 5, "and does not 'restore' it on exit either");
     }

@@ -259,40 +259,59 @@ pub(crate) fn fork_spinning_receiver(socket: &UnixStream) -> u32 {
     child as u32
 }
 
+/// Writes a one-byte request to a socket every 50 ms until dropped.
+pub(crate) struct Feeder {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Feeder {
+    pub(crate) fn start(mut socket: UnixStream) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let thread = thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let _ = socket.write_all(b"q");
+                thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Feeder {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Feeder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A forked copy of this process that spins and takes what waits on its socket every
 /// 20 ms, fed a request every 50 ms: busy, and receiving requests (never batch).
 pub(crate) struct BusyServer {
     pub(crate) pid: u32,
-    pub(crate) stop: Arc<AtomicBool>,
-    pub(crate) feeder: Option<JoinHandle<()>>,
+    feeder: Option<Feeder>,
 }
 
 impl BusyServer {
     pub(crate) fn start() -> Self {
-        let (mut a, b) = UnixStream::pair().unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
         let child = fork_spinning_receiver(&b);
-        let stop = Arc::new(AtomicBool::new(false));
-        let st = stop.clone();
-        let feeder = thread::spawn(move || {
-            while !st.load(Ordering::Relaxed) {
-                let _ = a.write_all(b"q");
-                thread::sleep(Duration::from_millis(50));
-            }
-        });
         BusyServer {
             pid: child,
-            stop,
-            feeder: Some(feeder),
+            feeder: Some(Feeder::start(a)),
         }
     }
 }
 
 impl Drop for BusyServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(f) = self.feeder.take() {
-            let _ = f.join();
-        }
+        drop(self.feeder.take()); // the requests stop first
         drop(KillOnDrop(self.pid));
     }
 }

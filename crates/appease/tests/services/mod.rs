@@ -132,16 +132,10 @@ root_test! {
             nice(pids[1]),
             daemon.log_text()
         );
-        let mut st = daemon.status_json();
-        let shown = wait_for(Duration::from_secs(3), || {
-            st = daemon.status_json();
-            st["threads"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|t| t["why"] == "role search rank 1")
+        let (shown, st) = daemon.status_until(Duration::from_secs(3), |st| {
+            lists_thread(st, |t| t["why"] == "role search rank 1")
         });
-        assert!(shown.is_some(), "status says why: {st}");
+        assert!(shown, "status says why: {st}");
         assert!(daemon.signal(libc::SIGTERM).success());
         assert_eq!((nice(pids[0]), nice(pids[1])), (0, 0), "restored on exit");
     }

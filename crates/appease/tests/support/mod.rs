@@ -223,6 +223,26 @@ impl Daemon {
         );
         serde_json::from_slice(&out.stdout).unwrap()
     }
+
+    /// Polls the status (rewritten every second) until `holds` is true of it, for up to
+    /// `timeout`: whether it came true, and the last status read.
+    pub fn status_until(
+        &self,
+        timeout: Duration,
+        holds: impl Fn(&serde_json::Value) -> bool,
+    ) -> (bool, serde_json::Value) {
+        let mut st = self.status_json();
+        let held = wait_for(timeout, || {
+            st = self.status_json();
+            holds(&st)
+        });
+        (held.is_some(), st)
+    }
+}
+
+/// Whether a status lists a changed thread of which `f` holds.
+pub fn lists_thread(st: &serde_json::Value, f: impl Fn(&serde_json::Value) -> bool) -> bool {
+    st["threads"].as_array().is_some_and(|t| t.iter().any(f))
 }
 
 impl Drop for Daemon {
