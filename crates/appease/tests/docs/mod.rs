@@ -273,3 +273,62 @@ fn a_test_binary_package_or_test_that_does_not_exist_is_caught() {
     assert_eq!(subcommand("sudo appease status --json"), Some("status"));
     assert_eq!(subcommand("the appease daemon"), None);
 }
+
+/// The words of `text`: runs of letters, digits, `.` and `,` inside a number.
+fn tokens(text: &str) -> Vec<&str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == ','))
+        .map(|t| t.trim_matches(|c| c == '.' || c == ','))
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+#[test]
+fn the_user_pages_carry_no_commit_hash() {
+    let root = repo();
+    let mut found = Vec::new();
+    for page in ["README.md", "docs/RESULTS.md", "docs/hosts.md"] {
+        let text = std::fs::read_to_string(root.join(page)).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for t in tokens(line) {
+                let hex = (7..=40).contains(&t.len()) && t.chars().all(|c| c.is_ascii_hexdigit());
+                let mixed = t.chars().any(|c| c.is_ascii_digit())
+                    && t.chars().any(|c| c.is_ascii_lowercase());
+                if hex && mixed && t.chars().all(|c| !c.is_ascii_uppercase()) {
+                    found.push(format!("{page}:{}: {t}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "commit hashes (history belongs to git):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn every_figure_in_the_readmes_results_is_the_one_in_results_md() {
+    let root = repo();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let results = std::fs::read_to_string(root.join("docs/RESULTS.md")).unwrap();
+    let start = readme
+        .find("\n## Results")
+        .expect("README has a Results section");
+    let section = &readme[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    let known: std::collections::HashSet<&str> = tokens(&results).into_iter().collect();
+    let figures: Vec<&str> = tokens(section)
+        .into_iter()
+        .filter(|t| t.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .filter(|t| {
+            t.chars()
+                .all(|c| c.is_ascii_digit() || c == '.' || c == ',')
+        })
+        .collect();
+    assert!(figures.len() > 30, "the section's figures: {figures:?}");
+    let missing: Vec<&&str> = figures.iter().filter(|f| !known.contains(*f)).collect();
+    assert!(
+        missing.is_empty(),
+        "README figures not in RESULTS.md: {missing:?}"
+    );
+}
