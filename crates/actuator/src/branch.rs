@@ -12,12 +12,23 @@
 //! back at the first exec or busy process of anything else there (someone typing in a
 //! shell of the same session), when the servers stop serving, and when the batch ends.
 //! Nothing moves: the branch's limits bind as before.
+//!
+//! While the branch is idle it carries the class: the batch's threads below it go back to
+//! their own class (measured: the build's threads also in `SCHED_IDLE` under the idle
+//! branch left the server's p99 at 6.51 ms against 5.53 with the branch alone), and
+//! return to `SCHED_IDLE` when the branch is given back. The batch below an idle branch is
+//! then known by its ancestry: a process is batch when it, or a process above it, holds a
+//! record of a thread demoted in place.
 
 use std::collections::{BTreeSet, HashMap};
 
 use appease_cgroup::{Cgroups, ProcStat};
 
 use crate::group_idle::is_below;
+use crate::in_place::{put_back, put_back_inherited, Idled};
+use crate::journal::Record;
+use crate::sys;
+use crate::trail::{audit, Change};
 use crate::{KernelActuator, RestoreReport};
 
 /// Why a branch is idle.
@@ -80,6 +91,9 @@ impl KernelActuator {
                     Err(e) => {
                         tracing::warn!(branch, error = %e, "could not make the batch's branch idle")
                     }
+                }
+                if self.is_our_branch(branch) {
+                    self.carry_class(branch, &cg.processes_below(branch).unwrap_or_default());
                 }
             } else if ours {
                 self.unidle_branch(branch, "something else is busy in the batch's branch");
@@ -164,6 +178,7 @@ impl KernelActuator {
             return false;
         };
         let mut only_batch = !pids.is_empty();
+        let recorded = self.recorded_processes();
         for pid in pids {
             let Some(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
@@ -176,7 +191,10 @@ impl KernelActuator {
                 cg.group_of(pid)
                     .is_ok_and(|g| self.in_a_group_made_idle_for_a_tree(&g))
             };
-            if stat.policy == libc::SCHED_IDLE as u32 || in_tree_group() {
+            if stat.policy == libc::SCHED_IDLE as u32
+                || self.batch_ancestor(pid, &recorded).is_some()
+                || in_tree_group()
+            {
                 continue;
             }
             members.insert(pid, branch.to_string());
@@ -214,6 +232,9 @@ impl KernelActuator {
         };
         // SAFETY: sched_getscheduler only reads.
         let batch = unsafe { libc::sched_getscheduler(pid as i32) } == libc::SCHED_IDLE
+            || self
+                .batch_ancestor(pid, &self.recorded_processes())
+                .is_some()
             || self.in_a_group_made_idle_for_a_tree(&group);
         if batch {
             return;
@@ -238,7 +259,197 @@ impl KernelActuator {
 
     fn unidle_branch(&mut self, branch: &str, why: &str) {
         tracing::info!(branch, why, "the batch's branch given back");
+        let carries = self
+            .idled
+            .values()
+            .any(|i| i.carried_by.as_deref() == Some(branch));
+        if let Some(cg) = self.groups.as_ref().map(|g| g.cgroups().clone()) {
+            if carries {
+                let below: Vec<(u32, String)> = cg
+                    .processes_below(branch)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|p| Some((p, cg.group_of(p).ok()?)))
+                    .collect();
+                self.uncarry_class(branch, &below);
+            }
+        }
         self.unidle_group(branch, why, &mut RestoreReport::default());
+    }
+
+    /// pid -> a record of a thread demoted in place in that process (the main thread's
+    /// when it has one).
+    fn recorded_processes(&self) -> HashMap<u32, &Idled> {
+        let mut out = HashMap::new();
+        for i in self.idled.values() {
+            let e = out.entry(i.key.pid).or_insert(i);
+            if i.key.tid == i.key.pid {
+                *e = i;
+            }
+        }
+        out
+    }
+
+    /// The record of `pid`'s own demotion, or of its nearest demoted ancestor's: a
+    /// compiler a carried build started since is batch by its parent.
+    fn batch_ancestor<'a>(
+        &self,
+        pid: u32,
+        recorded: &HashMap<u32, &'a Idled>,
+    ) -> Option<&'a Idled> {
+        let mut cur = pid;
+        for _ in 0..64 {
+            if let Some(i) = recorded.get(&cur) {
+                return Some(*i);
+            }
+            match self.kernel.ppid(cur) {
+                Some(p) if p > 1 && p != cur => cur = p,
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// `branch` is idle: the threads demoted in place below it go back to their own class,
+    /// journaled so and recorded as carried, and so do the threads of `below` (the
+    /// processes below the branch) that inherited `SCHED_IDLE` from them.
+    fn carry_class(&mut self, branch: &str, below: &[u32]) {
+        let tids: Vec<u32> = self
+            .idled
+            .iter()
+            .filter(|(_, i)| i.carried_by.is_none() && is_below(&i.group, branch))
+            .map(|(&t, _)| t)
+            .collect();
+        if tids.is_empty() {
+            return;
+        }
+        let mut report = RestoreReport::default();
+        for tid in &tids {
+            let Some(i) = self.idled.get(tid) else {
+                continue;
+            };
+            let (key, orig, comm) = (i.key, i.orig, i.comm.clone());
+            let same = self
+                .kernel
+                .task_stat(key.pid, *tid)
+                .is_ok_and(|s| s.start == key.start);
+            let back = self.dry_run
+                || !same
+                || put_back(
+                    &*self.kernel,
+                    key.pid,
+                    *tid,
+                    &orig,
+                    self.base_slice_ns,
+                    &mut report,
+                );
+            if !back {
+                continue; // still idle: carried by the branch next scan, or given back with it
+            }
+            if !self.dry_run {
+                let _logged_by_journal = self.journal(Record::Unidle { key });
+            }
+            if same {
+                audit!(
+                    self.trail,
+                    Change::Unidle,
+                    pid = key.pid,
+                    tid = *tid,
+                    comm = comm.as_str(),
+                    from = "SCHED_IDLE",
+                    to = "its own class",
+                    why = format!("the idle branch {branch} carries the class"),
+                    dry_run = self.dry_run.then_some(true)
+                );
+            }
+            if let Some(i) = self.idled.get_mut(tid) {
+                i.carried_by = Some(branch.to_string());
+            }
+        }
+        if !self.dry_run {
+            let origs: HashMap<u32, sys::Sched> =
+                self.idled.values().map(|i| (i.key.pid, i.orig)).collect();
+            let idled = &self.idled;
+            put_back_inherited(
+                &*self.kernel,
+                Some(below),
+                None,
+                |p| origs.get(&p).copied(),
+                |t| idled.contains_key(&t),
+                self.base_slice_ns,
+                &mut report,
+            );
+        }
+        tracing::info!(
+            branch,
+            threads = tids.len(),
+            inherited = report.restored.saturating_sub(tids.len() as u32),
+            "the idle branch carries the batch's class: its threads back in their own"
+        );
+    }
+
+    /// `branch` is given back: the threads it carried, and the processes of `below` (pid
+    /// and cgroup, below the branch) their trees started since, go back to `SCHED_IDLE`
+    /// in place.
+    fn uncarry_class(&mut self, branch: &str, below: &[(u32, String)]) {
+        let carried: Vec<u32> = self
+            .idled
+            .iter()
+            .filter(|(_, i)| i.carried_by.as_deref() == Some(branch))
+            .map(|(&t, _)| t)
+            .collect();
+        if carried.is_empty() {
+            return;
+        }
+        // Processes born since below the branch, with the record they descend from.
+        let recorded = self.recorded_processes();
+        let born: Vec<(u32, String, u32, String, String)> = below
+            .iter()
+            .filter(|(p, _)| !recorded.contains_key(p))
+            .filter_map(|(p, group)| {
+                let i = self.batch_ancestor(*p, &recorded)?;
+                Some((*p, group.clone(), i.root, i.reason.clone(), i.why.clone()))
+            })
+            .collect();
+        for tid in carried {
+            let Some(i) = self.idled.get_mut(&tid) else {
+                continue;
+            };
+            i.carried_by = None;
+            let (key, orig, root, why) = (i.key, i.orig, i.root, i.why.clone());
+            let now = self
+                .kernel
+                .task_stat(key.pid, tid)
+                .ok()
+                .filter(|s| s.start == key.start)
+                .and_then(|_| self.kernel.sched_getattr(tid).ok())
+                .filter(|n| matches!(n.policy, sys::SCHED_NORMAL | sys::SCHED_BATCH));
+            // Gone, or put in another class by someone else meanwhile: no longer ours.
+            let Some(now) = now else {
+                self.idled.remove(&tid);
+                continue;
+            };
+            if self.dry_run {
+                continue;
+            }
+            if !self.set_idle_journaled(key, orig, now) {
+                self.idled.remove(&tid);
+                continue;
+            }
+            audit!(
+                self.trail,
+                Change::Idle,
+                pid = key.pid,
+                tid,
+                tree = root,
+                from = "its own class",
+                to = "SCHED_IDLE",
+                why = format!("the branch {branch} is given back: {why}")
+            );
+        }
+        for (pid, group, root, reason, why) in born {
+            self.idle_process(root, pid, &group, &reason, &why);
+        }
     }
 }
 
@@ -289,6 +500,91 @@ mod tests {
             .as_deref(),
             Some("/system.slice/backup.service")
         );
+    }
+
+    use crate::sys::{Sched, SCHED_IDLE, SCHED_NORMAL};
+    use crate::testing::{fair, journaled_actuator, FakeKernel, TempDir};
+
+    const SCOPE: &str = "/user.slice/user-0.slice/session-1.scope";
+
+    fn policy(k: &FakeKernel, tid: u32) -> u32 {
+        k.sched(tid).policy
+    }
+
+    /// A build demoted in place in a session scope: make (two threads) and a compiler born
+    /// idle from it.
+    fn demoted_build(k: &FakeKernel, dir: &TempDir) -> KernelActuator {
+        k.spawn(300, 300, "make", fair(2));
+        k.spawn(300, 301, "make", fair(2));
+        let mut a = journaled_actuator(k, dir, &[]);
+        let procs = [(300, SCOPE.to_string(), "a limit binds".to_string())];
+        assert_eq!(a.idle_in_place(300, &procs, "cpu-bound"), 1);
+        let born_idle = Sched {
+            policy: SCHED_IDLE,
+            ..fair(2)
+        };
+        k.spawn_child(300, 310, 310, "cc1", born_idle);
+        a
+    }
+
+    #[test]
+    fn an_idle_branch_carries_the_class_and_gives_it_back_to_the_tree_and_what_it_started() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("carry"));
+        let mut a = demoted_build(&k, &dir);
+        a.carry_class("/user.slice", &[300, 310]);
+        for tid in [300, 301, 310] {
+            assert_eq!(k.sched(tid), fair(2), "tid {tid} in its own class");
+        }
+        let pending = crate::journal::read_pending(&dir.0).unwrap();
+        assert!(pending.idled.is_empty(), "journaled back: {pending:?}");
+        assert!(a.idled.values().all(|i| i.carried_by.is_some()));
+        // Known as batch by its ancestry now: the compiler and one started since.
+        k.spawn_child(310, 320, 320, "as", fair(2));
+        let recorded = a.recorded_processes();
+        assert_eq!(a.batch_ancestor(320, &recorded).map(|i| i.root), Some(300));
+        k.spawn(400, 400, "bash", fair(0));
+        assert!(a.batch_ancestor(400, &recorded).is_none());
+        drop(recorded);
+
+        // Given back: the carried threads and everything the tree started since go back
+        // to SCHED_IDLE, journaled first; the shell stays as it is.
+        let below: Vec<(u32, String)> = [300, 310, 320, 400]
+            .iter()
+            .map(|&p| (p, SCOPE.to_string()))
+            .collect();
+        a.uncarry_class("/user.slice", &below);
+        for tid in [300, 301, 310, 320] {
+            assert_eq!(policy(&k, tid), SCHED_IDLE, "tid {tid}");
+        }
+        assert_eq!(policy(&k, 400), SCHED_NORMAL);
+        assert_eq!(k.unjournaled(), Vec::<String>::new());
+        // And at exit, all back to where they were.
+        a.restore_all();
+        for tid in [300, 301, 310, 320] {
+            assert_eq!(k.sched(tid), fair(2), "tid {tid}");
+        }
+        assert!(crate::journal::read_pending(&dir.0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_carried_tree_promoted_or_at_exit_changes_nothing_more() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("carry-promoted"));
+        let mut a = demoted_build(&k, &dir);
+        a.carry_class("/user.slice", &[300, 310]);
+        let changes = k.changes();
+        assert_eq!(a.unidle_tree(300, &[300, 310]), 0);
+        assert!(a.idled.is_empty());
+        assert_eq!(k.changes(), changes, "in their own class already");
+        assert_eq!(k.sched(300), fair(2));
+
+        let (k, dir) = (FakeKernel::new(), TempDir::new("carry-exit"));
+        let mut a = demoted_build(&k, &dir);
+        a.carry_class("/user.slice", &[300, 310]);
+        let changes = k.changes();
+        let report = a.restore_all();
+        assert_eq!((report.failed, report.left_alone), (0, 0));
+        assert_eq!(k.changes(), changes);
+        assert!(crate::journal::read_pending(&dir.0).unwrap().is_empty());
     }
 
     #[test]

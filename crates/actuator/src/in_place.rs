@@ -24,6 +24,9 @@ pub(crate) struct Idled {
     pub comm: String,
     pub why: String,
     pub since: u64,
+    /// The idle branch that carries the thread's idle class meanwhile (`branch`): the
+    /// thread is back in its own class, and journaled so, until the branch is given back.
+    pub carried_by: Option<String>,
 }
 
 /// A systemd unit appease made idle (CPUWeight=idle), with what it puts back.
@@ -80,7 +83,7 @@ fn policy_text(policy: u32) -> &'static str {
 
 /// Puts a thread back from SCHED_IDLE to `orig`, if it is still in SCHED_IDLE (else
 /// someone changed it since: left alone).
-fn put_back(
+pub(crate) fn put_back(
     k: &dyn Kernel,
     pid: u32,
     tid: u32,
@@ -126,7 +129,7 @@ fn put_back(
 /// (`orig_of`), put back to that ancestor's original state. `only` limits the walk to
 /// these processes (a tree's current members: one whose recorded ancestor has exited and
 /// left it to PID 1 gets `fallback`, the tree's original); None walks every process.
-fn put_back_inherited(
+pub(crate) fn put_back_inherited(
     k: &dyn Kernel,
     only: Option<&[u32]>,
     fallback: Option<Sched>,
@@ -209,7 +212,14 @@ impl KernelActuator {
         done
     }
 
-    fn idle_process(&mut self, root: u32, pid: u32, group: &str, reason: &str, why: &str) -> usize {
+    pub(crate) fn idle_process(
+        &mut self,
+        root: u32,
+        pid: u32,
+        group: &str,
+        reason: &str,
+        why: &str,
+    ) -> usize {
         if pid == self.self_pid {
             return 0;
         }
@@ -284,6 +294,7 @@ impl KernelActuator {
                     comm: stat.comm.clone(),
                     why: why.to_string(),
                     since: now_secs(),
+                    carried_by: None,
                 },
             );
             n += 1;
@@ -293,7 +304,7 @@ impl KernelActuator {
 
     /// Puts thread `key` in SCHED_IDLE, journaled first (one idle by inheritance is only
     /// journaled, so that status and a crash restore see it); false if it was not.
-    fn set_idle_journaled(&mut self, key: TaskKey, orig: Sched, now: Sched) -> bool {
+    pub(crate) fn set_idle_journaled(&mut self, key: TaskKey, orig: Sched, now: Sched) -> bool {
         let tid = key.tid;
         if now.policy == sys::SCHED_IDLE {
             return self.journal(Record::Idle { key, orig }).is_ok();
@@ -321,6 +332,11 @@ impl KernelActuator {
         let Some(i) = self.idled.remove(&tid) else {
             return;
         };
+        if i.carried_by.is_some() {
+            // In its own class already, and journaled so, while its branch carried the class.
+            self.left_alone.remove(&tid);
+            return;
+        }
         let same = self
             .kernel
             .task_stat(i.key.pid, tid)
@@ -649,7 +665,7 @@ impl KernelActuator {
             .map(|(&t, _)| t)
             .collect();
         for tid in gone {
-            if let Some(i) = self.idled.remove(&tid) {
+            if let Some(i) = self.idled.remove(&tid).filter(|i| i.carried_by.is_none()) {
                 let _logged_by_journal = self.journal(Record::Unidle { key: i.key });
             }
         }
@@ -684,7 +700,13 @@ impl KernelActuator {
                 tree: i.root,
                 why: i.why.clone(),
                 since: i.since,
-                placement: format!("in place: {}", i.reason),
+                placement: match &i.carried_by {
+                    None => format!("in place: {}", i.reason),
+                    Some(b) => format!(
+                        "in place: {}; its branch {b} idle carries the class (threads in their own)",
+                        i.reason
+                    ),
+                },
             })
             .chain(self.idle_units.iter().flat_map(|(unit, u)| {
                 u.pids.iter().map(move |&pid| MovedView {

@@ -173,15 +173,18 @@ root_test! {
         );
         let mut daemon = Daemon::start(&dir.0, &cfg);
         let settled = with_traffic(port, || {
-            wait_for(Duration::from_secs(20), || {
-                soakers.iter().all(|&p| policy_of(p, p) == 5) && shape.user_idle()
-            })
+            wait_for(Duration::from_secs(20), || shape.user_idle())
         });
         assert!(
             settled.is_some(),
-            "soakers idle in their scope and user.slice idle: {}",
+            "user.slice idle: {}",
             daemon.log_text()
         );
+        // The idle branch carries the class: the soakers demoted in place are back in
+        // their own (per-thread SCHED_IDLE under it cost the server).
+        for &p in &soakers {
+            assert_eq!(policy_of(p, p), 0, "carried by the branch: {}", daemon.log_text());
+        }
 
         for &p in &soakers {
             assert_eq!(
@@ -194,12 +197,15 @@ root_test! {
         let mut st = daemon.status_json();
         let listed = wait_for(Duration::from_secs(3), || {
             st = daemon.status_json();
-            st["processes"].as_array().unwrap().iter().any(|p| {
+            let procs = st["processes"].as_array().unwrap();
+            let text = |p: &serde_json::Value, field: &str| p[field].as_str().unwrap_or("").to_string();
+            procs.iter().any(|p| {
                 p["group"] == shape.user.as_str()
-                    && p["why"]
-                        .as_str()
-                        .unwrap()
-                        .contains("everything busy in it is demoted batch")
+                    && text(p, "why").contains("everything busy in it is demoted batch")
+            }) && soakers.iter().all(|&s| {
+                procs.iter().any(|p| {
+                    p["pid"] == s && text(p, "placement").contains("carries the class")
+                })
             })
         });
         assert!(listed.is_some(), "status lists the idle branch: {st}");
@@ -226,10 +232,15 @@ root_test! {
                 .contains("why=\"a program started in the batch's branch\"")
         });
         assert!(back.is_some(), "given back on exec: {}", daemon.log_text());
+        for &p in &soakers {
+            assert_eq!(policy_of(p, p), 5, "SCHED_IDLE again, in place");
+        }
         let again = with_traffic(port, || {
-            wait_for(Duration::from_secs(10), || shape.user_idle())
+            wait_for(Duration::from_secs(10), || {
+                shape.user_idle() && soakers.iter().all(|&p| policy_of(p, p) == 0)
+            })
         });
-        assert!(again.is_some(), "idle again: {}", daemon.log_text());
+        assert!(again.is_some(), "idle again, carrying the class: {}", daemon.log_text());
 
         // Stop: the branch as it was, the soakers back in the normal class, nothing moved.
         assert!(daemon.signal(libc::SIGTERM).success());
