@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{env_or, host_cpus, Daemon, Load, Sleepers, Soakers, TempDir, LATENCY_CONFIG};
+use support::{env_or, host_cpus, latency_config, Daemon, Load, Sleepers, Soakers, TempDir};
 
 /// CPU time of the daemon's (only) thread in seconds, from schedstat (ns resolution).
 fn cpu_seconds(pid: u32) -> f64 {
@@ -42,7 +42,7 @@ fn main() {
     //    then with many more processes, all read by the scan every second.
     let crowd = env_or("APPEASE_BENCH_PROCESSES", 10_000) as usize;
     let repeat = env_or("APPEASE_BENCH_REPEAT", 1) as usize;
-    let cfg = dir.file("latency.toml", LATENCY_CONFIG);
+    let cfg = dir.file("latency.toml", &latency_config());
     let mut p99s: Vec<(usize, u64)> = Vec::new();
     for extra in std::iter::repeat_n([0, crowd], repeat).flatten() {
         let _sleepers = Sleepers::start(extra);

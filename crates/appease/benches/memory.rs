@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{env_or, host_cpus, Daemon, Load, Soakers, TempDir, LATENCY_CONFIG};
+use support::{env_or, host_cpus, latency_config, Daemon, Load, Soakers, TempDir};
 
 /// VmRSS of `pid`, KiB.
 fn rss_kib(pid: u32) -> u64 {
@@ -52,7 +52,7 @@ fn main() {
     let total = env_or("APPEASE_BENCH_REQUESTS", 1_000_000);
     let processes = env_or("APPEASE_BENCH_SHORT_LIVED", 100_000);
     let dir = TempDir::new("memory");
-    let cfg = dir.file("memory.toml", LATENCY_CONFIG);
+    let cfg = dir.file("memory.toml", &latency_config());
     let _soak = Soakers::start(2 * host_cpus());
     let daemon = Daemon::start(&dir.0, &cfg);
     let pid = daemon.pid();

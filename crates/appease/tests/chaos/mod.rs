@@ -140,7 +140,7 @@ root_test! {
         let dir = TempDir::new("chaos");
         let tag = std::process::id() % 10_000;
         let group = format!("appease-chaos{}", std::process::id());
-        let elevation = &TEST_CONFIG[TEST_CONFIG.find("[elevation]").unwrap()..];
+        let elevation = test_elevation();
         let cfg = dir.file(
             "chaos.toml",
             &format!(

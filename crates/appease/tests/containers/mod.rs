@@ -171,7 +171,7 @@ root_test! {
         let (dir, engine) = engine("docker-appease");
         let group = format!("appease-e2e-dkd{}", std::process::id());
         // Demotion, and the tests' elevation ladder (engaged from one runnable task per CPU).
-        let elevation = &TEST_CONFIG[TEST_CONFIG.find("[elevation]").unwrap()..];
+        let elevation = test_elevation();
         let cfg = dir.file(
             "batch.toml",
             &format!("{}{elevation}", batch_config(&group)),

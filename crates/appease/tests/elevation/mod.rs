@@ -152,7 +152,7 @@ root_test! {
         // No demotion (after_ms far away): the idle cgroup below is the test's own.
         let cfg = dir.file(
             "test.toml",
-            &TEST_CONFIG.replace(
+            &test_config().replace(
                 "enabled = false",
                 "enabled = true\nafter_ms = 600000\nscan_ms = 30000",
             ),
@@ -215,7 +215,7 @@ root_test! {
         // Batch on (so there are scans), but no soaker demoted for the test's length.
         let cfg = dir.file(
             "test.toml",
-            &TEST_CONFIG.replace(
+            &test_config().replace(
                 "enabled = false",
                 "enabled = true\nafter_ms = 600000\nscan_ms = 200",
             ),

@@ -4,43 +4,35 @@ use crate::*;
 
 /// Short fades so the tests run in seconds; otherwise the default's shape. Batch
 /// demotion is off: these tests need the soakers competing at nice 0.
-pub(crate) const TEST_CONFIG: &str = r#"
-[batch]
-enabled = false
-[elevation]
-tick_ms = 10
-[elevation.budget]
-# Far below what a spinning thread gets beside 2 soakers (~2/3 of a CPU), far above
-# what the test servers use (~1/10): robust on a noisy machine.
-cpu_share = 0.3
-burst_ms = 200
-[[elevation.ladder]]
-from_runnable_per_cpu = 0.0
-unix_nice = 0
-inet_nice = 0
-decay_ms = 0
-[[elevation.ladder]]
-from_runnable_per_cpu = 1.0
-unix_nice = -8
-inet_nice = -4
-decay_ms = 50
-"#;
+pub(crate) fn test_config() -> String {
+    format!("[batch]\nenabled = false\n{}", test_elevation())
+}
 
-/// A daemon with TEST_CONFIG under `soakers` CPU soakers, once it reports the load
+/// `test_config`'s elevation: its ladder engages from one runnable thread per CPU.
+pub(crate) fn test_elevation() -> String {
+    // The budget: far below what a spinning thread gets beside 2 soakers (~2/3 of a
+    // CPU), far above what the test servers use (~1/10): robust on a noisy machine.
+    format!(
+        "[elevation]\ntick_ms = 10\n[elevation.budget]\ncpu_share = 0.3\nburst_ms = 200\n{}",
+        ladder(&[(0.0, 0, 0, 0), (1.0, -8, -4, 50)])
+    )
+}
+
+/// A daemon with `test_config` under `soakers` CPU soakers, once it reports the load
 /// (servers started after this find the ladder engaged). Bound left to right, dropped
 /// right to left: the daemon stops first.
 pub(crate) fn loaded(name: &str, soakers: usize) -> (TempDir, PathBuf, Soakers, Daemon) {
     loaded_with(name, soakers, "")
 }
 
-/// As `loaded`, with `extra` appended to TEST_CONFIG.
+/// As `loaded`, with `extra` appended to `test_config`.
 pub(crate) fn loaded_with(
     name: &str,
     soakers: usize,
     extra: &str,
 ) -> (TempDir, PathBuf, Soakers, Daemon) {
     let dir = TempDir::new(name);
-    let cfg = dir.file("test.toml", &format!("{TEST_CONFIG}{extra}"));
+    let cfg = dir.file("test.toml", &format!("{}{extra}", test_config()));
     let soak = Soakers::start(soakers);
     let daemon = Daemon::start(&dir.0, &cfg);
     // About one time constant of the runnable EMA.

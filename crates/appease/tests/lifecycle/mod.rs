@@ -168,7 +168,7 @@ root_test! {
 root_test! {
     fn dry_run_decides_and_reports_but_changes_nothing() {
         let dir = TempDir::new("dryrun");
-        let cfg = dir.file("test.toml", TEST_CONFIG);
+        let cfg = dir.file("test.toml", &test_config());
         let _soak = Soakers::start(4);
         let log = dir.0.join("dry.log");
         let mut child = Command::new(BIN)
@@ -385,7 +385,7 @@ root_test! {
     fn a_full_disk_under_the_run_directory_means_no_change_and_the_daemon_goes_on() {
         let dir = TempDir::new("full");
         let fs = TinyFs::mount(&dir.0.join("run"), "1m");
-        let cfg = dir.file("test.toml", TEST_CONFIG);
+        let cfg = dir.file("test.toml", &test_config());
         let soakers = Soakers::start(4);
         let mut daemon = Daemon::start(&fs.0, &cfg);
         assert!(

@@ -66,7 +66,7 @@ root_test! {
 root_test! {
     fn the_metrics_endpoint_passes_promtool_and_its_counters_move_under_load() {
         let dir = TempDir::new("metrics");
-        let cfg = dir.file("test.toml", TEST_CONFIG);
+        let cfg = dir.file("test.toml", &test_config());
         let _soak = Soakers::start(2 * host_cpus());
         let addr = {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -142,15 +142,10 @@ root_test! {
         // Every request elevates, whatever the load: the demoted soakers are no load (the
         // ladder leaves the idle group out), and the storm alone may stay under one runnable
         // thread per CPU. Nor does the CPU pressure gate hold any elevation back.
-        let storm_ladder = r#"
-[elevation]
-min_psi_pct = 0.0
-[[elevation.ladder]]
-from_runnable_per_cpu = 0.0
-unix_nice = -8
-inet_nice = -5
-decay_ms = 10
-"#;
+        let storm_ladder = format!(
+            "[elevation]\nmin_psi_pct = 0.0\n{}",
+            ladder(&[(0.0, -8, -5, 10)])
+        );
         let cfg = dir.file(
             "audit.toml",
             &format!("{}{storm_ladder}", batch_config(&group)),
@@ -257,7 +252,7 @@ root_test! {
         // of the batch is idle, nothing competes with the server and its elevation ends.
         let keep_normal = "[[rule]]\ncomm = \"e2e-load\"\nclass = \"normal\"\n";
         let (dir, gpath, soakers, daemon) =
-            demoted_soaker("top", &format!("{LATENCY_CONFIG}{keep_normal}"));
+            demoted_soaker("top", &format!("{}{keep_normal}", latency_config()));
         let soaker = soakers.0[0].id();
         // Load enough for the ladder, and a server that receives requests under it.
         let _load = Soakers::start_named(2 * host_cpus(), &dir.0, "e2e-load");

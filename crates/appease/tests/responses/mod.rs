@@ -9,16 +9,9 @@ use super::*;
 /// and every request elevates (a ladder of one step from no load), fading 50 ms per level.
 fn always_elevating_config(group: &str) -> String {
     format!(
-        r#"{}
-[elevation]
-tick_ms = 10
-[[elevation.ladder]]
-from_runnable_per_cpu = 0.0
-unix_nice = -8
-inet_nice = -4
-decay_ms = 50
-"#,
-        batch_config(group)
+        "{}\n[elevation]\ntick_ms = 10\n{}",
+        batch_config(group),
+        ladder(&[(0.0, -8, -4, 50)])
     )
 }
 

@@ -275,7 +275,6 @@ pub fn host_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// The default ladder with 10 ms fades, so each server is elevated afresh many times.
 /// A number from the environment (a benchmark's size), or `default`.
 pub fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -284,23 +283,23 @@ pub fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-pub const LATENCY_CONFIG: &str = r#"
-[[elevation.ladder]]
-from_runnable_per_cpu = 0.0
-unix_nice = 0
-inet_nice = 0
-decay_ms = 0
-[[elevation.ladder]]
-from_runnable_per_cpu = 1.0
-unix_nice = -3
-inet_nice = -2
-decay_ms = 10
-[[elevation.ladder]]
-from_runnable_per_cpu = 2.0
-unix_nice = -8
-inet_nice = -5
-decay_ms = 10
-"#;
+/// `[[elevation.ladder]]` steps, each (from runnable threads per CPU, UNIX nice, IP nice,
+/// decay ms).
+pub fn ladder(steps: &[(f64, i32, i32, u64)]) -> String {
+    steps
+        .iter()
+        .map(|(from, unix, inet, decay)| {
+            format!(
+                "[[elevation.ladder]]\nfrom_runnable_per_cpu = {from:.1}\nunix_nice = {unix}\ninet_nice = {inet}\ndecay_ms = {decay}\n"
+            )
+        })
+        .collect()
+}
+
+/// The default ladder with 10 ms fades, so each server is elevated afresh many times.
+pub fn latency_config() -> String {
+    ladder(&[(0.0, 0, 0, 0), (1.0, -3, -2, 10), (2.0, -8, -5, 10)])
+}
 
 trait Conn: Read + Write + Send {}
 impl<T: Read + Write + Send> Conn for T {}
