@@ -178,21 +178,32 @@ impl KernelActuator {
             return false;
         };
         let mut only_batch = !pids.is_empty();
+        // Read once: the walks up the processes' ancestry below use these, not /proc.
+        let stats: HashMap<u32, ProcStat> = pids
+            .into_iter()
+            .filter_map(|pid| {
+                let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                Some((pid, ProcStat::parse(&text)?))
+            })
+            .collect();
         let recorded = self.recorded_processes();
-        for pid in pids {
-            let Some(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|t| ProcStat::parse(&t))
-            else {
-                continue; // gone
-            };
+        let ppid_of = |p: u32| {
+            stats
+                .get(&p)
+                .map(|s| s.ppid)
+                .or_else(|| self.kernel.ppid(p))
+        };
+        let mut memo = HashMap::new();
+        for (&pid, stat) in &stats {
             seen.insert(pid, (stat.start, stat.cpu_ticks));
             let in_tree_group = || {
                 cg.group_of(pid)
                     .is_ok_and(|g| self.in_a_group_made_idle_for_a_tree(&g))
             };
             if stat.policy == libc::SCHED_IDLE as u32
-                || self.batch_ancestor(pid, &recorded).is_some()
+                || self
+                    .batch_ancestor(pid, &recorded, &ppid_of, &mut memo)
+                    .is_some()
                 || in_tree_group()
             {
                 continue;
@@ -233,7 +244,12 @@ impl KernelActuator {
         // SAFETY: sched_getscheduler only reads.
         let batch = unsafe { libc::sched_getscheduler(pid as i32) } == libc::SCHED_IDLE
             || self
-                .batch_ancestor(pid, &self.recorded_processes())
+                .batch_ancestor(
+                    pid,
+                    &self.recorded_processes(),
+                    &|p| self.kernel.ppid(p),
+                    &mut HashMap::new(),
+                )
                 .is_some()
             || self.in_a_group_made_idle_for_a_tree(&group);
         if batch {
@@ -291,23 +307,35 @@ impl KernelActuator {
     }
 
     /// The record of `pid`'s own demotion, or of its nearest demoted ancestor's: a
-    /// compiler a carried build started since is batch by its parent.
+    /// compiler a carried build started since is batch by its parent. `ppid_of` gives a
+    /// process's parent (from stats read already, or /proc); `memo` keeps the answer for
+    /// every process the walk passed (siblings share their parents).
     fn batch_ancestor<'a>(
         &self,
         pid: u32,
         recorded: &HashMap<u32, &'a Idled>,
+        ppid_of: &dyn Fn(u32) -> Option<u32>,
+        memo: &mut HashMap<u32, Option<u32>>,
     ) -> Option<&'a Idled> {
+        let mut chain = Vec::new();
         let mut cur = pid;
-        for _ in 0..64 {
-            if let Some(i) = recorded.get(&cur) {
-                return Some(*i);
+        let found = loop {
+            if recorded.contains_key(&cur) {
+                break Some(cur);
             }
-            match self.kernel.ppid(cur) {
-                Some(p) if p > 1 && p != cur => cur = p,
-                _ => return None,
+            if let Some(&known) = memo.get(&cur) {
+                break known;
             }
+            chain.push(cur);
+            match ppid_of(cur) {
+                Some(p) if p > 1 && p != cur && chain.len() < 64 => cur = p,
+                _ => break None,
+            }
+        };
+        for c in chain {
+            memo.insert(c, found);
         }
-        None
+        found.and_then(|r| recorded.get(&r).copied())
     }
 
     /// `branch` is idle: the threads demoted in place below it go back to their own class,
@@ -403,11 +431,12 @@ impl KernelActuator {
         }
         // Processes born since below the branch, with the record they descend from.
         let recorded = self.recorded_processes();
+        let mut memo = HashMap::new();
         let born: Vec<(u32, String, u32, String, String)> = below
             .iter()
             .filter(|(p, _)| !recorded.contains_key(p))
             .filter_map(|(p, group)| {
-                let i = self.batch_ancestor(*p, &recorded)?;
+                let i = self.batch_ancestor(*p, &recorded, &|p| self.kernel.ppid(p), &mut memo)?;
                 Some((*p, group.clone(), i.root, i.reason.clone(), i.why.clone()))
             })
             .collect();
@@ -541,9 +570,16 @@ mod tests {
         // Known as batch by its ancestry now: the compiler and one started since.
         k.spawn_child(310, 320, 320, "as", fair(2));
         let recorded = a.recorded_processes();
-        assert_eq!(a.batch_ancestor(320, &recorded).map(|i| i.root), Some(300));
+        let ppid = |p| crate::sys::Kernel::ppid(&k, p);
+        let mut memo = HashMap::new();
+        let root = |pid, memo: &mut _| {
+            a.batch_ancestor(pid, &recorded, &ppid, memo)
+                .map(|i| i.root)
+        };
+        assert_eq!(root(320, &mut memo), Some(300));
+        assert_eq!(memo.get(&310), Some(&Some(300)), "its parent's answer kept");
         k.spawn(400, 400, "bash", fair(0));
-        assert!(a.batch_ancestor(400, &recorded).is_none());
+        assert_eq!(root(400, &mut memo), None);
         drop(recorded);
 
         // Given back: the carried threads and everything the tree started since go back
