@@ -269,16 +269,17 @@ impl KernelActuator {
         changed
     }
 
-    /// A process exec'd: if it runs under a containers' parent made idle and outside
-    /// every container made idle (a container just started), the parent goes back now.
-    /// Whether an exec can change a decision now: an engine's parent is idle.
-    /// Or a branch is idle (`branch`).
+    /// Whether an exec can change a decision now: an engine's parent is idle, or a
+    /// branch is idle (`branch`).
     pub fn wants_exec_events(&self) -> bool {
         self.idle_groups
             .values()
             .any(|g| g.why == ALL_CONTAINERS_BATCH || g.why == crate::branch::ONLY_BATCH_BUSY)
     }
 
+    /// A process exec'd: below an idle branch of ours and not batch, the branch goes back
+    /// now; under a containers' parent made idle and outside every container made idle (a
+    /// container just started), the parent goes back now.
     pub fn on_exec(&mut self, pid: u32) {
         self.on_exec_in_branches(pid);
         let parents = crate::keys_where(&self.idle_groups, |g| g.why == ALL_CONTAINERS_BATCH);
