@@ -35,13 +35,39 @@ use crate::{KernelActuator, RestoreReport};
 pub(crate) const ONLY_BATCH_BUSY: &str =
     "everything busy in it is demoted batch, beside servers outside it";
 
-/// CPU in clock ticks (10 ms) over one scan above which a process counts as busy.
-const BUSY_TICKS: u64 = 5;
+/// CPU over one scan above which a process counts as busy, ns.
+const BUSY_NS: u64 = 50_000_000;
+
+/// A process as a scan read it: what the branch rule needs to tell batch from other work.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProcFacts {
+    pub ppid: u32,
+    /// Start time, clock ticks after boot: with the pid, the process's identity.
+    pub start: u64,
+    /// CPU time of the process and of its reaped children, ns.
+    pub cpu_ns: u64,
+    /// Its main thread is of the `SCHED_IDLE` policy.
+    pub sched_idle: bool,
+}
+
+impl ProcFacts {
+    /// Read from /proc: for a process the last scan did not see.
+    fn read(pid: u32) -> Option<Self> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let s = ProcStat::parse(&text)?;
+        Some(ProcFacts {
+            ppid: s.ppid,
+            start: s.start,
+            cpu_ns: s.cpu_ticks * appease_cgroup::clock_tick_ns(),
+            sched_idle: s.policy == libc::SCHED_IDLE as u32,
+        })
+    }
+}
 
 /// What the branch rule remembers between scans.
 #[derive(Default)]
 pub(crate) struct Branches {
-    /// pid -> (start, CPU ticks at the last scan), for the processes in watched branches.
+    /// pid -> (start, CPU ns at the last scan), for the processes in watched branches.
     cpu: HashMap<u32, (u64, u64)>,
     /// pid -> the idle branch it was in at the last scan (not the batch's own processes).
     members: HashMap<u32, String>,
@@ -71,8 +97,14 @@ pub(crate) fn branch_of(batch: &str, servers: &BTreeSet<String>, own: &str) -> O
 impl KernelActuator {
     /// Makes idle, keeps or gives back the branches of the trees demoted in place, given
     /// the processes that served requests lately (`servers`: pid and start; empty when the
-    /// idle class is not in force). Called on every scan. Returns how many branches changed.
-    pub fn sync_idle_branches(&mut self, servers: &[(u32, u64)]) -> usize {
+    /// idle class is not in force) and every process as the scan read it (`facts`; one it
+    /// did not see is read from /proc). Called on every scan. Returns how many branches
+    /// changed.
+    pub fn sync_idle_branches(
+        &mut self,
+        servers: &[(u32, u64)],
+        facts: &HashMap<u32, ProcFacts>,
+    ) -> usize {
         // On a systemd host the branch is a unit: through the bus, not built yet.
         let Some(cg) = self.cgroups_written_here() else {
             return 0;
@@ -84,7 +116,7 @@ impl KernelActuator {
         let mut members = HashMap::new();
         for branch in &wanted {
             let ours = self.is_our_branch(branch);
-            if self.only_batch_busy(&cg, branch, &mut seen, &mut members) {
+            if self.only_batch_busy(&cg, branch, facts, &mut seen, &mut members) {
                 match self.idle_group_in_place(branch, None, &[], ONLY_BATCH_BUSY) {
                     Ok(true) => changed += 1,
                     Ok(false) => {}
@@ -163,14 +195,16 @@ impl KernelActuator {
             .is_some_and(|g| g.why == ONLY_BATCH_BUSY)
     }
 
-    /// Whether every process below `branch` is demoted batch (in `SCHED_IDLE`, or in a
-    /// group made idle for a tree) or used less than `BUSY_TICKS` since the last scan. A
-    /// process seen for the first time is busy until a scan has measured it. Records the
-    /// CPU of what it read in `seen`, and the processes that are not batch in `members`.
+    /// Whether every process below `branch` is demoted batch (in `SCHED_IDLE`, descended
+    /// from a process demoted in place, or in a group made idle for a tree) or used less
+    /// than `BUSY_NS` since the last scan. A process seen for the first time is busy until
+    /// a scan has measured it. Records the CPU of what it read in `seen`, and the processes
+    /// that are not batch in `members`.
     fn only_batch_busy(
         &self,
         cg: &Cgroups,
         branch: &str,
+        facts: &HashMap<u32, ProcFacts>,
         seen: &mut HashMap<u32, (u64, u64)>,
         members: &mut HashMap<u32, String>,
     ) -> bool {
@@ -178,29 +212,32 @@ impl KernelActuator {
             return false;
         };
         let mut only_batch = !pids.is_empty();
-        // Read once: the walks up the processes' ancestry below use these, not /proc.
-        let stats: HashMap<u32, ProcStat> = pids
+        // The scan's reading; /proc only for what it did not see (started since).
+        let below: HashMap<u32, ProcFacts> = pids
             .into_iter()
             .filter_map(|pid| {
-                let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                Some((pid, ProcStat::parse(&text)?))
+                Some((
+                    pid,
+                    facts.get(&pid).copied().or_else(|| ProcFacts::read(pid))?,
+                ))
             })
             .collect();
         let recorded = self.recorded_processes();
         let ppid_of = |p: u32| {
-            stats
+            below
                 .get(&p)
-                .map(|s| s.ppid)
+                .or_else(|| facts.get(&p))
+                .map(|f| f.ppid)
                 .or_else(|| self.kernel.ppid(p))
         };
         let mut memo = HashMap::new();
-        for (&pid, stat) in &stats {
-            seen.insert(pid, (stat.start, stat.cpu_ticks));
+        for (&pid, f) in &below {
+            seen.insert(pid, (f.start, f.cpu_ns));
             let in_tree_group = || {
                 cg.group_of(pid)
                     .is_ok_and(|g| self.in_a_group_made_idle_for_a_tree(&g))
             };
-            if stat.policy == libc::SCHED_IDLE as u32
+            if f.sched_idle
                 || self
                     .batch_ancestor(pid, &recorded, &ppid_of, &mut memo)
                     .is_some()
@@ -210,18 +247,11 @@ impl KernelActuator {
             }
             members.insert(pid, branch.to_string());
             let busy = match self.branches.cpu.get(&pid) {
-                Some(&(start, ticks)) if start == stat.start => {
-                    stat.cpu_ticks.saturating_sub(ticks) >= BUSY_TICKS
-                }
+                Some(&(start, cpu)) if start == f.start => f.cpu_ns.saturating_sub(cpu) >= BUSY_NS,
                 _ => true,
             };
             if busy {
-                tracing::debug!(
-                    pid,
-                    comm = stat.comm,
-                    branch,
-                    "busy beside the batch in its branch"
-                );
+                tracing::debug!(pid, branch, "busy beside the batch in its branch");
                 only_batch = false;
             }
         }

@@ -23,6 +23,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 pub use autogroup::AutogroupView;
+pub use branch::ProcFacts;
 pub use groups::{BatchGroup, Groups, MovedView};
 pub use journal::{Journal, JournalState, Pending, PendingMove, Record, TaskKey};
 pub use restore::restore_journal;

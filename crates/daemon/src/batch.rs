@@ -321,7 +321,7 @@ impl BatchManager {
         actuator.remove_ended_job_groups(|root| demoted.contains(&root));
         self.spread(now, snap.busy_batch, cfg, actuator);
         self.raise_serving_autogroups(now, cfg, actuator);
-        actuator.sync_idle_branches(&self.serving_beside_batch(now, cfg));
+        actuator.sync_idle_branches(&self.serving_beside_batch(now, cfg), &snap.facts);
         // Requests of processes that are gone need not be remembered.
         for (pid, start) in snap.gone {
             if self

@@ -316,6 +316,7 @@ pub fn parse_proc_stat(text: &str, tick_ns: u64) -> Option<ProcSample> {
         cpu_ns: s.cpu_ticks * tick_ns,
         wait_ns: 0,
         age_ns: 0,
+        sched_idle: s.policy == libc::SCHED_IDLE as u32,
     })
 }
 

@@ -12,6 +12,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use appease_actuator::ProcFacts;
 use appease_config::Config;
 use appease_policy::batch::{BatchClassifier, BatchDecision, Class, ProcSample};
 use appease_policy::spread::BusyThread;
@@ -68,6 +69,9 @@ pub struct Snapshot {
     /// kernel counts them as idle, but in a group of their own they compete at its full
     /// weight, so the load signal counts them.
     pub sched_idle_runnable: u32,
+    /// Every process as this scan read it, for the loop's rules that would otherwise read
+    /// /proc again at `SCHED_FIFO` (the batch's branch). Empty when demotion is off.
+    pub facts: HashMap<u32, ProcFacts>,
     pub cost: ScanCost,
 }
 
@@ -485,6 +489,22 @@ impl Worker {
             busy_batch,
             idle_group_runnable: reading.idle_group_runnable,
             sched_idle_runnable: reading.sched_idle_runnable,
+            facts: if cfg.batch.enabled {
+                procs
+                    .iter()
+                    .map(|p| {
+                        let facts = ProcFacts {
+                            ppid: p.ppid,
+                            start: p.start,
+                            cpu_ns: p.cpu_ns,
+                            sched_idle: p.sched_idle,
+                        };
+                        (p.pid, facts)
+                    })
+                    .collect()
+            } else {
+                HashMap::new()
+            },
             ..Default::default()
         };
         record_decisions(&mut snap, decisions, &start_of);
@@ -679,6 +699,7 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
                 has_tty: t.has_tty,
                 listens: t.listens,
                 age_ns: t.age_ns,
+                sched_idle: t.sched_idle,
             },
         );
     }

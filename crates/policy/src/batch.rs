@@ -35,6 +35,8 @@ pub struct ProcSample {
     pub listens: bool,
     /// How long the process has existed, ns.
     pub age_ns: u64,
+    /// Its main thread is of the `SCHED_IDLE` policy.
+    pub sched_idle: bool,
 }
 
 /// A class forced by a rule.

@@ -37,6 +37,7 @@ fn proc(pid: u32, ppid: u32) -> ProcSample {
         has_tty: false,
         listens: false,
         age_ns: 0,
+        sched_idle: false,
     }
 }
 

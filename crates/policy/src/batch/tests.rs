@@ -14,6 +14,7 @@ fn p(pid: u32, ppid: u32, comm: &str, cpu_s: f64) -> ProcSample {
         has_tty: false,
         listens: false,
         age_ns: 3600 * S,
+        sched_idle: false,
     }
 }
 
