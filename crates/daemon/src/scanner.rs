@@ -489,22 +489,7 @@ impl Worker {
             busy_batch,
             idle_group_runnable: reading.idle_group_runnable,
             sched_idle_runnable: reading.sched_idle_runnable,
-            facts: if cfg.batch.enabled {
-                procs
-                    .iter()
-                    .map(|p| {
-                        let facts = ProcFacts {
-                            ppid: p.ppid,
-                            start: p.start,
-                            cpu_ns: p.cpu_ns,
-                            sched_idle: p.sched_idle,
-                        };
-                        (p.pid, facts)
-                    })
-                    .collect()
-            } else {
-                HashMap::new()
-            },
+            facts: facts_of(cfg.batch.enabled, procs),
             ..Default::default()
         };
         record_decisions(&mut snap, decisions, &start_of);
@@ -784,6 +769,24 @@ fn thread_cpu_ns() -> u64 {
     // SAFETY: valid pointer to a timespec; the thread CPU clock always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What the loop's rules need of each process, as this scan read it (nothing while
+/// demotion is off: no branch is made idle then).
+fn facts_of(batch_enabled: bool, procs: &[ProcSample]) -> HashMap<u32, ProcFacts> {
+    procs
+        .iter()
+        .filter(|_| batch_enabled)
+        .map(|p| {
+            let facts = ProcFacts {
+                ppid: p.ppid,
+                start: p.start,
+                cpu_ns: p.cpu_ns,
+                sched_idle: p.sched_idle,
+            };
+            (p.pid, facts)
+        })
+        .collect()
 }
 
 /// The classifier's decisions into the snapshot.
