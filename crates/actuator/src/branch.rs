@@ -25,10 +25,8 @@ use std::collections::{BTreeSet, HashMap};
 use appease_cgroup::{Cgroups, ProcStat};
 
 use crate::group_idle::is_below;
-use crate::in_place::{put_back, put_back_inherited, Idled};
-use crate::journal::Record;
+use crate::in_place::{put_back_inherited, Idled};
 use crate::sys;
-use crate::trail::{audit, Change};
 use crate::{KernelActuator, RestoreReport};
 
 /// Why a branch is idle.
@@ -125,7 +123,7 @@ impl KernelActuator {
                     }
                 }
                 if self.is_our_branch(branch) {
-                    self.carry_class(branch, &cg.processes_below(branch).unwrap_or_default());
+                    self.carry_class(branch, &|| cg.processes_below(branch).unwrap_or_default());
                 }
             } else if ours {
                 self.unidle_branch(branch, "something else is busy in the batch's branch");
@@ -222,7 +220,7 @@ impl KernelActuator {
                 ))
             })
             .collect();
-        let recorded = self.recorded_processes();
+        let recorded = self.records_by_process();
         let ppid_of = |p: u32| {
             below
                 .get(&p)
@@ -276,7 +274,7 @@ impl KernelActuator {
             || self
                 .batch_ancestor(
                     pid,
-                    &self.recorded_processes(),
+                    &self.records_by_process(),
                     &|p| self.kernel.ppid(p),
                     &mut HashMap::new(),
                 )
@@ -323,19 +321,6 @@ impl KernelActuator {
         self.unidle_group(branch, why, &mut RestoreReport::default());
     }
 
-    /// pid -> a record of a thread demoted in place in that process (the main thread's
-    /// when it has one).
-    fn recorded_processes(&self) -> HashMap<u32, &Idled> {
-        let mut out = HashMap::new();
-        for i in self.idled.values() {
-            let e = out.entry(i.key.pid).or_insert(i);
-            if i.key.tid == i.key.pid {
-                *e = i;
-            }
-        }
-        out
-    }
-
     /// The record of `pid`'s own demotion, or of its nearest demoted ancestor's: a
     /// compiler a carried build started since is batch by its parent. `ppid_of` gives a
     /// process's parent (from stats read already, or /proc); `memo` keeps the answer for
@@ -369,9 +354,10 @@ impl KernelActuator {
     }
 
     /// `branch` is idle: the threads demoted in place below it go back to their own class,
-    /// journaled so and recorded as carried, and so do the threads of `below` (the
-    /// processes below the branch) that inherited `SCHED_IDLE` from them.
-    fn carry_class(&mut self, branch: &str, below: &[u32]) {
+    /// journaled so and recorded as carried, and so do the threads of the processes below
+    /// the branch (`below`, read only when there is something to carry) that inherited
+    /// `SCHED_IDLE` from them.
+    fn carry_class(&mut self, branch: &str, below: &dyn Fn() -> Vec<u32>) {
         let tids: Vec<u32> = self
             .idled
             .iter()
@@ -382,46 +368,11 @@ impl KernelActuator {
             return;
         }
         let mut report = RestoreReport::default();
-        for tid in &tids {
-            let Some(i) = self.idled.get(tid) else {
-                continue;
-            };
-            let (key, orig, comm) = (i.key, i.orig, i.comm.clone());
-            let same = self
-                .kernel
-                .task_stat(key.pid, *tid)
-                .is_ok_and(|s| s.start == key.start);
-            let back = self.dry_run
-                || !same
-                || put_back(
-                    &*self.kernel,
-                    key.pid,
-                    *tid,
-                    &orig,
-                    self.base_slice_ns,
-                    &mut report,
-                );
-            if !back {
-                continue; // still idle: carried by the branch next scan, or given back with it
-            }
-            if !self.dry_run {
-                let _logged_by_journal = self.journal(Record::Unidle { key });
-            }
-            if same {
-                audit!(
-                    self.trail,
-                    Change::Unidle,
-                    pid = key.pid,
-                    tid = *tid,
-                    comm = comm.as_str(),
-                    from = "SCHED_IDLE",
-                    to = "its own class",
-                    why = format!("the idle branch {branch} carries the class"),
-                    dry_run = self.dry_run.then_some(true)
-                );
-            }
-            if let Some(i) = self.idled.get_mut(tid) {
+        let why = format!("the idle branch {branch} carries the class");
+        for &tid in &tids {
+            if let Some(mut i) = self.put_back_idled(tid, &why, &mut report) {
                 i.carried_by = Some(branch.to_string());
+                self.idled.insert(tid, i);
             }
         }
         if !self.dry_run {
@@ -430,7 +381,7 @@ impl KernelActuator {
             let idled = &self.idled;
             put_back_inherited(
                 &*self.kernel,
-                Some(below),
+                Some(&below()),
                 None,
                 |p| origs.get(&p).copied(),
                 |t| idled.contains_key(&t),
@@ -446,9 +397,9 @@ impl KernelActuator {
         );
     }
 
-    /// `branch` is given back: the threads it carried, and the processes of `below` (pid
-    /// and cgroup, below the branch) their trees started since, go back to `SCHED_IDLE`
-    /// in place.
+    /// `branch` is given back: the processes of `below` (pid and cgroup, below the branch)
+    /// that it carried, and those their trees started since, are demoted in place again
+    /// (`idle_process`: each thread's state now recorded, then SCHED_IDLE).
     fn uncarry_class(&mut self, branch: &str, below: &[(u32, String)]) {
         let carried: Vec<u32> = self
             .idled
@@ -459,54 +410,21 @@ impl KernelActuator {
         if carried.is_empty() {
             return;
         }
-        // Processes born since below the branch, with the record they descend from.
-        let recorded = self.recorded_processes();
+        let recorded = self.records_by_process();
         let mut memo = HashMap::new();
-        let born: Vec<(u32, String, u32, String, String)> = below
+        let procs: Vec<(u32, String, u32, String, String)> = below
             .iter()
-            .filter(|(p, _)| !recorded.contains_key(p))
             .filter_map(|(p, group)| {
                 let i = self.batch_ancestor(*p, &recorded, &|p| self.kernel.ppid(p), &mut memo)?;
-                Some((*p, group.clone(), i.root, i.reason.clone(), i.why.clone()))
+                (i.carried_by.as_deref() == Some(branch))
+                    .then(|| (*p, group.clone(), i.root, i.reason.clone(), i.why.clone()))
             })
             .collect();
+        // Journaled back to their own class when carried: nothing to close.
         for tid in carried {
-            let Some(i) = self.idled.get_mut(&tid) else {
-                continue;
-            };
-            i.carried_by = None;
-            let (key, orig, root, why) = (i.key, i.orig, i.root, i.why.clone());
-            let now = self
-                .kernel
-                .task_stat(key.pid, tid)
-                .ok()
-                .filter(|s| s.start == key.start)
-                .and_then(|_| self.kernel.sched_getattr(tid).ok())
-                .filter(|n| matches!(n.policy, sys::SCHED_NORMAL | sys::SCHED_BATCH));
-            // Gone, or put in another class by someone else meanwhile: no longer ours.
-            let Some(now) = now else {
-                self.idled.remove(&tid);
-                continue;
-            };
-            if self.dry_run {
-                continue;
-            }
-            if !self.set_idle_journaled(key, orig, now) {
-                self.idled.remove(&tid);
-                continue;
-            }
-            audit!(
-                self.trail,
-                Change::Idle,
-                pid = key.pid,
-                tid,
-                tree = root,
-                from = "its own class",
-                to = "SCHED_IDLE",
-                why = format!("the branch {branch} is given back: {why}")
-            );
+            self.idled.remove(&tid);
         }
-        for (pid, group, root, reason, why) in born {
+        for (pid, group, root, reason, why) in procs {
             self.idle_process(root, pid, &group, &reason, &why);
         }
     }
@@ -590,7 +508,7 @@ mod tests {
     fn an_idle_branch_carries_the_class_and_gives_it_back_to_the_tree_and_what_it_started() {
         let (k, dir) = (FakeKernel::new(), TempDir::new("carry"));
         let mut a = demoted_build(&k, &dir);
-        a.carry_class("/user.slice", &[300, 310]);
+        a.carry_class("/user.slice", &|| vec![300, 310]);
         for tid in [300, 301, 310] {
             assert_eq!(k.sched(tid), fair(2), "tid {tid} in its own class");
         }
@@ -599,7 +517,7 @@ mod tests {
         assert!(a.idled.values().all(|i| i.carried_by.is_some()));
         // Known as batch by its ancestry now: the compiler and one started since.
         k.spawn_child(310, 320, 320, "as", fair(2));
-        let recorded = a.recorded_processes();
+        let recorded = a.records_by_process();
         let ppid = |p| crate::sys::Kernel::ppid(&k, p);
         let mut memo = HashMap::new();
         let root = |pid, memo: &mut _| {
@@ -636,7 +554,7 @@ mod tests {
     fn a_carried_tree_promoted_or_at_exit_changes_nothing_more() {
         let (k, dir) = (FakeKernel::new(), TempDir::new("carry-promoted"));
         let mut a = demoted_build(&k, &dir);
-        a.carry_class("/user.slice", &[300, 310]);
+        a.carry_class("/user.slice", &|| vec![300, 310]);
         let changes = k.changes();
         assert_eq!(a.unidle_tree(300, &[300, 310]), 0);
         assert!(a.idled.is_empty());
@@ -645,7 +563,7 @@ mod tests {
 
         let (k, dir) = (FakeKernel::new(), TempDir::new("carry-exit"));
         let mut a = demoted_build(&k, &dir);
-        a.carry_class("/user.slice", &[300, 310]);
+        a.carry_class("/user.slice", &|| vec![300, 310]);
         let changes = k.changes();
         let report = a.restore_all();
         assert_eq!((report.failed, report.left_alone), (0, 0));

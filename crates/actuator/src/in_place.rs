@@ -83,7 +83,7 @@ fn policy_text(policy: u32) -> &'static str {
 
 /// Puts a thread back from SCHED_IDLE to `orig`, if it is still in SCHED_IDLE (else
 /// someone changed it since: left alone).
-pub(crate) fn put_back(
+fn put_back(
     k: &dyn Kernel,
     pid: u32,
     tid: u32,
@@ -304,7 +304,7 @@ impl KernelActuator {
 
     /// Puts thread `key` in SCHED_IDLE, journaled first (one idle by inheritance is only
     /// journaled, so that status and a crash restore see it); false if it was not.
-    pub(crate) fn set_idle_journaled(&mut self, key: TaskKey, orig: Sched, now: Sched) -> bool {
+    fn set_idle_journaled(&mut self, key: TaskKey, orig: Sched, now: Sched) -> bool {
         let tid = key.tid;
         if now.policy == sys::SCHED_IDLE {
             return self.journal(Record::Idle { key, orig }).is_ok();
@@ -329,13 +329,23 @@ impl KernelActuator {
     }
 
     fn unidle(&mut self, tid: u32, why: &str, report: &mut RestoreReport) {
-        let Some(i) = self.idled.remove(&tid) else {
-            return;
-        };
+        let _record_dropped = self.put_back_idled(tid, why, report);
+    }
+
+    /// Takes thread `tid` out of SCHED_IDLE, back to its recorded original, audited and
+    /// journaled. Returns its record once it is no longer idle by appease's doing (None:
+    /// no record, or the change failed and the record stays).
+    pub(crate) fn put_back_idled(
+        &mut self,
+        tid: u32,
+        why: &str,
+        report: &mut RestoreReport,
+    ) -> Option<Idled> {
+        let i = self.idled.remove(&tid)?;
         if i.carried_by.is_some() {
             // In its own class already, and journaled so, while its branch carried the class.
             self.left_alone.remove(&tid);
-            return;
+            return Some(i);
         }
         let same = self
             .kernel
@@ -374,9 +384,24 @@ impl KernelActuator {
             // The thread may be elevated again from now on.
             self.left_alone.remove(&tid);
             let _logged_by_journal = self.journal(Record::Unidle { key: i.key });
+            Some(i)
         } else {
             self.idled.insert(tid, i);
+            None
         }
+    }
+
+    /// pid -> a record of a thread demoted in place in that process (its main thread's
+    /// when it has one).
+    pub(crate) fn records_by_process(&self) -> HashMap<u32, &Idled> {
+        let mut by_pid: HashMap<u32, &Idled> = HashMap::new();
+        for i in self.idled.values() {
+            let e = by_pid.entry(i.key.pid).or_insert(i);
+            if i.key.tid == i.key.pid {
+                *e = i;
+            }
+        }
+        by_pid
     }
 
     /// One process's threads out of SCHED_IDLE (the config now exempts it).
@@ -682,14 +707,7 @@ impl KernelActuator {
 
     /// Processes demoted in place, one line each, for `appease status`.
     pub(crate) fn idled_views(&self) -> Vec<MovedView> {
-        let mut by_pid: HashMap<u32, &Idled> = HashMap::new();
-        for i in self.idled.values() {
-            let e = by_pid.entry(i.key.pid).or_insert(i);
-            if i.key.tid == i.key.pid {
-                *e = i;
-            }
-        }
-        by_pid
+        self.records_by_process()
             .into_iter()
             .map(|(pid, i)| MovedView {
                 pid,
