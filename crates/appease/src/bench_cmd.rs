@@ -81,7 +81,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     shape: Vec<String>,
     /// nested: the servers measured (synthetic: the bench's own; redis: redis-server with
-    /// redis-benchmark). fetch: db (PostgreSQL under pgbench), web (nginx under our
+    /// redis-benchmark; postgresql: PostgreSQL with pgbench). fetch: db (PostgreSQL under pgbench), web (nginx under our
     /// client). Default: all of the scenario's.
     #[arg(long, value_delimiter = ',')]
     server: Vec<String>,

@@ -68,6 +68,19 @@ fn postgres_account() -> Result<(u32, u32)> {
 /// `clients`: the most connections a client will open at once (a closed-loop sweep's
 /// largest count), beyond PostgreSQL's default of 100.
 pub(crate) fn start(run: &mut Run, tmp: &Path, clients: Option<u32>) -> Result<Postgres> {
+    start_with(run, tmp, clients, &|c| Ok(c.spawn()?))
+}
+
+/// A process starter: where the server or the client is started (a group of a shape).
+pub(crate) type Spawn<'a> = &'a dyn Fn(&mut Command) -> Result<std::process::Child>;
+
+/// As `start`, the server started by `spawn`.
+pub(crate) fn start_with(
+    run: &mut Run,
+    tmp: &Path,
+    clients: Option<u32>,
+    spawn: Spawn,
+) -> Result<Postgres> {
     if !Path::new(PGBENCH).exists() {
         bail!("the db scenario needs pgbench ({PGBENCH} is missing): apt-get install postgresql");
     }
@@ -102,7 +115,8 @@ pub(crate) fn start(run: &mut Run, tmp: &Path, clients: Option<u32>) -> Result<P
     }
     let log = fs::File::create(tmp.join("postgres.log"))?;
     // A bench server, not a durable one: no fsync, and only the UNIX socket.
-    let server = as_postgres(bin.join("postgres"))
+    let mut server = as_postgres(bin.join("postgres"));
+    server
         .arg("-D")
         .arg(&data)
         .arg("-k")
@@ -116,9 +130,8 @@ pub(crate) fn start(run: &mut Run, tmp: &Path, clients: Option<u32>) -> Result<P
             &format!("max_connections={}", clients.unwrap_or(0).max(80) + 20),
         ])
         .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting postgres")?;
+        .stderr(log);
+    let server = spawn(&mut server).context("starting postgres")?;
     run.graceful.push(server);
     let pg = Postgres {
         socket_dir,
@@ -183,14 +196,25 @@ impl Postgres {
         duration: Duration,
         stop: &Arc<AtomicBool>,
     ) -> Result<ClientResult> {
+        self.run_with(rate, duration, stop, &|c| Ok(c.spawn()?))
+    }
+
+    /// As `run`, pgbench started by `spawn`.
+    pub(crate) fn run_with(
+        &self,
+        rate: f64,
+        duration: Duration,
+        stop: &Arc<AtomicBool>,
+        spawn: Spawn,
+    ) -> Result<ClientResult> {
         for old in fs::read_dir(&self.log_dir)?.flatten() {
             fs::remove_file(old.path())?;
         }
         let prefix = self.log_dir.join("tx");
         let secs = duration.as_secs().max(1).to_string();
         // The client runs in the latency class: it is not what is being starved.
-        let mut child = Command::new("nice")
-            .args(["-n", "-10", PGBENCH])
+        let mut cmd = Command::new("nice");
+        cmd.args(["-n", "-10", PGBENCH])
             .env("PGDATABASE", "postgres")
             .args(self.pgbench_cmd().get_args())
             .args(["-c", &CLIENTS.to_string(), "-j", "2", "-n"])
@@ -204,9 +228,8 @@ impl Postgres {
             ])
             .arg(&prefix)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting pgbench")?;
+            .stderr(Stdio::piped());
+        let mut child = spawn(&mut cmd).context("starting pgbench")?;
         let started = Instant::now();
         loop {
             if let Some(status) = child.try_wait()? {

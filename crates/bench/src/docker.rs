@@ -235,6 +235,28 @@ impl Drop for Engine {
                 }
             }
         }
+        // dockerd leaves the host network's namespace mounted in its exec root when
+        // a container used it (`--network=host`): unmounted, deepest first, then removed.
+        for m in mounts_below(&self.dir) {
+            if let Ok(path) = std::ffi::CString::new(m.into_os_string().into_encoded_bytes()) {
+                // SAFETY: umount2 of a path of the engine's own directory.
+                unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
         let _best_effort = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Mount points at or below `dir`, deepest first (from /proc/self/mountinfo, whose fifth
+/// field is the mount point, with spaces as `\040`).
+fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+        .filter(|m| m.starts_with(dir))
+        .collect();
+    found.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    found
 }

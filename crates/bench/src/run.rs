@@ -21,6 +21,9 @@ pub(crate) struct Run {
     pub(crate) peer: Option<peer::PeerRun>,
     /// Removed in this order once the processes are gone.
     pub(crate) cgroups: Vec<(appease_cgroup::Cgroups, String)>,
+    /// Groups of others made idle for the run (the Docker engine's parent): made busy
+    /// again at its end.
+    pub(crate) reset_idle: Vec<(appease_cgroup::Cgroups, String)>,
     pub(crate) tmp: Option<PathBuf>,
 }
 
@@ -74,6 +77,13 @@ impl Drop for Run {
         for c in &mut self.children {
             let _already_gone = c.kill();
             let _reaped = c.wait();
+        }
+        for (cg, group) in self.reset_idle.drain(..) {
+            if let Err(e) = cg.set_idle(&group, false) {
+                if cg.exists(&group) {
+                    eprintln!("warning: {group} left idle: {e}");
+                }
+            }
         }
         for (cg, group) in self.cgroups.drain(..) {
             // Killed compilers leave the group only once they are reaped (by init,

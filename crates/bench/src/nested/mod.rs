@@ -22,7 +22,13 @@ use appease_cgroup::Cgroups;
 use serde::{Deserialize, Serialize};
 
 use crate::rounds::interleaved;
-use crate::{client, Mode, Options, Run};
+use crate::{Mode, Options, Run};
+
+mod container;
+mod servers;
+
+pub use servers::Server;
+use servers::{measure, start_server, Target};
 
 /// A host layout built by hand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,10 +44,13 @@ pub enum Layout {
     /// holds the sleeping daemon and a job (a shell waiting on CPU-bound workers), beside
     /// the server in `system.slice/server.service`.
     Cron,
+    /// A Docker container running a server and a build (`make -j`) together, in the
+    /// engine's `/docker/ID`, beside the server on the host.
+    Container,
 }
 
 /// A layout, and whether a limit keeps the batch in its group (a CPU quota of 1.9 CPUs
-/// on `user.slice`, or on `cron.service`): appease then demotes it in place.
+/// on `user.slice`, `cron.service` or the container): appease then demotes it in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     pub layout: Layout,
@@ -49,7 +58,7 @@ pub struct Shape {
 }
 
 impl Shape {
-    pub const ALL: [Shape; 6] = [
+    pub const ALL: [Shape; 8] = [
         Shape {
             layout: Layout::Systemd,
             limited: false,
@@ -72,6 +81,14 @@ impl Shape {
         },
         Shape {
             layout: Layout::Cron,
+            limited: true,
+        },
+        Shape {
+            layout: Layout::Container,
+            limited: false,
+        },
+        Shape {
+            layout: Layout::Container,
             limited: true,
         },
     ];
@@ -81,6 +98,7 @@ impl Shape {
             Layout::Systemd => "systemd",
             Layout::Session => "session",
             Layout::Cron => "cron",
+            Layout::Container => "container",
         };
         if self.limited {
             format!("{base}-limited")
@@ -116,6 +134,11 @@ impl Shape {
                  waiting on CPU-bound workers) in system.slice/cron.service",
                 "cron.service",
             ),
+            Layout::Container => (
+                "server in system.slice/server.service, a Docker container (/docker/ID) running a \
+                 server (1 ms of CPU per request, 20 requests/s) and make -j with gcc",
+                "the container",
+            ),
         };
         if self.limited {
             format!("{what}; {limit} under a CPU quota of 1.9 CPUs")
@@ -133,58 +156,14 @@ impl Shape {
                 crate::worker::FILES
             ),
             Layout::Cron => format!("a job shell with {n} CPU-bound workers"),
+            Layout::Container => format!(
+                "make -j{n} over {} C files in a loop, in the container",
+                crate::worker::FILES
+            ),
         }
     }
 }
 
-/// The server measured, with its own client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Server {
-    /// The bench's own (5 ms of CPU per request, 40 requests/s open loop over TCP).
-    Synthetic,
-    /// redis-server, driven by redis-benchmark (`-c 4`, GET, runs of 20,000).
-    Redis,
-}
-
-impl Server {
-    pub const ALL: [Server; 2] = [Server::Synthetic, Server::Redis];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Server::Synthetic => "synthetic",
-            Server::Redis => "redis",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<Self> {
-        Server::ALL
-            .into_iter()
-            .find(|x| x.name() == s)
-            .with_context(|| format!("unknown server {s:?}; servers are synthetic, redis"))
-    }
-
-    /// A round is slow when its p99 is more than this above the request's own CPU need:
-    /// the server then waited for a scheduler tick (4 ms at HZ=250) or for the batch.
-    fn slow_above_ms(self) -> f64 {
-        match self {
-            Server::Synthetic => SYNTHETIC_CPU_MS + 1.0,
-            Server::Redis => 1.0,
-        }
-    }
-
-    fn describe(self) -> &'static str {
-        match self {
-            Server::Synthetic => {
-                "the bench's server, 5 ms of CPU per request, 40 requests/s open loop over TCP"
-            }
-            Server::Redis => "redis-server, redis-benchmark -c 4 -t get, runs of 20,000",
-        }
-    }
-}
-
-const SYNTHETIC_CPU_MS: f64 = 5.0;
-const SYNTHETIC_RATE: f64 = 40.0;
 /// The quota of a limited shape's `user.slice` or `cron.service` (of a 100 ms period).
 const LIMIT_QUOTA_US: u64 = 190_000;
 
@@ -296,15 +275,16 @@ fn summarise(mode: Mode, rounds: Vec<Round>) -> ModeSummary {
 }
 
 /// The shape's groups for one run, created under the bench's own top-level names.
-struct Groups {
-    cg: Cgroups,
-    server: String,
-    client: String,
-    /// The batch's own group (the session scope).
-    batch: String,
+pub(super) struct Groups {
+    pub(super) cg: Cgroups,
+    pub(super) server: String,
+    pub(super) client: String,
+    /// The batch's own group (the session scope, the container's group).
+    pub(super) batch: String,
     /// Where the batch's branch meets the server's: the top-level `user.slice`, or
-    /// `cron.service` beside `server.service`.
-    branch: String,
+    /// `cron.service` beside `server.service` (none for the container, whose server is
+    /// in the batch's own group).
+    pub(super) branch: String,
 }
 
 impl Groups {
@@ -329,12 +309,14 @@ impl Groups {
                 made.push(cron.clone());
                 (cron.clone(), cron)
             }
+            // The engine makes the container's group when it starts it (with its quota).
+            Layout::Container => (String::new(), String::new()),
         };
         made.push(system);
         for g in made {
             run.cgroups.push((cg.clone(), g));
         }
-        if shape.limited {
+        if shape.limited && shape.layout != Layout::Container {
             cg.set_cpu_quota(&branch, Some(LIMIT_QUOTA_US))?;
         }
         Ok(Groups {
@@ -377,184 +359,12 @@ pub fn spawn_in_group(cg: &Cgroups, group: &str, cmd: &mut Command) -> Result<Ch
         .with_context(|| format!("starting {:?} in {group}", cmd.get_program()))
 }
 
-fn spawn_in(g: &Groups, group: &str, cmd: &mut Command) -> Result<Child> {
+pub(super) fn spawn_in(g: &Groups, group: &str, cmd: &mut Command) -> Result<Child> {
     spawn_in_group(&g.cg, group, cmd)
 }
 
-/// A free TCP port on loopback.
-fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(l.local_addr()?.port())
-}
-
-/// The server of one run and how to load it.
-enum Target {
-    Synthetic(client::Target),
-    Redis(u16),
-}
-
-fn start_server(run: &mut Run, opts: &Options, g: &Groups, server: Server) -> Result<Target> {
-    match server {
-        Server::Synthetic => {
-            let cpu = SYNTHETIC_CPU_MS.to_string();
-            let mut cmd = Command::new(&opts.appease);
-            cmd.args(["bench-worker", "server", "--cpu-ms", &cpu, "--port", "0"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit());
-            let mut child = spawn_in(g, &g.server, &mut cmd)?;
-            let mut line = String::new();
-            let read = std::io::BufRead::read_line(
-                &mut std::io::BufReader::new(child.stdout.as_mut().expect("piped")),
-                &mut line,
-            );
-            run.children.push(child);
-            read.context("reading the server's port")?;
-            let port: u16 = line
-                .trim()
-                .parse()
-                .context("the server did not report its port")?;
-            Ok(Target::Synthetic(client::Target::Tcp(
-                ([127, 0, 0, 1], port).into(),
-            )))
-        }
-        Server::Redis => {
-            let port = free_port()?;
-            let p = port.to_string();
-            let mut cmd = Command::new("redis-server");
-            cmd.args([
-                "--port",
-                &p,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--loglevel",
-                "warning",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-            let child = spawn_in(g, &g.server, &mut cmd)?;
-            run.graceful.push(child);
-            crate::wait_until(Duration::from_secs(10), || {
-                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-            })
-            .context("redis-server did not accept connections within 10 s")?;
-            // A key for the GETs.
-            let set = Command::new("redis-cli")
-                .args(["-p", &p, "set", "key:__rand_int__", "x"])
-                .output()
-                .context("running redis-cli")?;
-            if !set.status.success() {
-                bail!(
-                    "redis-cli set failed: {}",
-                    String::from_utf8_lossy(&set.stderr)
-                );
-            }
-            Ok(Target::Redis(port))
-        }
-    }
-}
-
-/// One redis-benchmark run: (requests/s, p50 ms, p99 ms).
-fn redis_benchmark(g: &Groups, port: u16) -> Result<(f64, f64, f64)> {
-    let p = port.to_string();
-    let mut cmd = Command::new("redis-benchmark");
-    cmd.args([
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &p,
-        "-c",
-        "4",
-        "-n",
-        "20000",
-        "-t",
-        "get",
-        "--csv",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null());
-    let child = spawn_in(g, &g.client, &mut cmd)?;
-    let out = child.wait_with_output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    parse_redis_csv(&text).with_context(|| format!("reading redis-benchmark's output: {text:?}"))
-}
-
-/// redis-benchmark's `--csv` answer: a header, then `"GET","rps","avg",…` with the
-/// columns it names.
-fn parse_redis_csv(text: &str) -> Option<(f64, f64, f64)> {
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<String> = lines
-        .next()?
-        .split(',')
-        .map(|f| f.trim_matches('"').to_string())
-        .collect();
-    let row: Vec<f64> = lines
-        .next()?
-        .split(',')
-        .map(|f| f.trim_matches('"').parse().unwrap_or(f64::NAN))
-        .collect();
-    let col = |name: &str| {
-        let i = header.iter().position(|h| h == name)?;
-        row.get(i).copied().filter(|v| v.is_finite())
-    };
-    Some((col("rps")?, col("p50_latency_ms")?, col("p99_latency_ms")?))
-}
-
-/// Load on the server for `duration` (or until `stop`): (requests/s, p50 ms, p99 ms). For
-/// redis, the median of its runs' figures; for the synthetic server, the run's own.
-fn measure(
-    g: &Groups,
-    target: &Target,
-    duration: Duration,
-    drain: Duration,
-    stop: &Arc<AtomicBool>,
-) -> Result<(f64, f64, f64)> {
-    match target {
-        Target::Synthetic(t) => {
-            let r = client::open_loop(
-                t,
-                &client::Protocol::Synthetic,
-                client::Arrivals::Fixed,
-                SYNTHETIC_RATE,
-                duration,
-                drain,
-                stop,
-            )?;
-            let ms = |q: f64| r.latency_us.value_at_quantile(q) as f64 / 1000.0;
-            Ok((
-                r.answered as f64 / r.elapsed.as_secs_f64().max(1e-9),
-                ms(0.5),
-                ms(0.99),
-            ))
-        }
-        Target::Redis(port) => {
-            let t = Instant::now();
-            let (mut rps, mut p50, mut p99) = (Vec::new(), Vec::new(), Vec::new());
-            while t.elapsed() < duration && !stop.load(Ordering::Relaxed) {
-                let (a, b, c) = redis_benchmark(g, *port)?;
-                rps.push(a);
-                p50.push(b);
-                p99.push(c);
-            }
-            Ok((
-                crate::report::median_of(rps),
-                crate::report::median_of(p50),
-                crate::report::median_of(p99),
-            ))
-        }
-    }
-}
-
-/// Runs the scenario: every shape with every server, the modes interleaved round by round.
-pub fn run(opts: &Options) -> Result<NestedResult> {
+/// What the scenario needs of the host and of its options, each refused with its reason.
+fn check(opts: &Options) -> Result<()> {
     if appease_cgroup::HostLayout::detect().kind == appease_cgroup::LayoutKind::CgroupV2Systemd {
         bail!(
             "the nested scenario builds its shapes in the cpu hierarchy itself; on this host systemd \
@@ -578,13 +388,33 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
             );
         }
     }
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let jobs = ((opts.loads.first().copied().unwrap_or(4.0)) * cpus as f64).round() as usize;
-    if opts.shapes.iter().any(|s| s.layout == Layout::Session) {
+    if opts
+        .shapes
+        .iter()
+        .any(|s| matches!(s.layout, Layout::Session | Layout::Container))
+    {
         if let Some(missing) = ["make", "gcc"].into_iter().find(|p| !crate::on_path(p)) {
             bail!("the session shape's build needs {missing}, which is not installed: apt-get install {missing}");
         }
     }
+    Ok(())
+}
+
+/// Runs the scenario: every shape with every server, the modes interleaved round by round.
+pub fn run(opts: &Options) -> Result<NestedResult> {
+    check(opts)?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = ((opts.loads.first().copied().unwrap_or(4.0)) * cpus as f64).round() as usize;
+    let engine = if opts.shapes.iter().any(|s| s.layout == Layout::Container) {
+        let dir = std::env::temp_dir().join(format!("appease-bench-docker-{}", std::process::id()));
+        eprintln!(
+            "starting a Docker engine of the bench's own in {}",
+            dir.display()
+        );
+        Some(crate::docker::Engine::start(&dir)?)
+    } else {
+        None
+    };
     let measure_s = opts.seconds.unwrap_or(if opts.quick { 5.0 } else { 10.0 });
     let rounds = opts.repeat.max(1);
     let mut cases = Vec::new();
@@ -608,7 +438,15 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
                 );
                 // SAFETY: sync(2) takes no arguments and cannot fail.
                 unsafe { libc::sync() };
-                let r = run_mode(opts, shape, server, slot.mode, jobs, measure_s)?;
+                let r = run_mode(
+                    opts,
+                    engine.as_ref(),
+                    shape,
+                    server,
+                    slot.mode,
+                    jobs,
+                    measure_s,
+                )?;
                 eprintln!(
                     "    p99 {:.3} ms, p50 {:.3} ms, {:.0} requests/s{}; batch on {:.2} CPUs",
                     r.p99_ms,
@@ -656,6 +494,7 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
 
 fn run_mode(
     opts: &Options,
+    engine: Option<&crate::docker::Engine>,
     shape: Shape,
     server: Server,
     mode: Mode,
@@ -663,19 +502,79 @@ fn run_mode(
     measure_s: f64,
 ) -> Result<Round> {
     let (mut run, tmp) = Run::in_tmp()?;
-    let g = Groups::build(&mut run, shape)?;
-    let target = start_server(&mut run, opts, &g, server)?;
-
-    // Someone logged in (a shell asleep), or the cron daemon waiting; and the batch.
-    let mut sleeper = Command::new("sh");
-    sleeper
-        .args(["-c", "sleep 100000; :"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    run.children.push(spawn_in(&g, &g.batch, &mut sleeper)?);
+    let mut g = Groups::build(&mut run, shape)?;
+    let target = start_server(&mut run, opts, &g, server, &tmp)?;
     let n = if mode == Mode::Unloaded { 0 } else { jobs };
     let mut roots = Vec::new();
-    let mut go = None;
+
+    // The container: its server serving and its build waiting; removed with the round.
+    let docker = match shape.layout {
+        Layout::Container => {
+            let engine = engine.context("the container shape needs the bench's Docker engine")?;
+            let c = container::start(engine, &opts.appease, &tmp, n, shape.limited)?;
+            g.batch = c.container.group();
+            g.branch = format!("/{}", crate::docker::PARENT);
+            if n > 0 {
+                roots.push(c.build);
+            }
+            Some(c)
+        }
+        _ => {
+            // Someone logged in (a shell asleep), or the cron daemon waiting.
+            let mut sleeper = Command::new("sh");
+            sleeper
+                .args(["-c", "sleep 100000; :"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null());
+            run.children.push(spawn_in(&g, &g.batch, &mut sleeper)?);
+            None
+        }
+    };
+    let side_load = docker.as_ref().map(container::Running::serve);
+    let go = start_host_batch(&mut run, opts, &g, shape, n, &tmp, &mut roots)?;
+    apply_mode(&mut run, opts, &g, mode, &roots, &tmp)?;
+    if let Some(mut go) = go {
+        // Every make, gcc and child the job starts from now on inherits the mode.
+        std::io::Write::write_all(&mut go, b"go\n").context("starting the batch job")?;
+    }
+    if let Some(c) = docker.as_ref().filter(|_| n > 0) {
+        c.go()?;
+    }
+    warm_up(opts, &g, &target, mode, &roots)?;
+
+    let (t0, cpu0) = (Instant::now(), crate::tree_cpu_ns(&roots));
+    let (rps, p50, p99) = measure(
+        &g,
+        &target,
+        Duration::from_secs_f64(measure_s),
+        Duration::from_secs(3),
+        &opts.stop,
+    )?;
+    let batch_cpus =
+        crate::tree_cpu_ns(&roots).saturating_sub(cpu0) as f64 / 1e9 / t0.elapsed().as_secs_f64();
+    if let Some(load) = side_load {
+        load.finish()?;
+    }
+    Ok(Round {
+        p99_ms: p99,
+        p50_ms: p50,
+        requests_per_s: rps,
+        slow: p99 > server.slow_above_ms(),
+        batch_cpus,
+    })
+}
+
+/// The batch of a shape built on the host (not the container's): the soakers, or the job
+/// waiting for its go, whose stdin is returned. Their pids go to `roots`.
+fn start_host_batch(
+    run: &mut Run,
+    opts: &Options,
+    g: &Groups,
+    shape: Shape,
+    n: usize,
+    tmp: &Path,
+    roots: &mut Vec<u32>,
+) -> Result<Option<std::process::ChildStdin>> {
     match shape.layout {
         Layout::Systemd => {
             for _ in 0..n {
@@ -684,7 +583,7 @@ fn run_mode(
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::inherit());
-                let c = spawn_in(&g, &g.batch, &mut cmd)?;
+                let c = spawn_in(g, &g.batch, &mut cmd)?;
                 roots.push(c.id());
                 run.children.push(c);
             }
@@ -719,37 +618,15 @@ fn run_mode(
             cmd.stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit());
-            let mut c = spawn_in(&g, &g.batch, &mut cmd)?;
+            let mut c = spawn_in(g, &g.batch, &mut cmd)?;
             roots.push(c.id());
-            go = c.stdin.take();
+            let go = c.stdin.take();
             run.children.push(c);
+            return Ok(go);
         }
-        Layout::Session | Layout::Cron => {}
+        Layout::Session | Layout::Cron | Layout::Container => {}
     }
-    apply_mode(&mut run, opts, &g, mode, &roots, &tmp)?;
-    if let Some(mut go) = go {
-        // Every make, gcc and child the job starts from now on inherits the mode.
-        std::io::Write::write_all(&mut go, b"go\n").context("starting the batch job")?;
-    }
-    warm_up(opts, &g, &target, mode, &roots)?;
-
-    let (t0, cpu0) = (Instant::now(), crate::tree_cpu_ns(&roots));
-    let (rps, p50, p99) = measure(
-        &g,
-        &target,
-        Duration::from_secs_f64(measure_s),
-        Duration::from_secs(3),
-        &opts.stop,
-    )?;
-    let batch_cpus =
-        crate::tree_cpu_ns(&roots).saturating_sub(cpu0) as f64 / 1e9 / t0.elapsed().as_secs_f64();
-    Ok(Round {
-        p99_ms: p99,
-        p50_ms: p50,
-        requests_per_s: rps,
-        slow: p99 > server.slow_above_ms(),
-        batch_cpus,
-    })
+    Ok(None)
 }
 
 fn apply_mode(
@@ -763,7 +640,11 @@ fn apply_mode(
     match mode {
         Mode::Unloaded | Mode::Unmanaged => {}
         Mode::BatchGroupIdle => g.cg.set_idle(&g.batch, true)?,
-        Mode::BatchBranchIdle => g.cg.set_idle(&g.branch, true)?,
+        Mode::BatchBranchIdle => {
+            g.cg.set_idle(&g.branch, true)?;
+            // The engine's `/docker` outlives the round: not idle after it.
+            run.reset_idle.push((g.cg.clone(), g.branch.clone()));
+        }
         Mode::BatchCgroupIdle => crate::into_idle_group(run, roots)?,
         Mode::Appease => {
             let cfg: PathBuf = tmp.join("daemon.toml");
@@ -824,21 +705,6 @@ fn warm_up(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redis_benchmark_csv_is_read_by_its_column_names() {
-        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
-                    \"GET\",\"83333.34\",\"0.040\",\"0.016\",\"0.039\",\"0.055\",\"0.079\",\"3.895\"\n";
-        assert_eq!(parse_redis_csv(text), Some((83333.34, 0.039, 0.079)));
-        assert_eq!(parse_redis_csv("\"test\",\"rps\"\n"), None, "no row");
-        assert_eq!(parse_redis_csv(""), None);
-    }
-
-    #[test]
-    fn a_round_is_slow_when_its_tail_waited_for_more_than_the_requests_own_work() {
-        assert_eq!(Server::Redis.slow_above_ms(), 1.0);
-        assert_eq!(Server::Synthetic.slow_above_ms(), 6.0);
-    }
 
     #[test]
     fn summaries_are_medians_and_count_slow_rounds() {
