@@ -108,7 +108,8 @@ impl KernelActuator {
             return 0;
         };
         self.forget_vanished_idle_groups();
-        let wanted = self.wanted_branches(&cg, servers);
+        let (server_groups, batch) = self.server_and_batch_groups(&cg, servers);
+        let wanted = self.wanted_branches(&cg, &server_groups, &batch);
         let mut changed = 0;
         let mut seen = HashMap::new();
         let mut members = HashMap::new();
@@ -143,11 +144,19 @@ impl KernelActuator {
         }
         members.retain(|_, b: &mut String| self.is_our_branch(b));
         self.branches = Branches { cpu: seen, members };
-        changed
+        // Where the batch's branch could not be made idle, the servers' is weighted up.
+        let own = cg.group_of(self.self_pid).unwrap_or_else(|_| "/".into());
+        changed + self.sync_server_weights(&cg, &server_groups, &batch, &own)
     }
 
-    /// The branches the trees demoted in place would have made idle now.
-    fn wanted_branches(&self, cg: &Cgroups, servers: &[(u32, u64)]) -> BTreeSet<String> {
+    /// The groups of the processes that served lately (still the same processes), and
+    /// of the trees demoted in place: per thread, or made idle as a whole. No batch
+    /// groups when no server serves.
+    fn server_and_batch_groups(
+        &self,
+        cg: &Cgroups,
+        servers: &[(u32, u64)],
+    ) -> (BTreeSet<String>, BTreeSet<String>) {
         let server_groups: BTreeSet<String> = servers
             .iter()
             .filter(|&&(pid, start)| {
@@ -156,11 +165,9 @@ impl KernelActuator {
             .filter_map(|&(pid, _)| cg.group_of(pid).ok())
             .collect();
         if server_groups.is_empty() {
-            return BTreeSet::new();
+            return (server_groups, BTreeSet::new());
         }
-        let own = cg.group_of(self.self_pid).unwrap_or_else(|_| "/".into());
-        // Groups of trees demoted in place: per thread, or made idle as a whole.
-        let batch: BTreeSet<String> = self
+        let batch = self
             .idled
             .values()
             .map(|i| i.group.clone())
@@ -171,9 +178,24 @@ impl KernelActuator {
                     .map(|(p, _)| p.clone()),
             )
             .collect();
+        (server_groups, batch)
+    }
+
+    /// The branches the trees demoted in place (in `batch`) would have made idle now,
+    /// beside the servers in `server_groups`.
+    fn wanted_branches(
+        &self,
+        cg: &Cgroups,
+        server_groups: &BTreeSet<String>,
+        batch: &BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        if server_groups.is_empty() {
+            return BTreeSet::new();
+        }
+        let own = cg.group_of(self.self_pid).unwrap_or_else(|_| "/".into());
         batch
             .iter()
-            .filter_map(|b| branch_of(b, &server_groups, &own).map(|br| (b, br)))
+            .filter_map(|b| branch_of(b, server_groups, &own).map(|br| (b, br)))
             // A group made idle for the tree as a whole is its own branch already.
             .filter(|(b, br)| {
                 !(br == *b

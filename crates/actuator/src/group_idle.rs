@@ -369,12 +369,17 @@ impl KernelActuator {
                 Ok(()) => {
                     report.restored += 1;
                     let to = format!("cpu.idle={}, weight {}", u8::from(g.idle), g.weight);
+                    let from = if g.why == crate::server_weight::SERVES_BESIDE_BATCH {
+                        "weight raised"
+                    } else {
+                        "cpu.idle=1"
+                    };
                     audit!(
                         self.trail,
                         Change::Group,
                         group = path,
                         tree = g.root,
-                        from = "cpu.idle=1",
+                        from,
                         to,
                         why
                     );
@@ -414,16 +419,26 @@ impl KernelActuator {
     pub(crate) fn idle_group_views(&self) -> Vec<MovedView> {
         self.idle_groups
             .iter()
-            .map(|(path, g)| MovedView {
-                pid: 0,
-                comm: "(cgroup)".into(),
-                class: "batch".into(),
-                group: path.clone(),
-                original_group: path.clone(),
-                tree: g.root.unwrap_or(0),
-                why: g.why.clone(),
-                since: g.since,
-                placement: "in place: the group is idle".into(),
+            .map(|(path, g)| {
+                let weighted = g.why == crate::server_weight::SERVES_BESIDE_BATCH;
+                MovedView {
+                    pid: 0,
+                    comm: "(cgroup)".into(),
+                    class: if weighted { "latency" } else { "batch" }.into(),
+                    group: path.clone(),
+                    original_group: path.clone(),
+                    tree: g.root.unwrap_or(0),
+                    why: g.why.clone(),
+                    since: g.since,
+                    placement: if weighted {
+                        format!(
+                            "in place: its weight raised to {} (cgroup v2 units)",
+                            crate::server_weight::RAISED_WEIGHT
+                        )
+                    } else {
+                        "in place: the group is idle".into()
+                    },
+                }
             })
             .collect()
     }

@@ -64,6 +64,11 @@ pub struct MovedView {
 }
 
 impl Groups {
+    /// The groups appease made and still holds.
+    pub(crate) fn created_paths(&self) -> &[String] {
+        &self.created
+    }
+
     /// `batch_name` is the idle group's top-level name, e.g. "appease.batch".
     pub fn new(cg: Cgroups, batch_name: &str) -> Self {
         Groups {

@@ -10,6 +10,7 @@ pub mod groups;
 mod in_place;
 pub mod journal;
 mod restore;
+mod server_weight;
 mod spread;
 pub mod sys;
 pub mod systemd;

@@ -227,6 +227,16 @@ impl Cgroups {
             .to_string())
     }
 
+    /// A weight file's value (`weight_raw`) in cgroup v2 units, as `set_weight` takes them.
+    pub fn weight_from_raw(&self, raw: &str) -> Option<u32> {
+        let v: u64 = raw.trim().parse().ok()?;
+        let w = match self.version {
+            Version::V1 => v * 100 / 1024,
+            Version::V2 => v,
+        };
+        u32::try_from(w).ok()
+    }
+
     pub fn set_weight_raw(&self, group: &str, value: &str) -> Result<(), CgroupError> {
         let f = self.dir(group).join(self.weight_file());
         write(&f, value).map_err(io_err("writing", &f))
