@@ -87,6 +87,19 @@ impl KernelActuator {
             .ok_or(ActError::NoCgroups)?
             .cgroups()
             .clone();
+        if self
+            .idle_groups
+            .get(group)
+            .is_some_and(|g| g.why == crate::server_weight::SERVES_BESIDE_BATCH)
+        {
+            // Weighted up for a server beside batch, and now batch itself: its weight back
+            // first, then made idle as a group of batch.
+            self.unidle_group(
+                group,
+                "it is to be made idle",
+                &mut RestoreReport::default(),
+            );
+        }
         if let Some(g) = self.idle_groups.get_mut(group) {
             // A tree that ended or re-rooted handed it over: this tree's promotion gives
             // it back. A pod's class by rule stays the rule's.
@@ -364,12 +377,26 @@ impl KernelActuator {
         let Some(cg) = self.groups.as_ref().map(|g| g.cgroups().clone()) else {
             return;
         };
+        let weighted = g.why == crate::server_weight::SERVES_BESIDE_BATCH;
+        if weighted && !self.dry_run && cg.exists(path) && !crate::server_weight::as_left(&cg, path)
+        {
+            // Someone set its weight or idle flag since: theirs now.
+            tracing::info!(
+                path,
+                "the server's branch changed by someone else since: left as it is"
+            );
+            report.left_alone += 1;
+            let _logged_by_journal = self.journal(Record::GroupUnidle {
+                path: path.to_string(),
+            });
+            return;
+        }
         if !self.dry_run {
             match put_back(&cg, path, g.idle, &g.weight) {
                 Ok(()) => {
                     report.restored += 1;
                     let to = format!("cpu.idle={}, weight {}", u8::from(g.idle), g.weight);
-                    let from = if g.why == crate::server_weight::SERVES_BESIDE_BATCH {
+                    let from = if weighted {
                         "weight raised"
                     } else {
                         "cpu.idle=1"
@@ -424,7 +451,8 @@ impl KernelActuator {
                 MovedView {
                     pid: 0,
                     comm: "(cgroup)".into(),
-                    class: if weighted { "latency" } else { "batch" }.into(),
+                    // Not a process of either class: a server's branch weighted up.
+                    class: if weighted { "weighted" } else { "batch" }.into(),
                     group: path.clone(),
                     original_group: path.clone(),
                     tree: g.root.unwrap_or(0),

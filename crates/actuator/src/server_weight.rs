@@ -43,6 +43,16 @@ fn server_side(cg: &Cgroups, server: &str, batch: &str, own: &str) -> Option<Str
     branch_of(server, &batches, "")
 }
 
+/// Whether `group` is as appease left it: not idle, at the raised weight.
+pub(crate) fn as_left(cg: &Cgroups, group: &str) -> bool {
+    cg.idle(group).is_ok_and(|idle| !idle)
+        && cg
+            .weight_raw(group)
+            .ok()
+            .and_then(|w| cg.weight_from_raw(&w))
+            == Some(RAISED_WEIGHT)
+}
+
 impl KernelActuator {
     /// Raises or gives back the weight of the servers' branches, given the groups of the
     /// processes that served lately and of the trees demoted in place, after the
@@ -57,8 +67,9 @@ impl KernelActuator {
         let wanted: BTreeSet<String> = servers
             .iter()
             .flat_map(|s| batch.iter().filter_map(|b| server_side(cg, s, b, own)))
-            // Appease's own groups (the idle group, services' groups) are set by it.
-            .filter(|g| !self.is_group_of_ours(g))
+            // Appease's own groups (the idle group, services' groups) are set by it; a
+            // group that holds other batch would raise that batch too.
+            .filter(|g| !self.is_group_of_ours(g) && !batch.iter().any(|b| is_below(b, g)))
             .collect();
         let mut changed = 0;
         for group in &wanted {
@@ -77,8 +88,10 @@ impl KernelActuator {
                 } else {
                     "no batch beside it outside an idle branch"
                 };
-                self.unidle_group(&group, why, &mut RestoreReport::default());
-                changed += 1;
+                let mut report = RestoreReport::default();
+                self.unidle_group(&group, why, &mut report);
+                // A put-back that failed stays and is tried again: not a change.
+                changed += usize::from(!self.idle_groups.contains_key(&group));
             }
         }
         changed
@@ -236,5 +249,53 @@ mod tests {
         assert_eq!(cg.weight_raw("/system.slice").unwrap(), "100");
         // A server at the root: its nice acts there, no group to weigh.
         assert_eq!(a.sync_server_weights(&cg, &set(&["/"]), &batch, "/"), 0);
+    }
+
+    #[test]
+    fn a_weight_someone_changed_since_is_theirs_and_a_group_holding_other_batch_is_not_raised() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("server-weight-theirs"));
+        let cg = tree(&dir);
+        let mut a =
+            journaled_actuator(&k, &dir, &[]).with_groups(Groups::new(cg.clone(), "appease"));
+        let (servers, batch) = (set(&[SERVER]), set(&[CONTAINER]));
+        assert_eq!(a.sync_server_weights(&cg, &servers, &batch, "/"), 1);
+        cg.set_weight_raw("/system.slice", "300").unwrap();
+        let report = a.restore_all();
+        assert_eq!((report.restored, report.left_alone), (0, 1));
+        assert_eq!(
+            cg.weight_raw("/system.slice").unwrap(),
+            "300",
+            "the administrator's"
+        );
+        assert!(crate::journal::read_pending(&dir.0).unwrap().is_empty());
+
+        // Another tree demoted in place in system.slice: raising it would raise that batch.
+        let ci = "/system.slice/ci.service";
+        std::fs::create_dir_all(dir.0.join("cgroup/system.slice/ci.service")).unwrap();
+        let batch = set(&[CONTAINER, ci]);
+        assert_eq!(a.sync_server_weights(&cg, &servers, &batch, "/"), 0);
+        assert_eq!(cg.weight_raw("/system.slice").unwrap(), "300");
+    }
+
+    #[test]
+    fn a_weighted_group_made_idle_for_batch_gets_its_weight_back_first() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("server-weight-idle"));
+        let cg = tree(&dir);
+        let mut a =
+            journaled_actuator(&k, &dir, &[]).with_groups(Groups::new(cg.clone(), "appease"));
+        let (servers, batch) = (set(&[SERVER]), set(&[CONTAINER]));
+        assert_eq!(a.sync_server_weights(&cg, &servers, &batch, "/"), 1);
+        assert!(a
+            .idle_group_in_place("/system.slice", Some(7), &[7], "test")
+            .unwrap());
+        assert!(cg.idle("/system.slice").unwrap());
+        assert_eq!(
+            a.idle_groups["/system.slice"].weight, "100",
+            "the weight before ours"
+        );
+        a.restore_all();
+        assert!(!cg.idle("/system.slice").unwrap());
+        assert_eq!(cg.weight_raw("/system.slice").unwrap(), "100");
+        assert!(crate::journal::read_pending(&dir.0).unwrap().is_empty());
     }
 }

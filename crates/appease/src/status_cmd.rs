@@ -212,7 +212,11 @@ fn print_processes(status: &Status, now: u64) {
     }
     println!(
         "{} process(es) in the idle class ({} demoted, {} promoted so far)",
-        status.processes.len(),
+        status
+            .processes
+            .iter()
+            .filter(|p| p.class == "batch")
+            .count(),
         a.demotions,
         a.promotions
     );

@@ -303,15 +303,20 @@ root_test! {
             "weigh.toml",
             &batch_config(&format!("appease-e2e-weighb{}", std::process::id())),
         );
-        let raised = || shape.cg.weight_raw(&system).unwrap() == "10240";
+        // Ten times the default, in cgroup v2 units (10240 shares on v1).
+        let raised = || {
+            let raw = shape.cg.weight_raw(&system).unwrap();
+            shape.cg.weight_from_raw(&raw) == Some(1000)
+        };
         let mut daemon = Daemon::start(&dir.0, &cfg);
         let with_appease = with_traffic(dev, || {
             let settled = with_traffic(port, || wait_for(Duration::from_secs(20), raised));
             assert!(settled.is_some(), "system.slice weighted up: {}", daemon.log_text());
             assert!(!shape.user_idle(), "the branch holds a server: not idle");
-            for &p in &soakers {
-                assert_eq!(policy_of(p, p), 5, "SCHED_IDLE in place: {}", daemon.log_text());
-            }
+            let idle = wait_for(Duration::from_secs(10), || {
+                soakers.iter().all(|&p| policy_of(p, p) == 5)
+            });
+            assert!(idle.is_some(), "SCHED_IDLE in place: {}", daemon.log_text());
             // The status is published once a second.
             let mut st = daemon.status_json();
             let listed = wait_for(Duration::from_secs(3), || {
@@ -349,6 +354,7 @@ root_test! {
         let out = appease(&dir.0, &["restore"]);
         assert!(out.status.success(), "{out:?}");
         assert_eq!(shape.cg.weight_raw(&system).unwrap(), shares);
+        assert!(!shape.cg.idle(&system).unwrap());
         assert!(!dir.0.join("journal.jsonl").exists(), "nothing left to undo");
     }
 }
