@@ -109,7 +109,13 @@ impl KernelActuator {
         };
         self.forget_vanished_idle_groups();
         let (server_groups, batch) = self.server_and_batch_groups(&cg, servers);
-        let wanted = self.wanted_branches(&cg, &server_groups, &batch);
+        // appease's own group, read once a scan (only when something serves).
+        let own = if server_groups.is_empty() {
+            "/".to_string()
+        } else {
+            cg.group_of(self.self_pid).unwrap_or_else(|_| "/".into())
+        };
+        let wanted = self.wanted_branches(&cg, &server_groups, &batch, &own);
         let mut changed = 0;
         let mut seen = HashMap::new();
         let mut members = HashMap::new();
@@ -145,7 +151,6 @@ impl KernelActuator {
         members.retain(|_, b: &mut String| self.is_our_branch(b));
         self.branches = Branches { cpu: seen, members };
         // Where the batch's branch could not be made idle, the servers' is weighted up.
-        let own = cg.group_of(self.self_pid).unwrap_or_else(|_| "/".into());
         changed + self.sync_server_weights(&cg, &server_groups, &batch, &own)
     }
 
@@ -188,14 +193,14 @@ impl KernelActuator {
         cg: &Cgroups,
         server_groups: &BTreeSet<String>,
         batch: &BTreeSet<String>,
+        own: &str,
     ) -> BTreeSet<String> {
         if server_groups.is_empty() {
             return BTreeSet::new();
         }
-        let own = cg.group_of(self.self_pid).unwrap_or_else(|_| "/".into());
         batch
             .iter()
-            .filter_map(|b| branch_of(b, server_groups, &own).map(|br| (b, br)))
+            .filter_map(|b| branch_of(b, server_groups, own).map(|br| (b, br)))
             // A group made idle for the tree as a whole is its own branch already.
             .filter(|(b, br)| {
                 !(br == *b
