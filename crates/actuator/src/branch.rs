@@ -329,7 +329,6 @@ impl KernelActuator {
     }
 
     fn unidle_branch(&mut self, branch: &str, why: &str) {
-        tracing::info!(branch, why, "the batch's branch given back");
         let carries = self
             .idled
             .values()
@@ -346,6 +345,8 @@ impl KernelActuator {
             }
         }
         self.unidle_group(branch, why, &mut RestoreReport::default());
+        // Logged once done: a reader of the log (the e2e tests) sees the threads back.
+        tracing::info!(branch, why, "the batch's branch given back");
     }
 
     /// The record of `pid`'s own demotion, or of its nearest demoted ancestor's: a
