@@ -88,6 +88,11 @@ pub(crate) fn start_with(
     let (uid, gid) = postgres_account()?;
     let base = tmp.join("pg");
     let (data, socket_dir, log_dir) = (base.join("data"), base.join("sock"), base.join("log"));
+    // A round before this one, kept by APPEASE_BENCH_KEEP, left its cluster: initdb wants
+    // an empty directory.
+    if base.exists() {
+        fs::remove_dir_all(&base).with_context(|| format!("removing {}", base.display()))?;
+    }
     for d in [&base, &socket_dir, &log_dir] {
         fs::create_dir_all(d)?;
         std::os::unix::fs::chown(d, Some(uid), Some(gid))?;
