@@ -27,6 +27,7 @@ use appease_cgroup::{Cgroups, ProcStat};
 use crate::group_idle::is_below;
 use crate::in_place::{put_back_inherited, Idled};
 use crate::sys;
+use crate::systemd::WEIGHT_IDLE;
 use crate::{KernelActuator, RestoreReport};
 
 /// Why a branch is idle.
@@ -103,8 +104,8 @@ impl KernelActuator {
         servers: &[(u32, u64)],
         facts: &HashMap<u32, ProcFacts>,
     ) -> usize {
-        // On a systemd host the branch is a unit: through the bus, not built yet.
-        let Some(cg) = self.cgroups_written_here() else {
+        // On a systemd host the branch is a unit, set through the bus (`unit_weight`).
+        let Some(cg) = self.groups.as_ref().map(|g| g.cgroups().clone()) else {
             return 0;
         };
         self.forget_vanished_idle_groups();
@@ -122,7 +123,12 @@ impl KernelActuator {
         for branch in &wanted {
             let ours = self.is_our_branch(branch);
             if self.only_batch_busy(&cg, branch, facts, &mut seen, &mut members) {
-                match self.idle_group_in_place(branch, None, &[], ONLY_BATCH_BUSY) {
+                let made = if self.via_units() {
+                    self.set_branch_unit(branch, WEIGHT_IDLE, ONLY_BATCH_BUSY)
+                } else {
+                    self.idle_group_in_place(branch, None, &[], ONLY_BATCH_BUSY)
+                };
+                match made {
                     Ok(true) => changed += 1,
                     Ok(false) => {}
                     Err(e) => {
@@ -137,7 +143,7 @@ impl KernelActuator {
                 changed += 1;
             }
         }
-        for branch in crate::keys_where(&self.idle_groups, |g| g.why == ONLY_BATCH_BUSY) {
+        for branch in self.our_branches() {
             if !wanted.contains(&branch) {
                 let why = if servers.is_empty() {
                     "no server serves beside the batch"
@@ -162,8 +168,16 @@ impl KernelActuator {
         cg: &Cgroups,
         servers: &[(u32, u64)],
     ) -> (BTreeSet<String>, BTreeSet<String>) {
+        let bus = self
+            .groups
+            .as_ref()
+            .and_then(|g| g.units.as_deref())
+            .and_then(|u| u.bus_daemon_pid());
         let server_groups: BTreeSet<String> = servers
             .iter()
+            // The init process answering systemctl and the bus daemon passing appease's own
+            // calls on: not what these rules serve (nor a reason to change them again).
+            .filter(|&&(pid, _)| pid != 1 && Some(pid) != bus)
             .filter(|&&(pid, start)| {
                 crate::sys::task_stat(pid, pid).is_ok_and(|s| s.start == start)
             })
@@ -181,6 +195,12 @@ impl KernelActuator {
                     .iter()
                     .filter(|(_, g)| g.root.is_some())
                     .map(|(p, _)| p.clone()),
+            )
+            .chain(
+                self.idle_units
+                    .values()
+                    .filter(|u| u.root != 0)
+                    .map(|u| u.cgroup.clone()),
             )
             .collect();
         (server_groups, batch)
@@ -202,15 +222,9 @@ impl KernelActuator {
             .iter()
             .filter_map(|b| branch_of(b, server_groups, own).map(|br| (b, br)))
             // A group made idle for the tree as a whole is its own branch already.
-            .filter(|(b, br)| {
-                !(br == *b
-                    && self
-                        .idle_groups
-                        .get(br.as_str())
-                        .is_some_and(|g| g.root.is_some()))
-            })
+            .filter(|(b, br)| !(br == *b && self.in_a_group_made_idle_for_a_tree(br)))
             .map(|(_, br)| br)
-            .filter(|br| self.is_our_branch(br) || !cg.idle(br).unwrap_or(true))
+            .filter(|br| self.is_our_branch(br) || !self.group_reads_idle(cg, br))
             .collect()
     }
 
@@ -218,6 +232,14 @@ impl KernelActuator {
         self.idle_groups
             .get(group)
             .is_some_and(|g| g.why == ONLY_BATCH_BUSY)
+            || self.branch_unit_at(group, ONLY_BATCH_BUSY).is_some()
+    }
+
+    /// The branches made idle by this rule: groups, or units under systemd.
+    fn our_branches(&self) -> Vec<String> {
+        let mut out = crate::keys_where(&self.idle_groups, |g| g.why == ONLY_BATCH_BUSY);
+        out.extend(self.branch_units(ONLY_BATCH_BUSY));
+        out
     }
 
     /// Whether every process below `branch` is demoted batch (in `SCHED_IDLE`, descended
@@ -286,7 +308,7 @@ impl KernelActuator {
     /// A process exec'd below an idle branch of ours, outside the batch: the branch goes
     /// back now, not at the next scan (a command typed in the session's shell).
     pub(crate) fn on_exec_in_branches(&mut self, pid: u32) {
-        let branches = crate::keys_where(&self.idle_groups, |g| g.why == ONLY_BATCH_BUSY);
+        let branches = self.our_branches();
         if branches.is_empty() {
             return;
         }
@@ -344,7 +366,9 @@ impl KernelActuator {
                 self.uncarry_class(branch, &below);
             }
         }
-        self.unidle_group(branch, why, &mut RestoreReport::default());
+        if !self.unset_branch_unit(branch, ONLY_BATCH_BUSY, why) {
+            self.unidle_group(branch, why, &mut RestoreReport::default());
+        }
         // Logged once done: a reader of the log (the e2e tests) sees the threads back.
         tracing::info!(branch, why, "the batch's branch given back");
     }

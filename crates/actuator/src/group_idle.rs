@@ -288,6 +288,7 @@ impl KernelActuator {
         self.idle_groups
             .values()
             .any(|g| g.why == ALL_CONTAINERS_BATCH || g.why == crate::branch::ONLY_BATCH_BUSY)
+            || !self.branch_units(crate::branch::ONLY_BATCH_BUSY).is_empty()
     }
 
     /// A process exec'd: below an idle branch of ours and not batch, the branch goes back
@@ -319,6 +320,10 @@ impl KernelActuator {
         self.idle_groups
             .iter()
             .any(|(path, g)| g.root.is_some() && is_below(group, path))
+            || self
+                .idle_units
+                .values()
+                .any(|u| u.root != 0 && is_below(group, &u.cgroup))
     }
 
     /// Whether every process below `parent` is in a container made idle for a demoted

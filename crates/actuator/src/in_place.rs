@@ -32,6 +32,8 @@ pub(crate) struct Idled {
 /// A systemd unit appease made idle (CPUWeight=idle), with what it puts back.
 pub(crate) struct IdleUnit {
     pub orig: u64,
+    /// What appease set: WEIGHT_IDLE, or a server's branch's raised weight.
+    pub weight: u64,
     pub transient: bool,
     pub dropin: Option<String>,
     pub cgroup: String,
@@ -39,6 +41,15 @@ pub(crate) struct IdleUnit {
     pub pids: Vec<u32>,
     pub why: String,
     pub since: u64,
+}
+
+/// A CPUWeight as `systemctl show` says it.
+pub(crate) fn weight_text(weight: u64) -> String {
+    match weight {
+        WEIGHT_IDLE => "CPUWeight=idle".into(),
+        systemd::WEIGHT_UNSET => "CPUWeight unset".into(),
+        w => format!("CPUWeight={w}"),
+    }
 }
 
 pub(crate) fn process_alive(pid: u32) -> bool {
@@ -549,6 +560,10 @@ impl KernelActuator {
                 return false;
             }
         };
+        if self.idle_units.get(&unit).is_some_and(|u| u.root == 0) {
+            // Set for a branch rule (its own value journaled): the tree stays per thread.
+            return false;
+        }
         if let Some(u) = self.idle_units.get_mut(&unit) {
             // Already idle, for a tree that has ended or re-rooted: it is this tree's now,
             // so that this tree's promotion gives the unit back.
@@ -591,7 +606,7 @@ impl KernelActuator {
             tree = root,
             unit,
             cgroup,
-            from = format!("CPUWeight={orig}"),
+            from = weight_text(orig),
             to = "CPUWeight=idle",
             why,
             dry_run = self.dry_run.then_some(true)
@@ -600,6 +615,7 @@ impl KernelActuator {
             unit,
             IdleUnit {
                 orig,
+                weight: WEIGHT_IDLE,
                 transient,
                 dropin,
                 cgroup: cgroup.to_string(),
@@ -613,7 +629,7 @@ impl KernelActuator {
     }
 
     /// Gives a unit back its CPUWeight and runtime drop-in.
-    fn unidle_unit(&mut self, unit: &str, why: &str, report: &mut RestoreReport) {
+    pub(crate) fn unidle_unit(&mut self, unit: &str, why: &str, report: &mut RestoreReport) {
         let Some(u) = self.idle_units.remove(unit) else {
             return;
         };
@@ -622,16 +638,8 @@ impl KernelActuator {
             match units.map(|c| c.set_cpu_weight(unit, u.orig)) {
                 Some(Ok(())) => {
                     report.restored += 1;
-                    let to = format!("CPUWeight={}", u.orig);
-                    audit!(
-                        self.trail,
-                        Change::Unit,
-                        tree = u.root,
-                        unit,
-                        from = "CPUWeight=idle",
-                        to,
-                        why
-                    );
+                    let (from, to) = (weight_text(u.weight), weight_text(u.orig));
+                    audit!(self.trail, Change::Unit, tree = u.root, unit, from, to, why);
                 }
                 Some(Err(e)) if units.is_some_and(|c| c.unit_gone(unit)) => {
                     tracing::debug!(unit, error = %e, "unit gone");
@@ -672,8 +680,9 @@ impl KernelActuator {
     /// closed. Called on every scan; the classifier sends no promotion for a tree that
     /// ended.
     pub fn release_ended_in_place(&mut self) {
+        // A unit set for a branch (no tree of its own, no pids) goes back by its rule.
         let ended: Vec<String> = crate::keys_where(&self.idle_units, |u| {
-            !u.pids.iter().any(|&p| process_alive(p))
+            !u.pids.is_empty() && !u.pids.iter().any(|&p| process_alive(p))
         });
         let mut report = RestoreReport::default();
         for unit in ended {

@@ -16,6 +16,7 @@ pub mod sys;
 pub mod systemd;
 mod threads;
 pub mod trail;
+mod unit_weight;
 
 use std::collections::HashMap;
 use std::io;
@@ -61,6 +62,8 @@ pub enum ActError {
     NoCgroups,
     #[error(transparent)]
     Cgroup(#[from] appease_cgroup::CgroupError),
+    #[error(transparent)]
+    Unit(#[from] systemd::UnitError),
     #[error("{op} on thread {tid} failed: {source}")]
     Sys {
         op: &'static str,

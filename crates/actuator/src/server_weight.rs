@@ -33,10 +33,16 @@ pub(crate) const RAISED_WEIGHT: u32 = 1000;
 /// not idle: the highest group of the server's path that does not hold the batch. None
 /// when they share a group (nothing to weigh apart), the server sits at the root (its
 /// nice acts there), or the batch's side is idle already.
-fn server_side(cg: &Cgroups, server: &str, batch: &str, own: &str) -> Option<String> {
+fn server_side(
+    cg: &Cgroups,
+    server: &str,
+    batch: &str,
+    own: &str,
+    idle: &dyn Fn(&Cgroups, &str) -> bool,
+) -> Option<String> {
     let servers = BTreeSet::from([server.to_string()]);
     let batch_side = branch_of(batch, &servers, own)?;
-    if cg.idle(&batch_side).unwrap_or(true) {
+    if idle(cg, &batch_side) {
         return None;
     }
     let batches = BTreeSet::from([batch.to_string()]);
@@ -66,14 +72,23 @@ impl KernelActuator {
     ) -> usize {
         let wanted: BTreeSet<String> = servers
             .iter()
-            .flat_map(|s| batch.iter().filter_map(|b| server_side(cg, s, b, own)))
+            .flat_map(|s| {
+                batch.iter().filter_map(|b| {
+                    server_side(cg, s, b, own, &|cg, g| self.group_reads_idle(cg, g))
+                })
+            })
             // Appease's own groups (the idle group, services' groups) are set by it; a
             // group that holds other batch would raise that batch too.
             .filter(|g| !self.is_group_of_ours(g) && !batch.iter().any(|b| is_below(b, g)))
             .collect();
         let mut changed = 0;
         for group in &wanted {
-            match self.raise_group_weight(cg, group) {
+            let raised = if self.via_units() {
+                self.set_branch_unit(group, RAISED_WEIGHT.into(), SERVES_BESIDE_BATCH)
+            } else {
+                self.raise_group_weight(cg, group)
+            };
+            match raised {
                 Ok(true) => changed += 1,
                 Ok(false) => {}
                 Err(e) => {
@@ -81,17 +96,22 @@ impl KernelActuator {
                 }
             }
         }
+        let why = if servers.is_empty() {
+            "no server serves beside the batch"
+        } else {
+            "no batch beside it outside an idle branch"
+        };
         for group in crate::keys_where(&self.idle_groups, |g| g.why == SERVES_BESIDE_BATCH) {
             if !wanted.contains(&group) {
-                let why = if servers.is_empty() {
-                    "no server serves beside the batch"
-                } else {
-                    "no batch beside it outside an idle branch"
-                };
                 let mut report = RestoreReport::default();
                 self.unidle_group(&group, why, &mut report);
                 // A put-back that failed stays and is tried again: not a change.
                 changed += usize::from(!self.idle_groups.contains_key(&group));
+            }
+        }
+        for group in self.branch_units(SERVES_BESIDE_BATCH) {
+            if !wanted.contains(&group) {
+                changed += usize::from(self.unset_branch_unit(&group, SERVES_BESIDE_BATCH, why));
             }
         }
         changed

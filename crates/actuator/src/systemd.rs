@@ -7,6 +7,10 @@
 //! /run/systemd/system.control; appease puts back what that file held before (or
 //! removes it), so that nothing an administrator set is lost.
 //!
+//! The same property, through the same call, makes a batch's branch idle where it meets a
+//! server's (`user.slice`) and weights a server's branch up (`system.slice`), see
+//! `unit_weight`.
+//!
 //! The calls sit behind `UnitControl`, so the actuator's logic can be tested without a bus.
 
 use std::fs;
@@ -48,6 +52,22 @@ pub trait UnitControl {
     fn set_cpu_weight(&self, unit: &str, weight: u64) -> Result<(), UnitError>;
     /// Whether the unit is gone (not loaded, or stopped with nothing left of it).
     fn unit_gone(&self, unit: &str) -> bool;
+    /// The unit of systemd's manager that owns `cgroup` itself (`/user.slice` is
+    /// `user.slice`); an error for a group no unit of this manager owns (the root, a
+    /// delegated subtree such as a user manager's units).
+    fn unit_at(&self, cgroup: &str) -> Result<Unit, UnitError>;
+    /// The system bus's daemon: appease's own calls reach systemd through it, so what it
+    /// receives is no sign of a server for the branch rules.
+    fn bus_daemon_pid(&self) -> Option<u32> {
+        None
+    }
+}
+
+/// The unit name a cgroup's last component would be, if it is one that owns a cgroup.
+pub fn unit_name_of(cgroup: &str) -> Option<&str> {
+    let name = cgroup.rsplit('/').next()?;
+    let kind = name.rsplit_once('.')?.1;
+    matches!(kind, "service" | "scope" | "slice").then_some(name)
 }
 
 /// The runtime drop-in systemd writes for a CPUWeight set with SetUnitProperties: under
@@ -86,15 +106,23 @@ pub fn put_back_dropin(unit: &str, transient: bool, before: Option<&str>) {
 /// systemd's manager on the system bus.
 pub struct SystemBus {
     conn: Connection,
+    daemon_pid: Option<u32>,
 }
 
 const DEST: &str = "org.freedesktop.systemd1";
 
 impl SystemBus {
     pub fn connect() -> Result<Self, UnitError> {
-        Ok(SystemBus {
-            conn: Connection::system()?,
-        })
+        let conn = Connection::system()?;
+        let daemon_pid = Proxy::new(
+            &conn,
+            "org.freedesktop.DBus",
+            "/org/freedesktop/DBus",
+            "org.freedesktop.DBus",
+        )
+        .and_then(|p| p.call("GetConnectionUnixProcessID", &("org.freedesktop.DBus",)))
+        .ok();
+        Ok(SystemBus { conn, daemon_pid })
     }
 
     fn manager(&self) -> Result<Proxy<'_>, UnitError> {
@@ -128,6 +156,10 @@ impl SystemBus {
 }
 
 impl UnitControl for SystemBus {
+    fn bus_daemon_pid(&self) -> Option<u32> {
+        self.daemon_pid
+    }
+
     fn unit_of(&self, pid: u32) -> Result<Unit, UnitError> {
         let path: OwnedObjectPath = self.manager()?.call("GetUnitByPID", &(pid,))?;
         let unit = Proxy::new(&self.conn, DEST, path, "org.freedesktop.systemd1.Unit")?;
@@ -152,10 +184,53 @@ impl UnitControl for SystemBus {
         loaded.is_err()
     }
 
+    fn unit_at(&self, cgroup: &str) -> Result<Unit, UnitError> {
+        let not_a_unit = |what: &str| UnitError::Unit {
+            unit: cgroup.into(),
+            what: what.into(),
+        };
+        let id = unit_name_of(cgroup).ok_or_else(|| not_a_unit("is no unit's cgroup"))?;
+        let own: String = self.typed(id)?.get_property("ControlGroup")?;
+        if own != cgroup {
+            return Err(not_a_unit(&format!(
+                "{id} of systemd owns {own}, not this group"
+            )));
+        }
+        let path: OwnedObjectPath = self.manager()?.call("GetUnit", &(id,))?;
+        let unit = Proxy::new(&self.conn, DEST, path, "org.freedesktop.systemd1.Unit")?;
+        Ok(Unit {
+            id: id.to_string(),
+            cgroup: own,
+            transient: unit.get_property("Transient")?,
+        })
+    }
+
     fn set_cpu_weight(&self, unit: &str, weight: u64) -> Result<(), UnitError> {
         let props: Vec<(&str, Value<'_>)> = vec![("CPUWeight", Value::U64(weight))];
         self.manager()?
             .call::<_, _, ()>("SetUnitProperties", &(unit, true, props))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cgroups_unit_name_is_its_last_component_when_that_names_a_unit_with_a_cgroup() {
+        assert_eq!(unit_name_of("/user.slice"), Some("user.slice"));
+        assert_eq!(
+            unit_name_of("/user.slice/user-0.slice/session-1.scope"),
+            Some("session-1.scope")
+        );
+        assert_eq!(
+            unit_name_of("/system.slice/redis.service"),
+            Some("redis.service")
+        );
+        assert_eq!(unit_name_of("/"), None);
+        assert_eq!(unit_name_of("/docker/0123abcd"), None);
+        assert_eq!(unit_name_of("/system.slice/foo.service/payload"), None);
+        assert_eq!(unit_name_of("/a/b.mount"), None);
     }
 }

@@ -462,6 +462,9 @@ impl UnitControl for NoUnits {
     fn unit_gone(&self, _unit: &str) -> bool {
         true
     }
+    fn unit_at(&self, cgroup: &str) -> Result<Unit, UnitError> {
+        Err(no_unit(cgroup))
+    }
 }
 
 fn no_unit(unit: &str) -> UnitError {

@@ -366,6 +366,7 @@ impl KernelActuator {
             })
             .chain(self.idled_views())
             .chain(self.idle_group_views())
+            .chain(self.branch_unit_views())
             .collect();
         v.sort_by_key(|m| m.pid);
         v

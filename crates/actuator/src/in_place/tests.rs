@@ -61,6 +61,9 @@ impl UnitControl for Bus {
     fn unit_gone(&self, _: &str) -> bool {
         self.0.lock().unwrap().gone
     }
+    fn unit_at(&self, cgroup: &str) -> Result<Unit, UnitError> {
+        Err(refused(&format!("no unit owns {cgroup} here")))
+    }
 }
 
 /// A child process alone in a fake v2 tree that systemd owns, and an actuator

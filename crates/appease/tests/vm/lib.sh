@@ -9,7 +9,7 @@ export APPEASE_RUN_DIR=/run/appease-test
 ok() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
 fail() { FAILED=$((FAILED + 1)); echo "not ok - $1: $2"; }
 # check NAME COMMAND…: passes when COMMAND succeeds.
-check() { name=$1; shift; if "$@"; then ok "$name"; else fail "$name" "'$*' failed"; fi; }
+check() { name=$1; shift; if "$@"; then ok "$name"; else fail "$name" "'$*' failed"; return 1; fi; }
 finish() {
   echo "$PASSED passed, $FAILED failed"
   [ "$FAILED" -eq 0 ]

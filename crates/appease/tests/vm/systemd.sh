@@ -94,4 +94,56 @@ cat /tmp/svc.log
 check "service groups are refused at start with one clear error" sh -c "[ $rc -ne 0 ] && grep -q 'not available on a cgroup v2 host under systemd' /tmp/svc.log"
 kill "$USER_SOAK"
 systemctl stop mixed
+
+# The branch rules through the bus, beside a server answering requests. It runs in a slice of
+# its own: system.slice also holds this script and its clients, busy enough on emulated CPUs to
+# be demoted as batch, and a side that holds batch is not weighted up.
+# client PORT: one request to the bench's server (1 byte, 16 back) every 200 ms; no more
+# often, or its forks on the VM's emulated CPUs make it a CPU soaker of its own.
+client() {
+  bash -c "exec 3<>/dev/tcp/127.0.0.1/$1; while :; do printf x >&3; dd bs=16 count=1 <&3 status=none > /dev/null; sleep 0.2; done" &
+}
+systemd-run --quiet --unit=web --slice=serve.slice $A bench-worker server --cpu-ms 1 --port 7001
+wait_until 10 sh -c "bash -c ': < /dev/tcp/127.0.0.1/7001' 2>/dev/null"
+client 7001
+WEB_CLIENT=$!
+# A soaker alone in a scope: the scope idle for it, and user.slice, where its branch meets
+# the server's, idle too.
+systemd-run --quiet --scope --unit=batch --slice=user.slice sh -c "$SOAK" &
+BATCH=$!
+weighted() { [ "$(systemctl show -P CPUWeight serve.slice)" = "$1" ]; }
+start_daemon $CONFIG
+check "user.slice, where the batch's branch meets the server's, is made idle" wait_until 60 unit_idle /user.slice
+check "the batch's scope is idle for its tree" unit_idle /user.slice/batch.scope
+check "the server's side is not weighted up while the batch's is idle" weighted "[not set]"
+check "through systemd: user.slice's CPUWeight is idle" [ "$(systemctl show -P CPUWeight user.slice)" = idle ]
+check "status lists the slice made idle through systemd" wait_until 5 sh -c "$A status --json | grep -q 'unit user.slice CPUWeight=idle through systemd'"
+kill "$BATCH"
+check "with the batch gone, user.slice is given back" wait_until 30 unit_not_idle /user.slice
+check "and its CPUWeight is unset again" [ "$(systemctl show -P CPUWeight user.slice)" = "[not set]" ]
+# A soaker sharing its scope with a serving server: user.slice cannot be idle, so
+# serve.slice, the server's side, is weighted up.
+systemd-run --quiet --scope --unit=dev --slice=user.slice sh -c "$A bench-worker server --cpu-ms 1 --port 7002 & sh -c '$SOAK' & wait" &
+DEV=$!
+wait_until 10 sh -c "bash -c ': < /dev/tcp/127.0.0.1/7002' 2>/dev/null"
+client 7002
+DEV_CLIENT=$!
+check "serve.slice, the server's side, is weighted up through systemd" wait_until 60 weighted 1000 ||
+  { $A status; tail -40 /tmp/daemon.log; }
+check "user.slice stays non-idle: a server serves in it" unit_not_idle /user.slice
+check "init.scope is not weighted up (PID 1 answering systemctl is no server)" [ "$(systemctl show -P CPUWeight init.scope)" = "[not set]" ]
+check "status lists serve.slice weighted" wait_until 5 sh -c "$A status --json | grep -q 'unit serve.slice CPUWeight=1000 through systemd'"
+stop_daemon
+check "on exit serve.slice's CPUWeight is unset again" wait_until 10 weighted "[not set]"
+check "on exit appease's drop-in for serve.slice is gone" sh -c "! ls /run/systemd/*/serve.slice.d/50-CPUWeight.conf 2>/dev/null"
+check "on exit no journal is left" [ ! -e $APPEASE_RUN_DIR/journal.jsonl ]
+start_daemon $CONFIG
+check "weighted up again by a new daemon" wait_until 60 weighted 1000
+kill -KILL "$DAEMON"; wait "$DAEMON" 2>/dev/null
+check "still weighted up after kill -9" weighted 1000
+check "appease restore succeeds" $A restore
+check "after restore serve.slice's CPUWeight is unset" wait_until 10 weighted "[not set]"
+check "after restore no journal is left" [ ! -e $APPEASE_RUN_DIR/journal.jsonl ]
+kill "$WEB_CLIENT" "$DEV_CLIENT" "$DEV"
+systemctl stop web dev.scope 2>/dev/null
 finish
