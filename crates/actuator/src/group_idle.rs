@@ -218,12 +218,16 @@ impl KernelActuator {
     /// Kubernetes BestEffort pods are the idle class as a whole, at pod level (not the
     /// tier: the kubelet writes tier weights, which the kernel refuses on an idle group).
     /// Called on every scan: new pods are made idle, pods the kubelet rewrote are made
-    /// idle again, deleted ones are forgotten. Not on a systemd host (its tree is
-    /// systemd's). Returns how many pods changed.
+    /// idle again, deleted ones are forgotten. On a systemd host (the kubelet's systemd
+    /// driver) the pods are slices of systemd's, set through the bus (`unit_weight`).
+    /// Returns how many pods changed.
     pub fn keep_besteffort_pods_idle(&mut self) -> usize {
-        let Some(cg) = self.cgroups_written_here() else {
+        let Some(cg) = self.groups.as_ref().map(|g| g.cgroups().clone()) else {
             return 0;
         };
+        if self.via_units() {
+            return self.keep_besteffort_units_idle(&cg);
+        }
         let pods = cg.besteffort_pods();
         self.forget_vanished_idle_groups();
         let mut changed = 0;

@@ -12,7 +12,47 @@ use crate::systemd::{self, UnitControl, WEIGHT_IDLE, WEIGHT_UNSET};
 use crate::trail::{audit, Change};
 use crate::{ActError, KernelActuator, RestoreReport};
 
+/// Why a pod's slice is idle.
+pub(crate) const BESTEFFORT_POD: &str = "Kubernetes BestEffort pod";
+
 impl KernelActuator {
+    /// Under systemd, each Kubernetes BestEffort pod's slice idle through the bus, as a
+    /// pod's group is made idle elsewhere: new pods made idle, a pod the kubelet set again
+    /// (its `cpu.idle` back to 0) made idle afresh with the kubelet's value as its own, a
+    /// deleted pod forgotten. Returns how many pods changed.
+    pub(crate) fn keep_besteffort_units_idle(&mut self, cg: &appease_cgroup::Cgroups) -> usize {
+        let pods = cg.besteffort_pods();
+        let mut changed = 0;
+        for gone in self.branch_units(BESTEFFORT_POD) {
+            if !pods.contains(&gone) {
+                changed +=
+                    usize::from(self.unset_branch_unit(&gone, BESTEFFORT_POD, "the pod is gone"));
+            }
+        }
+        for pod in &pods {
+            if let Some(unit) = self.branch_unit_at(pod, BESTEFFORT_POD) {
+                if self.group_reads_idle(cg, pod) {
+                    continue;
+                }
+                // Rewritten: the kubelet's value is the pod's own now, nothing of ours to
+                // put back.
+                tracing::info!(
+                    pod,
+                    unit,
+                    "the pod's slice was set again by someone else: made idle afresh"
+                );
+                self.idle_units.remove(&unit);
+                let _logged_by_journal = self.journal(Record::UnitRestored { unit });
+            }
+            match self.set_branch_unit(pod, WEIGHT_IDLE, BESTEFFORT_POD) {
+                Ok(true) => changed += 1,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(pod, error = %e, "could not make the pod's slice idle"),
+            }
+        }
+        changed
+    }
+
     /// systemd owns the cgroup tree: the branch rules set units through the bus.
     pub(crate) fn via_units(&self) -> bool {
         self.groups.as_ref().is_some_and(|g| g.systemd_owned())
@@ -200,6 +240,9 @@ mod tests {
 
     const SERVER: &str = "/system.slice/web.service";
     const SCOPE: &str = "/user.slice/user-0.slice/session-1.scope";
+    const POD: &str =
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12_34.slice";
+    const POD_UNIT: &str = "kubepods-besteffort-pod12_34.slice";
 
     /// systemd as the branch rules see it: the units of the tree's groups, their
     /// CPUWeight written to the fake tree as systemd writes it (idle as `cpu.idle`).
@@ -228,7 +271,8 @@ mod tests {
             if *self.refuse.lock().unwrap() {
                 return Err(refused("access denied"));
             }
-            let cgroup = ["/system.slice", SERVER, "/user.slice", SCOPE]
+            self.cpu_weight(unit)?; // not loaded
+            let cgroup = ["/system.slice", SERVER, "/user.slice", SCOPE, POD]
                 .into_iter()
                 .find(|g| crate::systemd::unit_name_of(g) == Some(unit))
                 .ok_or_else(|| refused(unit))?;
@@ -460,5 +504,42 @@ mod tests {
         let report = a.restore_all();
         assert_eq!((report.restored, report.failed), (1, 0));
         assert_eq!(m.cpu_weight("web.service").unwrap(), WEIGHT_UNSET);
+    }
+
+    #[test]
+    fn under_systemd_a_besteffort_pods_slice_is_made_idle_again_after_a_rewrite_and_forgotten_when_gone(
+    ) {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("unit-weight-pod"));
+        let (cg, m) = systemd_host(&dir);
+        // The pod's slice as the kubelet's systemd driver leaves it: CPUWeight 1.
+        let pod_dir = dir.0.join("cgroup").join(&POD[1..]);
+        std::fs::create_dir_all(pod_dir.join("cri-containerd-ab.scope")).unwrap();
+        std::fs::write(pod_dir.join("cpu.idle"), "0\n").unwrap();
+        m.weights.lock().unwrap().insert(POD_UNIT.into(), 1);
+        let mut a = actuator(&k, &dir, &cg, &m);
+        assert_eq!(a.keep_besteffort_pods_idle(), 1);
+        assert_eq!(m.cpu_weight(POD_UNIT).unwrap(), WEIGHT_IDLE);
+        assert_eq!(a.keep_besteffort_pods_idle(), 0, "kept");
+        let views = a.moved();
+        assert!(
+            views
+                .iter()
+                .any(|v| v.group == POD && v.why == "Kubernetes BestEffort pod"),
+            "{views:?}"
+        );
+
+        // The kubelet sets its weight again: idle afresh, the kubelet's value its own.
+        m.set_cpu_weight(POD_UNIT, 1).unwrap();
+        assert_eq!(a.keep_besteffort_pods_idle(), 1);
+        assert_eq!(m.cpu_weight(POD_UNIT).unwrap(), WEIGHT_IDLE);
+        let pending = crate::journal::read_pending(&dir.0).unwrap();
+        assert_eq!(pending.units.get(POD_UNIT).map(|u| u.0), Some(1));
+
+        // The pod deleted: its unit is gone with it, nothing left to undo.
+        std::fs::remove_dir_all(&pod_dir).unwrap();
+        m.weights.lock().unwrap().remove(POD_UNIT);
+        assert_eq!(a.keep_besteffort_pods_idle(), 1);
+        assert!(a.moved().is_empty());
+        assert!(crate::journal::read_pending(&dir.0).unwrap().is_empty());
     }
 }

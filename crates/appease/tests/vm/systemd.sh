@@ -146,4 +146,25 @@ check "after restore serve.slice's CPUWeight is unset" wait_until 10 weighted "[
 check "after restore no journal is left" [ ! -e $APPEASE_RUN_DIR/journal.jsonl ]
 kill "$WEB_CLIENT" "$DEV_CLIENT" "$DEV"
 systemctl stop web dev.scope 2>/dev/null
+
+# Kubernetes pods under the kubelet's systemd driver: slices of systemd's (a dash nests a
+# slice). A BestEffort pod's slice is made idle through the bus, a Burstable one's is not.
+BE_UNIT=kubepods-besteffort-pod12_34.slice
+POD=/kubepods.slice/kubepods-besteffort.slice/$BE_UNIT
+BURST=/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod56_78.slice
+systemd-run --quiet --scope --slice=$BE_UNIT --unit=cri-containerd-ab sleep 600 &
+systemd-run --quiet --scope --slice=kubepods-burstable-pod56_78.slice --unit=cri-containerd-cd sleep 600 &
+wait_until 10 [ -d /sys/fs/cgroup$BURST/cri-containerd-cd.scope ]
+systemctl set-property --runtime $BE_UNIT CPUWeight=1   # as the kubelet sets a BestEffort pod
+start_daemon $CONFIG
+check "the BestEffort pod's slice is made idle through systemd" wait_until 30 unit_idle $POD
+check "its CPUWeight is idle" [ "$(systemctl show -P CPUWeight $BE_UNIT)" = idle ]
+check "the Burstable pod's slice is not" unit_not_idle $BURST
+systemctl set-property --runtime $BE_UNIT CPUWeight=1   # the kubelet setting it again
+check "the kubelet's rewrite is seen and the pod made idle afresh" wait_until 30 grep -q "made idle afresh" /tmp/daemon.log
+check "idle again" wait_until 30 unit_idle $POD
+stop_daemon
+check "on exit the pod's CPUWeight is the kubelet's again" wait_until 10 sh -c "[ \"\$(systemctl show -P CPUWeight $BE_UNIT)\" = 1 ]"
+check "on exit no journal is left" [ ! -e $APPEASE_RUN_DIR/journal.jsonl ]
+systemctl stop cri-containerd-ab.scope cri-containerd-cd.scope 2>/dev/null
 finish
