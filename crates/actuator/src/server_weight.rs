@@ -29,26 +29,6 @@ pub(crate) const SERVES_BESIDE_BATCH: &str =
 /// The weight given, in cgroup v2 units (ten times the default 100; 10240 `cpu.shares`).
 pub(crate) const RAISED_WEIGHT: u32 = 1000;
 
-/// The group on `server`'s side where it meets `batch`, when the batch's side there is
-/// not idle: the highest group of the server's path that does not hold the batch. None
-/// when they share a group (nothing to weigh apart), the server sits at the root (its
-/// nice acts there), or the batch's side is idle already.
-fn server_side(
-    cg: &Cgroups,
-    server: &str,
-    batch: &str,
-    own: &str,
-    idle: &dyn Fn(&Cgroups, &str) -> bool,
-) -> Option<String> {
-    let servers = BTreeSet::from([server.to_string()]);
-    let batch_side = branch_of(batch, &servers, own)?;
-    if idle(cg, &batch_side) {
-        return None;
-    }
-    let batches = BTreeSet::from([batch.to_string()]);
-    branch_of(server, &batches, "")
-}
-
 /// Whether `group` is as appease left it: not idle, at the raised weight.
 pub(crate) fn as_left(cg: &Cgroups, group: &str) -> bool {
     cg.idle(group).is_ok_and(|idle| !idle)
@@ -60,6 +40,20 @@ pub(crate) fn as_left(cg: &Cgroups, group: &str) -> bool {
 }
 
 impl KernelActuator {
+    /// The group on `server`'s side where it meets `batch`, when the batch's side there is
+    /// not idle: the highest group of the server's path that does not hold the batch. None
+    /// when they share a group (nothing to weigh apart), the server sits at the root (its
+    /// nice acts there), or the batch's side is idle already.
+    fn server_side(&self, cg: &Cgroups, server: &str, batch: &str, own: &str) -> Option<String> {
+        let servers = BTreeSet::from([server.to_string()]);
+        let batch_side = branch_of(batch, &servers, own)?;
+        if self.group_reads_idle(cg, &batch_side) {
+            return None;
+        }
+        let batches = BTreeSet::from([batch.to_string()]);
+        branch_of(server, &batches, "")
+    }
+
     /// Raises or gives back the weight of the servers' branches, given the groups of the
     /// processes that served lately and of the trees demoted in place, after the
     /// batch's branches were made idle where they could be. Returns how many changed.
@@ -72,11 +66,7 @@ impl KernelActuator {
     ) -> usize {
         let wanted: BTreeSet<String> = servers
             .iter()
-            .flat_map(|s| {
-                batch.iter().filter_map(|b| {
-                    server_side(cg, s, b, own, &|cg, g| self.group_reads_idle(cg, g))
-                })
-            })
+            .flat_map(|s| batch.iter().filter_map(|b| self.server_side(cg, s, b, own)))
             // Appease's own groups (the idle group, services' groups) are set by it; a
             // group that holds other batch would raise that batch too.
             .filter(|g| !self.is_group_of_ours(g) && !batch.iter().any(|b| is_below(b, g)))
@@ -84,7 +74,17 @@ impl KernelActuator {
         let mut changed = 0;
         for group in &wanted {
             let raised = if self.via_units() {
-                self.set_branch_unit(group, RAISED_WEIGHT.into(), SERVES_BESIDE_BATCH)
+                // As high already (ours, or someone's): read from the group, so that a
+                // scan asks nothing of the bus.
+                let high = cg
+                    .weight_raw(group)
+                    .ok()
+                    .and_then(|w| cg.weight_from_raw(&w));
+                if high.is_some_and(|w| w >= RAISED_WEIGHT) {
+                    Ok(false)
+                } else {
+                    self.set_branch_unit(group, RAISED_WEIGHT.into(), SERVES_BESIDE_BATCH)
+                }
             } else {
                 self.raise_group_weight(cg, group)
             };

@@ -63,11 +63,24 @@ pub trait UnitControl {
     }
 }
 
+/// The D-Bus interface that carries the cgroup properties of a unit named `unit`, by its
+/// type: None for a type that has no cgroup of its own.
+fn cgroup_interface(unit: &str) -> Option<&'static str> {
+    Some(match unit.rsplit_once('.')?.1 {
+        "service" => "org.freedesktop.systemd1.Service",
+        "scope" => "org.freedesktop.systemd1.Scope",
+        "slice" => "org.freedesktop.systemd1.Slice",
+        "socket" => "org.freedesktop.systemd1.Socket",
+        "mount" => "org.freedesktop.systemd1.Mount",
+        "swap" => "org.freedesktop.systemd1.Swap",
+        _ => return None,
+    })
+}
+
 /// The unit name a cgroup's last component would be, if it is one that owns a cgroup.
 pub fn unit_name_of(cgroup: &str) -> Option<&str> {
     let name = cgroup.rsplit('/').next()?;
-    let kind = name.rsplit_once('.')?.1;
-    matches!(kind, "service" | "scope" | "slice").then_some(name)
+    cgroup_interface(name).map(|_| name)
 }
 
 /// The runtime drop-in systemd writes for a CPUWeight set with SetUnitProperties: under
@@ -136,22 +149,35 @@ impl SystemBus {
 
     /// The interface that carries a unit's cgroup properties, by its type.
     fn typed<'a>(&'a self, unit: &str) -> Result<Proxy<'a>, UnitError> {
-        let iface = match unit.rsplit('.').next() {
-            Some("service") => "org.freedesktop.systemd1.Service",
-            Some("scope") => "org.freedesktop.systemd1.Scope",
-            Some("slice") => "org.freedesktop.systemd1.Slice",
-            Some("socket") => "org.freedesktop.systemd1.Socket",
-            Some("mount") => "org.freedesktop.systemd1.Mount",
-            Some("swap") => "org.freedesktop.systemd1.Swap",
-            _ => {
-                return Err(UnitError::Unit {
-                    unit: unit.into(),
-                    what: "has no cgroup of its own".into(),
-                })
-            }
-        };
         let path: OwnedObjectPath = self.manager()?.call("GetUnit", &(unit,))?;
+        self.typed_at(unit, path)
+    }
+
+    fn typed_at<'a>(&'a self, unit: &str, path: OwnedObjectPath) -> Result<Proxy<'a>, UnitError> {
+        let iface = cgroup_interface(unit).ok_or_else(|| UnitError::Unit {
+            unit: unit.into(),
+            what: "has no cgroup of its own".into(),
+        })?;
         Ok(Proxy::new(&self.conn, DEST, path, iface)?)
+    }
+
+    /// The unit at object `path`: its name, its cgroup and whether it is transient, all
+    /// read at that path (one lookup, whether it was found by pid or by name).
+    fn unit_from(&self, path: OwnedObjectPath) -> Result<Unit, UnitError> {
+        let unit = Proxy::new(
+            &self.conn,
+            DEST,
+            path.clone(),
+            "org.freedesktop.systemd1.Unit",
+        )?;
+        let id: String = unit.get_property("Id")?;
+        let transient: bool = unit.get_property("Transient")?;
+        let cgroup: String = self.typed_at(&id, path)?.get_property("ControlGroup")?;
+        Ok(Unit {
+            id,
+            cgroup,
+            transient,
+        })
     }
 }
 
@@ -161,16 +187,7 @@ impl UnitControl for SystemBus {
     }
 
     fn unit_of(&self, pid: u32) -> Result<Unit, UnitError> {
-        let path: OwnedObjectPath = self.manager()?.call("GetUnitByPID", &(pid,))?;
-        let unit = Proxy::new(&self.conn, DEST, path, "org.freedesktop.systemd1.Unit")?;
-        let id: String = unit.get_property("Id")?;
-        let transient: bool = unit.get_property("Transient")?;
-        let cgroup: String = self.typed(&id)?.get_property("ControlGroup")?;
-        Ok(Unit {
-            id,
-            cgroup,
-            transient,
-        })
+        self.unit_from(self.manager()?.call("GetUnitByPID", &(pid,))?)
     }
 
     fn cpu_weight(&self, unit: &str) -> Result<u64, UnitError> {
@@ -185,24 +202,17 @@ impl UnitControl for SystemBus {
     }
 
     fn unit_at(&self, cgroup: &str) -> Result<Unit, UnitError> {
-        let not_a_unit = |what: &str| UnitError::Unit {
+        let not_a_unit = |what: String| UnitError::Unit {
             unit: cgroup.into(),
-            what: what.into(),
+            what,
         };
-        let id = unit_name_of(cgroup).ok_or_else(|| not_a_unit("is no unit's cgroup"))?;
-        let own: String = self.typed(id)?.get_property("ControlGroup")?;
-        if own != cgroup {
-            return Err(not_a_unit(&format!(
-                "{id} of systemd owns {own}, not this group"
-            )));
+        let id = unit_name_of(cgroup).ok_or_else(|| not_a_unit("is no unit's cgroup".into()))?;
+        let unit = self.unit_from(self.manager()?.call("GetUnit", &(id,))?)?;
+        if unit.cgroup != cgroup {
+            let owns = format!("{id} of systemd owns {}, not this group", unit.cgroup);
+            return Err(not_a_unit(owns));
         }
-        let path: OwnedObjectPath = self.manager()?.call("GetUnit", &(id,))?;
-        let unit = Proxy::new(&self.conn, DEST, path, "org.freedesktop.systemd1.Unit")?;
-        Ok(Unit {
-            id: id.to_string(),
-            cgroup: own,
-            transient: unit.get_property("Transient")?,
-        })
+        Ok(unit)
     }
 
     fn set_cpu_weight(&self, unit: &str, weight: u64) -> Result<(), UnitError> {
@@ -231,6 +241,11 @@ mod tests {
         assert_eq!(unit_name_of("/"), None);
         assert_eq!(unit_name_of("/docker/0123abcd"), None);
         assert_eq!(unit_name_of("/system.slice/foo.service/payload"), None);
-        assert_eq!(unit_name_of("/a/b.mount"), None);
+        assert_eq!(unit_name_of("/system.slice/home.mount"), Some("home.mount"));
+        assert_eq!(
+            unit_name_of("/a/sda.device"),
+            None,
+            "a device unit has no cgroup"
+        );
     }
 }
