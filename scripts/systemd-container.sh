@@ -2,37 +2,41 @@
 # A real systemd, as PID 1 of a container made by hand, that manages this machine's v1 `cpu`
 # hierarchy with real CPUs: each v1 hierarchy gets a group of the container's own, which a
 # cgroup namespace mounts read-write as the container's root (systemd-nspawn mounts the
-# controllers read-only in legacy mode). The root file system comes from debootstrap
-# (Debian 12, systemd 252).
+# controllers read-only in legacy mode). The root file system is this machine's own, under
+# an overlay whose writes land in $STATE and go with `stop`: its systemd (252 on Debian 12)
+# and whatever the bench runs (gcc, redis) need no download. This checkout is bound at its
+# own path inside, so its binary runs there.
 #
 #   scripts/systemd-container.sh start     # prints the container's PID 1 (host PID)
-#   scripts/systemd-container.sh exec CMD… # runs CMD inside (systemctl, systemd-run, …)
-#   scripts/systemd-container.sh stop      # ends it and removes its groups
+#   scripts/systemd-container.sh exec CMD… # runs CMD inside, in a scope of its own in
+#                                          # system.slice, as a service would
+#   scripts/systemd-container.sh stop      # ends it and removes its groups and overlay
 #
-# Root only. Its groups are /sys/fs/cgroup/HIERARCHY/$NAME and its log /run/$NAME.log; `stop`
-# removes them. The root file system stays in $ROOT for the next start.
+# Root only. systemd boots to basic.target (no service of this machine's is started), with
+# /proc/sys read-only as systemd-nspawn has it, so the container changes no kernel setting
+# of the machine (systemd-sysctl is skipped).
 set -euo pipefail
 
 NAME=${SYSTEMD_CONTAINER_NAME:-appease-sd}
-ROOT=${SYSTEMD_CONTAINER_ROOT:-/var/tmp/appease-sd-root}
+STATE=${SYSTEMD_CONTAINER_STATE:-/var/tmp/$NAME}
+ROOT=$STATE/root
 HIERARCHIES="cpu cpuacct cpuset memory devices freezer blkio pids systemd unified"
+REPO=$(cd "$(dirname "$0")/.." && pwd)
 PIDFILE=/run/$NAME.pid
 
 die() { echo "systemd-container: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root"
 
-make_root() {
-  [ -x "$ROOT/lib/systemd/systemd" ] && return
-  command -v debootstrap > /dev/null || die "debootstrap is missing: apt-get install debootstrap"
-  debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus bookworm "$ROOT" \
-    http://deb.debian.org/debian > /dev/null
-}
-
-# Inside the new namespaces (PID 1 there): the API file systems, then systemd.
+# Inside the new namespaces (PID 1 there): the root, the API file systems, then systemd.
 inside() {
   mount --make-rprivate /
-  mount --bind "$ROOT" "$ROOT"
+  mkdir -p "$STATE/upper" "$STATE/work" "$ROOT"
+  mount -t overlay overlay -o "lowerdir=/,upperdir=$STATE/upper,workdir=$STATE/work" "$ROOT"
+  # Boots to basic.target: this machine's enabled services stay off.
+  ln -sfn /lib/systemd/system/basic.target "$ROOT/etc/systemd/system/default.target"
   mount -t proc proc "$ROOT/proc"
+  mount --bind "$ROOT/proc/sys" "$ROOT/proc/sys"
+  mount -o remount,bind,ro "$ROOT/proc/sys"
   mount -t sysfs -o ro sysfs "$ROOT/sys"
   mount -t tmpfs -o mode=755 tmpfs "$ROOT/sys/fs/cgroup"
   for h in cpu cpuacct cpuset memory devices freezer blkio pids; do
@@ -43,13 +47,16 @@ inside() {
   mount -t cgroup -o none,name=systemd cgroup "$ROOT/sys/fs/cgroup/systemd"
   mount -t cgroup2 cgroup2 "$ROOT/sys/fs/cgroup/unified"
   mount --rbind /dev "$ROOT/dev"
+  mount -t tmpfs -o mode=1777 tmpfs "$ROOT/tmp"
+  mount --bind "$REPO" "$ROOT$REPO"
   hostname "$NAME"
   exec chroot "$ROOT" /usr/bin/env -i container=appease-test /lib/systemd/systemd
 }
 
 start() {
   [ -e "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null && die "running already (PID $(cat "$PIDFILE"))"
-  make_root
+  [ -x /lib/systemd/systemd ] || die "systemd is not installed: apt-get install systemd dbus"
+  rm -rf "$STATE"
   for h in $HIERARCHIES; do mkdir -p "/sys/fs/cgroup/$h/$NAME"; done
   cat /sys/fs/cgroup/cpuset/cpuset.cpus > "/sys/fs/cgroup/cpuset/$NAME/cpuset.cpus"
   cat /sys/fs/cgroup/cpuset/cpuset.mems > "/sys/fs/cgroup/cpuset/$NAME/cpuset.mems"
@@ -68,10 +75,19 @@ start() {
     case $state in running|degraded) break ;; esac
     sleep 0.2
   done
+  case $state in running|degraded) ;; *) die "systemd is $state after 20 s; see /run/$NAME.log" ;; esac
   echo "$pid"
 }
 
 run() { nsenter -t "$(cat "$PIDFILE")" -m -u -i -p -C -r -w "$@"; }
+
+# A command in a scope of its own in system.slice: inside the container's cgroup root, as
+# systemd tracks it, and gone with it.
+run_scoped() {
+  [ -e "$PIDFILE" ] || die "not running: scripts/systemd-container.sh start"
+  for h in $HIERARCHIES; do echo $$ > "/sys/fs/cgroup/$h/$NAME/cgroup.procs"; done
+  run systemd-run --scope --quiet --collect --slice=system.slice --unit="exec-$$.scope" "$@"
+}
 
 stop() {
   if [ -e "$PIDFILE" ]; then
@@ -83,12 +99,14 @@ stop() {
   for h in $HIERARCHIES; do
     [ -d "/sys/fs/cgroup/$h/$NAME" ] && find "/sys/fs/cgroup/$h/$NAME" -depth -type d -exec rmdir {} \;
   done
+  # The overlay went with the mount namespace: only its writes are left.
+  rm -rf "$STATE"
   return 0
 }
 
 case ${1:-} in
   start) start ;;
-  exec) shift; run "$@" ;;
+  exec) shift; run_scoped "$@" ;;
   stop) stop ;;
   inside) inside ;;
   *) die "usage: $0 start | exec CMD… | stop" ;;

@@ -24,6 +24,8 @@ pub(crate) struct Run {
     /// Groups of others made idle for the run (the Docker engine's parent): made busy
     /// again at its end.
     pub(crate) reset_idle: Vec<(appease_cgroup::Cgroups, String)>,
+    /// systemd units whose CPU quota the run set: reset once its processes are gone.
+    pub(crate) quota_resets: Vec<crate::nested::QuotaReset>,
     pub(crate) tmp: Option<PathBuf>,
 }
 
@@ -85,6 +87,7 @@ impl Drop for Run {
                 }
             }
         }
+        self.quota_resets.clear();
         for (cg, group) in self.cgroups.drain(..) {
             // Killed compilers leave the group only once they are reaped (by init,
             // their parent gone): until then removal fails as busy.

@@ -1,6 +1,7 @@
 //! Readings of the host: CPU count, runnable tasks, CPU pressure, privileges.
 
 use std::fs;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use appease_policy::batch::ProcSample;
@@ -117,6 +118,14 @@ pub fn in_nested_pid_namespace() -> bool {
 pub fn is_initial_pid_namespace(link: &str) -> bool {
     const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
     link == format!("pid:[{PROC_PID_INIT_INO}]")
+}
+
+/// Whether PID 1 of this process's PID namespace is systemd, booted as the service manager
+/// (`/run/systemd/system`, what `sd_booted(3)` checks): in a namespace of its own, a
+/// system container's.
+pub fn pid1_is_systemd() -> bool {
+    fs::read_to_string("/proc/1/comm").is_ok_and(|c| c.trim_end() == "systemd")
+        && Path::new("/run/systemd/system").is_dir()
 }
 
 /// Whether this process has a cgroup namespace of its own: its cgroup paths are then

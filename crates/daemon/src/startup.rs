@@ -25,20 +25,29 @@ pub fn preflight() -> Result<()> {
              (run it as root, e.g. with sudo)"
         );
     }
-    if host::in_nested_pid_namespace() {
+    // A system container (its own PID and cgroup namespaces, systemd as its PID 1) is a
+    // host of its own: appease manages what runs there, named as there.
+    let system_container = host::in_nested_pid_namespace() && host::pid1_is_systemd();
+    if host::in_nested_pid_namespace() && !system_container {
         bail!(
-            "appease runs in a PID namespace of its own (a container without the host's \
-             process IDs): the request probe and the journal name processes by the host's \
-             IDs, which mean other processes here. Run it in the host's PID namespace: \
-             `--pid=host` (Docker, Podman), `hostPID: true` (Kubernetes, see deploy/), or on \
-             the host"
+            "appease runs in a PID namespace of its own whose PID 1 is not systemd (an \
+             application container): it would see and change only that container's \
+             processes, not the host's. Run it in the host's PID namespace: `--pid=host` \
+             (Docker, Podman), `hostPID: true` (Kubernetes, see deploy/), or on the host; in \
+             a system container, systemd as its PID 1"
         );
     }
-    if host::in_nested_cgroup_namespace() {
+    if host::in_nested_cgroup_namespace() && !system_container {
         bail!(
             "appease runs in a cgroup namespace of its own (a container with a private cgroup \
              view): it must see and change the host's cgroups. Run it in the host's cgroup \
              namespace: `--cgroupns=host` (Docker, Podman), or on the host"
+        );
+    }
+    if system_container {
+        tracing::info!(
+            "in a system container (a PID namespace of its own, systemd as its PID 1): \
+             managing the processes and cgroups of this container only"
         );
     }
     Ok(())

@@ -261,6 +261,7 @@ impl<'obj> Probe<'obj> {
         rodata.min_gap_ns = cfg.min_gap.as_nanos().min(u64::MAX as u128) as u64;
         rodata.wake_after_ns = 2 * rodata.min_gap_ns;
         rodata.self_tgid = cfg.ignore_pid.unwrap_or(0);
+        rodata.pid_ns_inum = nested_pid_namespace().unwrap_or(0);
         rodata.serving_window_ns = cfg
             .serving_window
             .map_or(0, |w| w.as_nanos().clamp(1, u64::MAX as u128) as u64);
@@ -549,6 +550,16 @@ fn route_libbpf_logs() {
 }
 
 /// Monotonic clock in ns, the same clock as the events' `ts_ns`.
+/// The inode of this process's PID namespace when it is not the initial one: the probe
+/// then names tasks as this namespace does (as /proc, `setpriority` and `cgroup.procs` here
+/// do) and leaves out those it cannot see.
+pub fn nested_pid_namespace() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
+    let ino = std::fs::metadata("/proc/self/ns/pid").ok()?.ino();
+    (ino != PROC_PID_INIT_INO).then(|| u32::try_from(ino).ok())?
+}
+
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -8,6 +8,8 @@ use std::io::BufRead;
 
 use appease_bench::client;
 
+mod system_container;
+
 /// The shape's groups (top-level names of the test's own) and every process started in
 /// them; the processes are ended and the groups removed on drop.
 struct Shape {

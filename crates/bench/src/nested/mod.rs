@@ -26,9 +26,11 @@ use crate::{Mode, Options, Run};
 
 mod container;
 mod servers;
+mod units;
 
 pub use servers::Server;
 use servers::{measure, start_server, Target};
+pub(crate) use units::QuotaReset;
 
 /// A host layout built by hand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -285,10 +287,16 @@ pub(super) struct Groups {
     /// `cron.service` beside `server.service` (none for the container, whose server is
     /// in the batch's own group).
     pub(super) branch: String,
+    /// Hierarchies besides `cpu` whose same group a process joins with it: systemd's own
+    /// where the groups are its units.
+    pub(super) also: Vec<PathBuf>,
 }
 
 impl Groups {
     fn build(run: &mut Run, shape: Shape) -> Result<Self> {
+        if units::wanted() {
+            return units::build(run, shape);
+        }
         let cg = Cgroups::detect()?;
         let p = format!("appease-bench-{}", std::process::id());
         let system = cg.ensure_top_group(&format!("{p}.system.slice"), false, 100)?;
@@ -325,6 +333,7 @@ impl Groups {
             client,
             batch,
             branch,
+            also: Vec::new(),
         })
     }
 }
@@ -332,27 +341,36 @@ impl Groups {
 /// Starts `cmd` inside `group` of `cg`: the child enters it before it runs, so every
 /// thread and child it makes is born there.
 pub fn spawn_in_group(cg: &Cgroups, group: &str, cmd: &mut Command) -> Result<Child> {
-    let path = cg
-        .root()
-        .join(group.trim_start_matches('/'))
-        .join("cgroup.procs");
-    let procs = CString::new(path.into_os_string().into_encoded_bytes())?;
+    spawn_in_groups(&[cg.root()], group, cmd)
+}
+
+/// Starts `cmd` inside `group` of every hierarchy mounted at `roots`, entered in order
+/// before it runs.
+fn spawn_in_groups(roots: &[&Path], group: &str, cmd: &mut Command) -> Result<Child> {
+    let procs = roots
+        .iter()
+        .map(|r| {
+            let path = r.join(group.trim_start_matches('/')).join("cgroup.procs");
+            CString::new(path.into_os_string().into_encoded_bytes())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     // SAFETY: between fork and exec the child only makes async-signal-safe syscalls
     // (open, write, close) on memory prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
+            for p in &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                let err = std::io::Error::last_os_error();
+                libc::close(fd);
+                if !ok {
+                    return Err(err);
+                }
             }
-            let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-            let err = std::io::Error::last_os_error();
-            libc::close(fd);
-            if ok {
-                Ok(())
-            } else {
-                Err(err)
-            }
+            Ok(())
         });
     }
     cmd.spawn()
@@ -360,11 +378,22 @@ pub fn spawn_in_group(cg: &Cgroups, group: &str, cmd: &mut Command) -> Result<Ch
 }
 
 pub(super) fn spawn_in(g: &Groups, group: &str, cmd: &mut Command) -> Result<Child> {
-    spawn_in_group(&g.cg, group, cmd)
+    let mut roots = vec![g.cg.root()];
+    roots.extend(g.also.iter().map(PathBuf::as_path));
+    spawn_in_groups(&roots, group, cmd)
 }
 
 /// What the scenario needs of the host and of its options, each refused with its reason.
 fn check(opts: &Options) -> Result<()> {
+    if units::wanted() && opts.shapes.iter().any(|s| s.layout == Layout::Container) {
+        bail!("under systemd the nested scenario's container shapes are not built (run them on a host without systemd)");
+    }
+    if units::wanted() && opts.servers.contains(&Server::Postgres) {
+        bail!(
+            "under systemd the nested scenario measures the synthetic and redis servers (PostgreSQL \
+             runs as its own account, which cannot join a unit of the bench's)"
+        );
+    }
     if appease_cgroup::HostLayout::detect().kind == appease_cgroup::LayoutKind::CgroupV2Systemd {
         bail!(
             "the nested scenario builds its shapes in the cpu hierarchy itself; on this host systemd \
@@ -477,7 +506,14 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
             }
             cases.push(Case {
                 shape: shape.name(),
-                description: shape.describe(),
+                description: match units::wanted() {
+                    true => format!(
+                        "{}; every group a transient scope made by systemd (systemd-run --scope), \
+                         the quota set through systemctl",
+                        shape.describe()
+                    ),
+                    false => shape.describe(),
+                },
                 batch: shape.batch(jobs),
                 server,
                 jobs,

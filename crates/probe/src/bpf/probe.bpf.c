@@ -30,6 +30,11 @@ const volatile u64 min_gap_ns = 20 * 1000 * 1000;
  * is already busy are read at the daemon's next tick (fewer wakeups under load). */
 const volatile u64 wake_after_ns = 40 * 1000 * 1000;
 const volatile u32 self_tgid = 0;
+/* The inode of appease's PID namespace when it is not the initial one (a system container
+ * whose PID 1 is its service manager): events and records then carry IDs as that
+ * namespace numbers them, and tasks it cannot see are left out. 0: the initial namespace,
+ * whose IDs are the task's own fields (and no other code runs). */
+const volatile u32 pid_ns_inum = 0;
 /* A thread whose last reported request is less than this old serves a customer now (a
  * busy thread's reads are reported min_gap_ns apart, so its last read is younger still):
  * its lock waits are reported when its application has sunk threads (0: none is). */
@@ -117,10 +122,42 @@ struct {
 	__type(value, struct app_waits);
 } sunk_apps SEC(".maps");
 
+/* How many nesting levels of PID namespaces are searched for appease's. */
+#define MAX_PID_LEVELS 8
+
+/* The number `p` has in appease's PID namespace, 0 if it has none there (a task outside
+ * it). A pid holds one number per level from the initial namespace down to its own. */
+static __always_inline u32 nr_in_ns(struct pid *p)
+{
+	if (!p)
+		return 0;
+	unsigned int level = BPF_CORE_READ(p, level);
+	u64 numbers = (u64)p + bpf_core_field_offset(struct pid, numbers);
+	for (u32 i = 0; i < MAX_PID_LEVELS && i <= level; i++) {
+		struct upid up = {};
+		if (bpf_probe_read_kernel(&up, sizeof(up), (void *)(numbers + i * sizeof(up))))
+			return 0;
+		if (BPF_CORE_READ(up.ns, ns.inum) == pid_ns_inum)
+			return up.nr;
+	}
+	return 0;
+}
+
+/* A thread's and its process's IDs as appease names them (0: not in its namespace). */
+static __always_inline u32 tid_of(struct task_struct *t)
+{
+	return pid_ns_inum ? nr_in_ns(t->thread_pid) : t->pid;
+}
+
+static __always_inline u32 tgid_of(struct task_struct *t)
+{
+	return pid_ns_inum ? nr_in_ns(t->group_leader->thread_pid) : t->tgid;
+}
+
 static __always_inline u32 app_of(struct task_struct *t)
 {
 	/* Read first: a select between two pointers and one load is refused by the verifier. */
-	u32 own = t->tgid;
+	u32 own = tgid_of(t);
 	barrier_var(own);
 	u32 *app = bpf_task_storage_get(&apps, t->group_leader, 0, 0);
 	return app ? *app : own;
@@ -143,8 +180,8 @@ static __always_inline struct appease_event *reserve(struct task_struct *t, u32 
 	e->ts_ns = bpf_ktime_get_ns();
 	e->cpu_ns = t->se.sum_exec_runtime;
 	e->kind = kind;
-	e->pid = t->tgid;
-	e->tid = t->pid;
+	e->pid = tgid_of(t);
+	e->tid = tid_of(t);
 	e->ppid = 0;
 	e->bytes = 0;
 	e->family = 0;
@@ -187,8 +224,16 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	if (ret <= 0 || (flags & MSG_PEEK))
 		return 0;
 	struct task_struct *t = bpf_get_current_task_btf();
-	if ((t->flags & PF_KTHREAD) || (self_tgid && t->tgid == self_tgid))
+	if (t->flags & PF_KTHREAD)
 		return 0;
+	if (pid_ns_inum) {
+		/* Outside appease's namespace: another container's, or the host's. */
+		u32 tgid = tgid_of(t);
+		if (!tgid || tgid == self_tgid)
+			return 0;
+	} else if (self_tgid && t->tgid == self_tgid) {
+		return 0;
+	}
 	/* Customers arrive on UNIX and IP sockets; netlink and the like are not requests. */
 	u16 family = sk ? sk->__sk_common.skc_family : 0;
 	if (family != AF_UNIX && family != AF_INET && family != AF_INET6)
@@ -229,7 +274,7 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
-	if (!want_exec)
+	if (!want_exec || (pid_ns_inum && !tgid_of(p)))
 		return 0;
 	struct appease_event *e = reserve(p, APPEASE_EV_EXEC);
 	/* Not urgent: read at the daemon's next wakeup, so a build's execs wake nobody. */
@@ -261,8 +306,10 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	if (child->tgid == parent->tgid)
 		return 0; /* a thread */
 	struct task_struct *leader = parent->group_leader;
-	u32 app = parent->tgid;
+	u32 app = tgid_of(parent);
 	barrier_var(app);
+	if (!app)
+		return 0; /* outside appease's PID namespace */
 	u32 *inherited = bpf_task_storage_get(&apps, leader, 0, 0);
 	if (inherited)
 		app = *inherited;
@@ -471,8 +518,8 @@ int dump_task(struct bpf_iter__task *ctx)
 	struct task_struct *leader = t->group_leader;
 	struct signal_struct *sig = t->signal;
 	struct appease_task r = {};
-	r.pid = t->tgid;
-	r.tid = t->pid;
+	r.pid = tgid_of(t);
+	r.tid = tid_of(t);
 	r.cpu_ns = t->se.sum_exec_runtime;
 	r.wait_ns = t->sched_info.run_delay;
 	r.kernel_thread = (t->flags & PF_KTHREAD) != 0;
@@ -483,7 +530,8 @@ int dump_task(struct bpf_iter__task *ctx)
 	r.sched_idle = t->policy == SCHED_IDLE;
 	if (t == leader) {
 		struct task_struct *parent = t->real_parent;
-		r.ppid = parent ? parent->tgid : 0;
+		/* 0 for a namespace's first process, whose parent is outside it. */
+		r.ppid = parent ? tgid_of(parent) : 0;
 		r.start_boot_ns = t->start_boottime;
 		r.listens = bpf_task_storage_get(&listeners, t, 0, 0) != 0;
 		r.app = app_of(t);
