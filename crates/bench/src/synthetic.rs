@@ -403,8 +403,8 @@ pub(crate) fn warm_up(
 }
 
 /// Whether the daemon has put `pid` in the idle class: moved into its group (`group`, as
-/// /proc/PID/cgroup names it), its own group made idle in place (a container), or the
-/// process itself SCHED_IDLE.
+/// /proc/PID/cgroup names it), a group of its made idle in place (a container, a branch),
+/// or the process itself SCHED_IDLE.
 pub(crate) fn demoted(group: &str, pid: u32) -> bool {
     let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
         return false;
@@ -412,9 +412,14 @@ pub(crate) fn demoted(group: &str, pid: u32) -> bool {
     if text.contains(group) {
         return true;
     }
+    // Its group or one above it (a branch made idle carries the class for the threads
+    // below it, which go back to the normal policy).
     let in_idle_group = appease_cgroup::Cgroups::detect().is_ok_and(|cg| {
-        appease_cgroup::parse_proc_cgroup(&text, cg.version())
-            .is_some_and(|g| cg.idle(&g).unwrap_or(false))
+        appease_cgroup::parse_proc_cgroup(&text, cg.version()).is_some_and(|g| {
+            std::iter::successors(Some(g.as_str()), |g| g.rsplit_once('/').map(|(up, _)| up))
+                .filter(|g| !g.is_empty())
+                .any(|g| cg.idle(g).unwrap_or(false))
+        })
     });
     // SAFETY: sched_getscheduler only reads.
     in_idle_group || unsafe { libc::sched_getscheduler(pid as i32) } == libc::SCHED_IDLE
