@@ -48,6 +48,8 @@ inside() {
   mount -t cgroup2 cgroup2 "$ROOT/sys/fs/cgroup/unified"
   mount --rbind /dev "$ROOT/dev"
   mount -t tmpfs -o mode=1777 tmpfs "$ROOT/tmp"
+  # A checkout under /tmp has its mount point on that tmpfs (elsewhere, in the overlay).
+  mkdir -p "$ROOT$REPO"
   mount --bind "$REPO" "$ROOT$REPO"
   hostname "$NAME"
   exec chroot "$ROOT" /usr/bin/env -i container=appease-test /lib/systemd/systemd
