@@ -9,12 +9,14 @@ APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
 # client sweeps); all tested end to end. QEMU, debootstrap and
 # e2fsprogs boot the Debian VM in which the cgroup v2 layouts are tested (scripts/vm);
 # docker.io runs real containers (the docker batch load and its end-to-end tests).
-# prometheus brings promtool, which checks the metrics endpoint's output.
-TEST_PACKAGES := postgresql gcc nginx wget apache2-utils sysbench qemu-system-x86 debootstrap e2fsprogs docker.io prometheus tmux perl
+# prometheus brings promtool, which checks the metrics endpoint's output. systemd, dbus and
+# procps: a real systemd boots as PID 1 of a container over this machine's own root
+# (scripts/systemd-container.sh, the system-container test).
+TEST_PACKAGES := postgresql gcc nginx wget apache2-utils sysbench qemu-system-x86 debootstrap e2fsprogs docker.io prometheus tmux perl systemd dbus procps
 # The peer daemons' modes (ananicy, system76-scheduler) also need schedtool and dbus;
 # the peers themselves are built from their own sources (docs/RESULTS.md); the nested
 # scenario measures redis-server with redis-benchmark.
-BENCH_PACKAGES := $(TEST_PACKAGES) schedtool dbus redis-server redis-tools curl
+BENCH_PACKAGES := $(TEST_PACKAGES) schedtool redis-server redis-tools curl
 # Counts the simulator's instructions per event (a figure the host's noise cannot move).
 PROFILE_PACKAGES := valgrind
 CONFIG ?=
