@@ -107,17 +107,9 @@ pub fn parse_psi_some_total(text: &str) -> Option<u64> {
 }
 
 /// Whether this process lives in a PID namespace other than the initial one (a container
-/// without the host's PIDs). The initial namespace has a fixed inode number
-/// (PROC_PID_INIT_INO); /proc/self/status cannot tell, since a container's own /proc
-/// numbers only its own levels.
+/// without the host's PIDs).
 pub fn in_nested_pid_namespace() -> bool {
-    fs::read_link("/proc/self/ns/pid")
-        .is_ok_and(|l| !is_initial_pid_namespace(&l.to_string_lossy()))
-}
-
-pub fn is_initial_pid_namespace(link: &str) -> bool {
-    const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
-    link == format!("pid:[{PROC_PID_INIT_INO}]")
+    appease_probe::nested_pid_namespace().is_some()
 }
 
 /// Whether PID 1 of this process's PID namespace is systemd, booted as the service manager
@@ -547,13 +539,6 @@ mod tests {
         );
         assert_eq!(scan_process(u32::MAX), None);
         assert_eq!(cpu_cgroup_of(u32::MAX), None);
-    }
-
-    #[test]
-    fn the_initial_pid_namespace_is_known_by_its_fixed_inode() {
-        assert!(is_initial_pid_namespace("pid:[4026531836]"));
-        assert!(!is_initial_pid_namespace("pid:[4026532201]"));
-        assert!(!is_initial_pid_namespace("garbage"));
     }
 
     #[test]

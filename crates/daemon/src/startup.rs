@@ -27,8 +27,9 @@ pub fn preflight() -> Result<()> {
     }
     // A system container (its own PID and cgroup namespaces, systemd as its PID 1) is a
     // host of its own: appease manages what runs there, named as there.
-    let system_container = host::in_nested_pid_namespace() && host::pid1_is_systemd();
-    if host::in_nested_pid_namespace() && !system_container {
+    let own_pids = host::in_nested_pid_namespace();
+    let system_container = own_pids && host::pid1_is_systemd();
+    if own_pids && !system_container {
         bail!(
             "appease runs in a PID namespace of its own whose PID 1 is not systemd (an \
              application container): it would see and change only that container's \

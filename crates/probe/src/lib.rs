@@ -553,10 +553,15 @@ fn route_libbpf_logs() {
 /// The inode of this process's PID namespace when it is not the initial one: the probe
 /// then names tasks as this namespace does (as /proc, `setpriority` and `cgroup.procs` here
 /// do) and leaves out those it cannot see.
+/// The initial namespace is known by its fixed inode (PROC_PID_INIT_INO): `/proc/self/status`'s
+/// NSpid cannot tell, since a container's own `/proc` numbers only its own levels.
 pub fn nested_pid_namespace() -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
+    nested_pid_namespace_of(std::fs::metadata("/proc/self/ns/pid").ok()?.ino())
+}
+
+fn nested_pid_namespace_of(ino: u64) -> Option<u32> {
     const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
-    let ino = std::fs::metadata("/proc/self/ns/pid").ok()?.ino();
     (ino != PROC_PID_INIT_INO).then(|| u32::try_from(ino).ok())?
 }
 
@@ -568,4 +573,15 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_initial_pid_namespace_is_known_by_its_fixed_inode() {
+        assert_eq!(nested_pid_namespace_of(0xEFFF_FFFC), None);
+        assert_eq!(nested_pid_namespace_of(4026532201), Some(4026532201));
+    }
 }

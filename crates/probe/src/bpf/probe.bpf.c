@@ -125,6 +125,20 @@ struct {
 /* How many nesting levels of PID namespaces are searched for appease's. */
 #define MAX_PID_LEVELS 8
 
+/* Level + 1 of appease's PID namespace, learnt from the first task met in it (a namespace
+ * has one level): later lookups read that level's number alone. */
+u32 pid_ns_level1 = 0;
+
+/* The number `p` has at `level` if that level is appease's namespace, else 0. */
+static __always_inline u32 nr_at(struct pid *p, u32 level)
+{
+	struct upid up = {};
+	u64 at = (u64)p + bpf_core_field_offset(struct pid, numbers) + level * sizeof(up);
+	if (bpf_probe_read_kernel(&up, sizeof(up), (void *)at))
+		return 0;
+	return BPF_CORE_READ(up.ns, ns.inum) == pid_ns_inum ? up.nr : 0;
+}
+
 /* The number `p` has in appease's PID namespace, 0 if it has none there (a task outside
  * it). A pid holds one number per level from the initial namespace down to its own. */
 static __always_inline u32 nr_in_ns(struct pid *p)
@@ -132,13 +146,15 @@ static __always_inline u32 nr_in_ns(struct pid *p)
 	if (!p)
 		return 0;
 	unsigned int level = BPF_CORE_READ(p, level);
-	u64 numbers = (u64)p + bpf_core_field_offset(struct pid, numbers);
+	u32 known = pid_ns_level1;
+	if (known)
+		return known - 1 <= level ? nr_at(p, known - 1) : 0;
 	for (u32 i = 0; i < MAX_PID_LEVELS && i <= level; i++) {
-		struct upid up = {};
-		if (bpf_probe_read_kernel(&up, sizeof(up), (void *)(numbers + i * sizeof(up))))
-			return 0;
-		if (BPF_CORE_READ(up.ns, ns.inum) == pid_ns_inum)
-			return up.nr;
+		u32 nr = nr_at(p, i);
+		if (nr) {
+			pid_ns_level1 = i + 1;
+			return nr;
+		}
 	}
 	return 0;
 }
