@@ -118,8 +118,8 @@ fn put_back(
         }
         Ok(_) => {}
     }
-    let slice = slice_arg(orig, base_slice_ns);
-    match k.sched_set_policy(tid, orig.policy, orig.nice, slice, orig.reset_on_fork) {
+    let slice_ns = slice_arg(orig, base_slice_ns);
+    match k.sched_set_policy(tid, Sched { slice_ns, ..*orig }) {
         Ok(()) => {
             report.restored += 1;
             true
@@ -325,9 +325,12 @@ impl KernelActuator {
             tracing::warn!(tid, "journal write failed: thread not demoted");
             return false;
         }
-        let set =
-            self.kernel
-                .sched_set_policy(tid, sys::SCHED_IDLE, now.nice, 0, now.reset_on_fork);
+        let idle = Sched {
+            policy: sys::SCHED_IDLE,
+            slice_ns: 0,
+            ..now
+        };
+        let set = self.kernel.sched_set_policy(tid, idle);
         if let Err(e) = set {
             let _logged_by_journal = self.journal(Record::Unidle { key });
             if !sys::is_esrch(&e) {

@@ -180,6 +180,17 @@ pub struct Pending {
     pub ours: Vec<i32>,
 }
 
+impl Pending {
+    fn new(key: TaskKey, comm: String, orig: Sched, ours: Vec<i32>) -> Pending {
+        Pending {
+            key,
+            comm,
+            orig,
+            ours,
+        }
+    }
+}
+
 pub struct Journal {
     dir: PathBuf,
     file: File,
@@ -347,17 +358,17 @@ pub fn keep_a_copy(dir: &Path) -> io::Result<PathBuf> {
 }
 
 fn apply(live: &mut JournalState, rec: Record) {
+    // A later record of a thread, unit or group already changed keeps the first original.
+    fn keep_first<K: Ord, V>(map: &mut BTreeMap<K, V>, key: K, orig: V) {
+        map.entry(key).or_insert(orig);
+    }
+    fn forget<K: Ord, V>(map: &mut BTreeMap<K, V>, key: &K) {
+        map.remove(key);
+    }
     match rec {
         Record::Manage { key, comm, orig } => {
-            live.threads.insert(
-                key,
-                Pending {
-                    key,
-                    comm,
-                    orig,
-                    ours: vec![orig.nice],
-                },
-            );
+            live.threads
+                .insert(key, Pending::new(key, comm, orig, vec![orig.nice]));
         }
         Record::Apply {
             key,
@@ -366,9 +377,7 @@ fn apply(live: &mut JournalState, rec: Record) {
             orig,
             ..
         } => applied(live, key, [prev, next], orig),
-        Record::Release { key } => {
-            live.threads.remove(&key);
-        }
+        Record::Release { key } => forget(&mut live.threads, &key),
         Record::Group { path } => {
             live.groups.insert(path);
         }
@@ -380,39 +389,22 @@ fn apply(live: &mut JournalState, rec: Record) {
             let from = live.moves.get(&key).map_or(from, |m| m.from.clone());
             live.moves.insert(key, PendingMove { key, from, to });
         }
-        Record::Return { key } => {
-            live.moves.remove(&key);
-        }
-        Record::Idle { key, orig } => {
-            // A second record of the same thread keeps the first original.
-            live.idled.entry(key).or_insert(orig);
-        }
-        Record::Unidle { key } => {
-            live.idled.remove(&key);
-        }
+        Record::Return { key } => forget(&mut live.moves, &key),
+        Record::Idle { key, orig } => keep_first(&mut live.idled, key, orig),
+        Record::Unidle { key } => forget(&mut live.idled, &key),
         Record::UnitIdle {
             unit,
             orig,
             transient,
             dropin,
-        } => {
-            live.units.entry(unit).or_insert((orig, transient, dropin));
-        }
-        Record::UnitRestored { unit } => {
-            live.units.remove(&unit);
-        }
+        } => keep_first(&mut live.units, unit, (orig, transient, dropin)),
+        Record::UnitRestored { unit } => forget(&mut live.units, &unit),
         Record::GroupIdle { path, idle, weight } => {
-            live.idle_groups.entry(path).or_insert((idle, weight));
+            keep_first(&mut live.idle_groups, path, (idle, weight))
         }
-        Record::GroupUnidle { path } => {
-            live.idle_groups.remove(&path);
-        }
-        Record::Pin { key, orig } => {
-            live.pinned.entry(key).or_insert(orig);
-        }
-        Record::Unpin { key } => {
-            live.pinned.remove(&key);
-        }
+        Record::GroupUnidle { path } => forget(&mut live.idle_groups, &path),
+        Record::Pin { key, orig } => keep_first(&mut live.pinned, key, orig),
+        Record::Unpin { key } => forget(&mut live.pinned, &key),
         Record::AutogroupNice {
             id,
             key,
@@ -420,20 +412,16 @@ fn apply(live: &mut JournalState, rec: Record) {
             prev,
             next,
         } => {
-            // A later record of the same autogroup keeps the first original.
             let orig = live.autogroups.get(&id).map_or(orig, |a| a.orig);
-            let nice = next;
             let pending = PendingAutogroup {
                 key,
                 orig,
                 prev,
-                nice,
+                nice: next,
             };
             live.autogroups.insert(id, pending);
         }
-        Record::AutogroupRestored { id } => {
-            live.autogroups.remove(&id);
-        }
+        Record::AutogroupRestored { id } => forget(&mut live.autogroups, &id),
     }
 }
 
@@ -443,17 +431,8 @@ fn applied(live: &mut JournalState, key: TaskKey, ours: [i32; 2], orig: Option<S
         (Some(p), _) => p.ours = ours.to_vec(),
         // Its Manage line was lost: this record says enough to put it back.
         (None, Some(orig)) => {
-            let comm = String::new();
-            let ours = ours.to_vec();
-            live.threads.insert(
-                key,
-                Pending {
-                    key,
-                    comm,
-                    orig,
-                    ours,
-                },
-            );
+            let pending = Pending::new(key, String::new(), orig, ours.to_vec());
+            live.threads.insert(key, pending);
         }
         (None, None) => {}
     }

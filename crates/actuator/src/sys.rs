@@ -104,21 +104,15 @@ fn sched_setattr(tid: u32, a: &SchedAttr) -> io::Result<()> {
 
 /// Sets a thread's policy (SCHED_NORMAL, SCHED_BATCH or SCHED_IDLE) with its nice and
 /// slice; `slice_ns == 0` is the kernel's default slice.
-pub fn sched_set_policy(
-    tid: u32,
-    policy: u32,
-    nice: i32,
-    slice_ns: u64,
-    reset_on_fork: bool,
-) -> io::Result<()> {
+pub fn sched_set_policy(tid: u32, to: Sched) -> io::Result<()> {
     sched_setattr(
         tid,
         &SchedAttr {
             size: std::mem::size_of::<SchedAttr>() as u32,
-            sched_policy: policy,
-            sched_flags: rof_flag(reset_on_fork),
-            sched_nice: nice,
-            sched_runtime: slice_ns,
+            sched_policy: to.policy,
+            sched_flags: rof_flag(to.reset_on_fork),
+            sched_nice: to.nice,
+            sched_runtime: to.slice_ns,
             ..Default::default()
         },
     )
@@ -162,21 +156,9 @@ pub fn pidfd_alive(fd: &OwnedFd) -> bool {
 /// tests drive a fake through the same calls.
 pub trait Kernel: Send {
     fn sched_getattr(&self, tid: u32) -> io::Result<Sched>;
-    fn sched_set_fair(
-        &self,
-        tid: u32,
-        nice: i32,
-        slice_ns: u64,
-        reset_on_fork: bool,
-    ) -> io::Result<()>;
-    fn sched_set_policy(
-        &self,
-        tid: u32,
-        policy: u32,
-        nice: i32,
-        slice_ns: u64,
-        reset_on_fork: bool,
-    ) -> io::Result<()>;
+    /// Sets a thread's nice, slice and reset-on-fork; it keeps its policy.
+    fn sched_set_fair(&self, tid: u32, nice: i32, slice_ns: u64, rof: bool) -> io::Result<()>;
+    fn sched_set_policy(&self, tid: u32, to: Sched) -> io::Result<()>;
     fn task_stat(&self, pid: u32, tid: u32) -> io::Result<TaskStat>;
     fn threads_of(&self, pid: u32) -> Vec<u32>;
     /// None where pidfds are unavailable: liveness then comes from `task_stat`.
@@ -230,24 +212,11 @@ impl Kernel for Host {
     fn sched_getattr(&self, tid: u32) -> io::Result<Sched> {
         sched_getattr(tid)
     }
-    fn sched_set_fair(
-        &self,
-        tid: u32,
-        nice: i32,
-        slice_ns: u64,
-        reset_on_fork: bool,
-    ) -> io::Result<()> {
-        sched_set_fair(tid, nice, slice_ns, reset_on_fork)
+    fn sched_set_fair(&self, tid: u32, nice: i32, slice_ns: u64, rof: bool) -> io::Result<()> {
+        sched_set_fair(tid, nice, slice_ns, rof)
     }
-    fn sched_set_policy(
-        &self,
-        tid: u32,
-        policy: u32,
-        nice: i32,
-        slice_ns: u64,
-        reset_on_fork: bool,
-    ) -> io::Result<()> {
-        sched_set_policy(tid, policy, nice, slice_ns, reset_on_fork)
+    fn sched_set_policy(&self, tid: u32, to: Sched) -> io::Result<()> {
+        sched_set_policy(tid, to)
     }
     fn task_stat(&self, pid: u32, tid: u32) -> io::Result<TaskStat> {
         task_stat(pid, tid)

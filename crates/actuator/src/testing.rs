@@ -282,36 +282,19 @@ impl Kernel for FakeKernel {
             .ok_or_else(gone)
     }
 
-    fn sched_set_fair(
-        &self,
-        tid: u32,
-        nice: i32,
-        slice_ns: u64,
-        reset_on_fork: bool,
-    ) -> io::Result<()> {
+    fn sched_set_fair(&self, tid: u32, nice: i32, slice_ns: u64, rof: bool) -> io::Result<()> {
         self.change(tid, |s| {
-            s.nice = nice;
-            s.slice_ns = slice_ns;
-            s.reset_on_fork = reset_on_fork;
+            *s = Sched {
+                nice,
+                slice_ns,
+                reset_on_fork: rof,
+                ..*s
+            }
         })
     }
 
-    fn sched_set_policy(
-        &self,
-        tid: u32,
-        policy: u32,
-        nice: i32,
-        slice_ns: u64,
-        reset_on_fork: bool,
-    ) -> io::Result<()> {
-        self.change(tid, |s| {
-            *s = Sched {
-                policy,
-                nice,
-                slice_ns,
-                reset_on_fork,
-            }
-        })
+    fn sched_set_policy(&self, tid: u32, to: Sched) -> io::Result<()> {
+        self.change(tid, |s| *s = to)
     }
 
     fn task_stat(&self, pid: u32, tid: u32) -> io::Result<TaskStat> {

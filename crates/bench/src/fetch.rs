@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::rounds::interleaved;
+use crate::rounds::{interleaved, Measured};
 use crate::{client, db, web, Mode, Options, Run};
 
 /// The server whose customers are measured.
@@ -166,23 +166,19 @@ impl Sources {
 /// One mode in one round.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Round {
-    pub p99_ms: f64,
-    pub p50_ms: f64,
+    #[serde(flatten)]
+    pub measured: Measured,
     /// The job's iterations completed per minute of the measurement.
     pub jobs_per_min: f64,
-    /// CPUs the job's processes (and their reaped children) used over the measurement;
-    /// the server's side of the job's reads is not in it.
-    pub batch_cpus: f64,
 }
 
 /// One mode over every round: medians.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModeSummary {
     pub mode: Mode,
-    pub p99_ms: f64,
-    pub p50_ms: f64,
+    #[serde(flatten)]
+    pub median: Measured,
     pub jobs_per_min: f64,
-    pub batch_cpus: f64,
     /// Iterations against unmanaged's, percent.
     pub batch_pct: Option<f64>,
     /// p99 against the job in an idle group by hand.
@@ -230,10 +226,10 @@ impl FetchResult {
                 out.push_str(&format!(
                     "{:<18} {:>9.3} {:>9.3} {:>13.1} {:>10.2} {:>8} {:>12}\n",
                     m.mode.name(),
-                    m.p99_ms,
-                    m.p50_ms,
+                    m.median.p99_ms,
+                    m.median.p50_ms,
                     m.jobs_per_min,
-                    m.batch_cpus,
+                    m.median.batch_cpus,
                     opt(m.batch_pct, 1),
                     opt(m.p99_vs_by_hand, 2)
                 ));
@@ -249,24 +245,18 @@ fn summarise(modes: &[Mode], runs: Vec<Vec<Round>>) -> Vec<ModeSummary> {
         .iter()
         .zip(runs)
         .filter(|(_, r)| !r.is_empty())
-        .map(|(&mode, rounds)| {
-            let pick =
-                |f: fn(&Round) -> f64| crate::report::median_of(rounds.iter().map(f).collect());
-            ModeSummary {
-                mode,
-                p99_ms: pick(|r| r.p99_ms),
-                p50_ms: pick(|r| r.p50_ms),
-                jobs_per_min: pick(|r| r.jobs_per_min),
-                batch_cpus: pick(|r| r.batch_cpus),
-                batch_pct: None,
-                p99_vs_by_hand: None,
-                rounds,
-            }
+        .map(|(&mode, rounds)| ModeSummary {
+            mode,
+            median: Measured::median(rounds.iter().map(|r| &r.measured)),
+            jobs_per_min: crate::report::median_of(rounds.iter().map(|r| r.jobs_per_min).collect()),
+            batch_pct: None,
+            p99_vs_by_hand: None,
+            rounds,
         })
         .collect();
     let of = |m: Mode, out: &[ModeSummary]| out.iter().find(|s| s.mode == m).cloned();
     let unmanaged = of(Mode::Unmanaged, &out).map(|s| s.jobs_per_min);
-    let by_hand = of(Mode::BatchCgroupIdle, &out).map(|s| s.p99_ms);
+    let by_hand = of(Mode::BatchCgroupIdle, &out).map(|s| s.median.p99_ms);
     for m in &mut out {
         if m.mode == Mode::Unloaded {
             continue;
@@ -274,7 +264,7 @@ fn summarise(modes: &[Mode], runs: Vec<Vec<Round>>) -> Vec<ModeSummary> {
         m.batch_pct = unmanaged
             .filter(|&u| u > 0.0)
             .map(|u| 100.0 * m.jobs_per_min / u);
-        m.p99_vs_by_hand = by_hand.filter(|&b| b > 0.0).map(|b| m.p99_ms / b);
+        m.p99_vs_by_hand = by_hand.filter(|&b| b > 0.0).map(|b| m.median.p99_ms / b);
     }
     out
 }
@@ -413,7 +403,7 @@ pub fn run(opts: &Options) -> Result<FetchResult> {
                 let r = run_mode(opts, server, job, &src, slot.mode, &tmp, measure_s)?;
                 eprintln!(
                     "    p99 {:.3} ms, p50 {:.3} ms; {:.1} jobs/minute on {:.2} CPUs",
-                    r.p99_ms, r.p50_ms, r.jobs_per_min, r.batch_cpus
+                    r.measured.p99_ms, r.measured.p50_ms, r.jobs_per_min, r.measured.batch_cpus
                 );
                 Ok(r)
             })?;
@@ -544,10 +534,12 @@ fn run_mode(
         );
     }
     Ok(Round {
-        p99_ms: p99,
-        p50_ms: p50,
+        measured: Measured {
+            p99_ms: p99,
+            p50_ms: p50,
+            batch_cpus: cpu as f64 / 1e9 / secs,
+        },
         jobs_per_min: done as f64 * 60.0 / secs,
-        batch_cpus: cpu as f64 / 1e9 / secs,
     })
 }
 
@@ -587,10 +579,12 @@ mod tests {
 
     fn round(p99: f64, jobs: f64) -> Round {
         Round {
-            p99_ms: p99,
-            p50_ms: p99 / 4.0,
+            measured: Measured {
+                p99_ms: p99,
+                p50_ms: p99 / 4.0,
+                batch_cpus: 1.0,
+            },
             jobs_per_min: jobs,
-            batch_cpus: 1.0,
         }
     }
 
@@ -609,11 +603,11 @@ mod tests {
             vec![round(1.1, 41.0), round(1.3, 39.0), round(1.2, 40.0)],
         ];
         let s = summarise(&modes, runs);
-        assert_eq!(s[1].p99_ms, 5.0);
+        assert_eq!(s[1].median.p99_ms, 5.0);
         assert_eq!(s[1].jobs_per_min, 42.0);
         assert_eq!(s[0].batch_pct, None, "unloaded has no batch");
         let appease = &s[3];
-        assert_eq!(appease.p99_ms, 1.2);
+        assert_eq!(appease.median.p99_ms, 1.2);
         assert!((appease.p99_vs_by_hand.unwrap() - 1.2).abs() < 1e-9);
         assert!((appease.batch_pct.unwrap() - 100.0 * 40.0 / 42.0).abs() < 1e-9);
     }

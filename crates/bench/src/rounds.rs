@@ -6,8 +6,34 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
+use serde::{Deserialize, Serialize};
 
 use crate::Mode;
+
+/// What a server-beside-batch scenario measures of every mode in a round, and the medians
+/// of it over the rounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    pub p99_ms: f64,
+    /// The median response time, ms.
+    pub p50_ms: f64,
+    /// CPUs the batch's processes and their reaped children used over the measurement (the
+    /// server's side of what the batch reads is not in it).
+    pub batch_cpus: f64,
+}
+
+impl Measured {
+    /// Each figure's median over `rounds`.
+    pub fn median<'a>(rounds: impl Iterator<Item = &'a Measured> + Clone) -> Measured {
+        let pick =
+            |f: fn(&Measured) -> f64| crate::report::median_of(rounds.clone().map(f).collect());
+        Measured {
+            p99_ms: pick(|m| m.p99_ms),
+            p50_ms: pick(|m| m.p50_ms),
+            batch_cpus: pick(|m| m.batch_cpus),
+        }
+    }
+}
 
 /// Where one run of a mode falls among the rounds.
 #[derive(Clone, Copy, Debug)]

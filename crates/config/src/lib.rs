@@ -331,7 +331,6 @@ fn ladder<'de, D: Deserializer<'de>>(d: D) -> Result<Ladder, D::Error> {
     .map_err(|e| D::Error::custom(format!("impossible ladder: {e}")))
 }
 
-/// Deserializes a value and accepts it only if `ok`; `why` says what is allowed.
 /// Deserializes a value and checks it: a value `ok` refuses becomes the error `why(v)`,
 /// at the value's file position. Shared by every TOML schema of the project.
 pub fn checked<'de, D, T>(
@@ -351,88 +350,32 @@ where
     }
 }
 
-fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    checked(
-        d,
-        |v| (1..=3_600_000).contains(v),
-        |v| format!("{v} ms is outside 1..=3600000"),
-    )
+/// Field validators of one line each: a value `ok` refuses is an error naming its range.
+macro_rules! validators {
+    ($($(#[$doc:meta])* $name:ident: $t:ty, |$v:ident| $ok:expr, $why:literal;)*) => {$(
+        $(#[$doc])*
+        fn $name<'de, D: Deserializer<'de>>(d: D) -> Result<$t, D::Error> {
+            checked(d, |$v: &$t| $ok, |$v: &$t| format!($why))
+        }
+    )*};
 }
 
-/// 0 (off) or a time in ms.
-fn optional_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    checked(
-        d,
-        |v| (0..=3_600_000).contains(v),
-        |v| format!("{v} ms is outside 0..=3600000"),
-    )
-}
-
-fn per_second_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    checked(
-        d,
-        |v| (0..=1000).contains(v),
-        |v| format!("{v} ms in a second is outside 0..=1000"),
-    )
-}
-
-fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    checked(
-        d,
-        |v| (0.0..=100.0).contains(v),
-        |v| format!("{v} is not a percentage in 0..=100"),
-    )
-}
-
-fn share<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    checked(
-        d,
-        |v| *v > 0.0 && *v <= 1.0,
-        |v| format!("{v} is not a share of one CPU in (0, 1]"),
-    )
-}
-
-fn cpus<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    checked(
-        d,
-        |v| *v > 0.0 && *v <= 1024.0,
-        |v| format!("{v} is not a CPU count in (0, 1024]"),
-    )
-}
-
-fn slice_us<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    // The kernel accepts custom slices of 0.1..=100 ms.
-    checked(
-        d,
-        |v| *v == 0 || (100..=100_000).contains(v),
-        |v| {
-            format!("{v} µs is outside the kernel's slice range 100..=100000 (0 keeps the default slice)")
-        },
-    )
-}
-
-fn weight<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    checked(
-        d,
-        |v| (1..=10_000).contains(v),
-        |v| format!("weight {v} is outside 1..=10000"),
-    )
-}
-
-fn nice<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
-    checked(
-        d,
-        |v| (appease_policy::NICE_MIN..=appease_policy::NICE_MAX).contains(v),
-        |v| format!("nice {v} is outside -20..=19"),
-    )
-}
-
-fn raise_nice<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
-    checked(
-        d,
-        |v| (appease_policy::NICE_MIN..=0).contains(v),
-        |v| format!("nice {v} is outside -20..=0 (0: never raise)"),
-    )
+validators! {
+    positive_ms: u64, |v| (1..=3_600_000).contains(v), "{v} ms is outside 1..=3600000";
+    /// 0 (off) or a time in ms.
+    optional_ms: u64, |v| (0..=3_600_000).contains(v), "{v} ms is outside 0..=3600000";
+    per_second_ms: u64, |v| (0..=1000).contains(v), "{v} ms in a second is outside 0..=1000";
+    percent: f64, |v| (0.0..=100.0).contains(v), "{v} is not a percentage in 0..=100";
+    share: f64, |v| *v > 0.0 && *v <= 1.0, "{v} is not a share of one CPU in (0, 1]";
+    cpus: f64, |v| *v > 0.0 && *v <= 1024.0, "{v} is not a CPU count in (0, 1024]";
+    /// The kernel accepts custom slices of 0.1..=100 ms.
+    slice_us: u64, |v| *v == 0 || (100..=100_000).contains(v),
+        "{v} µs is outside the kernel's slice range 100..=100000 (0 keeps the default slice)";
+    weight: u32, |v| (1..=10_000).contains(v), "weight {v} is outside 1..=10000";
+    nice: i32, |v| (appease_policy::NICE_MIN..=appease_policy::NICE_MAX).contains(v),
+        "nice {v} is outside -20..=19";
+    raise_nice: i32, |v| (appease_policy::NICE_MIN..=0).contains(v),
+        "nice {v} is outside -20..=0 (0: never raise)";
 }
 
 fn comms<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {

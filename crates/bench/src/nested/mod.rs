@@ -21,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use appease_cgroup::Cgroups;
 use serde::{Deserialize, Serialize};
 
-use crate::rounds::interleaved;
+use crate::rounds::{interleaved, Measured};
 use crate::{Mode, Options, Run};
 
 mod container;
@@ -182,25 +182,21 @@ pub const MODES: [Mode; 6] = [
 /// One mode in one round.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Round {
-    pub p99_ms: f64,
-    /// The median response time, ms.
-    pub p50_ms: f64,
+    /// The batch's CPUs are its work here.
+    #[serde(flatten)]
+    pub measured: Measured,
     pub requests_per_s: f64,
     pub slow: bool,
-    /// CPUs the batch got during the measurement (its work is CPU time): its processes'
-    /// and their reaped children's.
-    pub batch_cpus: f64,
 }
 
 /// One mode over every round.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModeSummary {
     pub mode: Mode,
-    pub p99_ms: f64,
-    pub p50_ms: f64,
+    #[serde(flatten)]
+    pub median: Measured,
     pub requests_per_s: f64,
     pub slow_rounds: usize,
-    pub batch_cpus: f64,
     /// The batch's CPU against unmanaged's, percent (when unmanaged ran).
     pub batch_pct: Option<f64>,
     pub rounds: Vec<Round>,
@@ -245,11 +241,11 @@ impl NestedResult {
                 out.push_str(&format!(
                     "{:<22} {:>9.3} {:>9.3} {:>7} {:>11.0} {:>12.2} {:>8}\n",
                     m.mode.name(),
-                    m.p99_ms,
-                    m.p50_ms,
+                    m.median.p99_ms,
+                    m.median.p50_ms,
                     format!("{}/{}", m.slow_rounds, m.rounds.len()),
                     m.requests_per_s,
-                    m.batch_cpus,
+                    m.median.batch_cpus,
                     m.batch_pct.map_or("-".to_string(), |p| format!("{p:.1}"))
                 ));
             }
@@ -263,14 +259,11 @@ impl NestedResult {
 }
 
 fn summarise(mode: Mode, rounds: Vec<Round>) -> ModeSummary {
-    let pick = |f: fn(&Round) -> f64| crate::report::median_of(rounds.iter().map(f).collect());
     ModeSummary {
         mode,
-        p99_ms: pick(|r| r.p99_ms),
-        p50_ms: pick(|r| r.p50_ms),
-        requests_per_s: pick(|r| r.requests_per_s),
+        median: Measured::median(rounds.iter().map(|r| &r.measured)),
+        requests_per_s: crate::report::median_of(rounds.iter().map(|r| r.requests_per_s).collect()),
         slow_rounds: rounds.iter().filter(|r| r.slow).count(),
-        batch_cpus: pick(|r| r.batch_cpus),
         batch_pct: None,
         rounds,
     }
@@ -478,11 +471,11 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
                 )?;
                 eprintln!(
                     "    p99 {:.3} ms, p50 {:.3} ms, {:.0} requests/s{}; batch on {:.2} CPUs",
-                    r.p99_ms,
-                    r.p50_ms,
+                    r.measured.p99_ms,
+                    r.measured.p50_ms,
                     r.requests_per_s,
                     if r.slow { " (slow)" } else { "" },
-                    r.batch_cpus
+                    r.measured.batch_cpus
                 );
                 Ok(r)
             })?;
@@ -495,11 +488,11 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
             let unmanaged = summaries
                 .iter()
                 .find(|m| m.mode == Mode::Unmanaged)
-                .map(|m| m.batch_cpus);
+                .map(|m| m.median.batch_cpus);
             for m in &mut summaries {
                 m.batch_pct = unmanaged
                     .filter(|&u| u > 0.0 && m.mode != Mode::Unloaded)
-                    .map(|u| 100.0 * m.batch_cpus / u);
+                    .map(|u| 100.0 * m.median.batch_cpus / u);
             }
             if summaries.is_empty() {
                 break;
@@ -592,11 +585,13 @@ fn run_mode(
         load.finish()?;
     }
     Ok(Round {
-        p99_ms: p99,
-        p50_ms: p50,
+        measured: Measured {
+            p99_ms: p99,
+            p50_ms: p50,
+            batch_cpus,
+        },
         requests_per_s: rps,
         slow: p99 > server.slow_above_ms(),
-        batch_cpus,
     })
 }
 
@@ -745,17 +740,19 @@ mod tests {
     #[test]
     fn summaries_are_medians_and_count_slow_rounds() {
         let r = |p99: f64, slow: bool| Round {
-            p99_ms: p99,
-            p50_ms: 0.05,
+            measured: Measured {
+                p99_ms: p99,
+                p50_ms: 0.05,
+                batch_cpus: 1.0,
+            },
             requests_per_s: 1000.0,
             slow,
-            batch_cpus: 1.0,
         };
         let s = summarise(
             Mode::Appease,
             vec![r(0.1, false), r(3.3, true), r(0.2, false)],
         );
-        assert_eq!(s.p99_ms, 0.2);
+        assert_eq!(s.median.p99_ms, 0.2);
         assert_eq!(s.slow_rounds, 1);
         assert_eq!(s.rounds.len(), 3);
     }
