@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use appease_model::scalability::{self, Scalability};
+use appease_model::scalability::{self, Scalability, Spread};
 use serde::{Deserialize, Serialize};
 
 use crate::report::median_of;
@@ -92,12 +92,9 @@ pub struct Point {
     pub completion_max_s: f64,
     /// Requests (web) or transactions (db) per second.
     pub per_s: f64,
-    pub min_ms: f64,
-    pub p95_ms: f64,
-    pub max_ms: f64,
-    /// The study's spreads, per run, then the median.
-    pub max_minus_min_ms: f64,
-    pub p95_minus_min_ms: f64,
+    /// Each figure per run, then the median.
+    #[serde(flatten)]
+    pub spread: Spread,
     /// CPU time of the client (user + system) in one run.
     pub client_cpu_s: f64,
     /// Failed requests (ab) or errors sysbench ignored and retried, all runs together.
@@ -145,9 +142,7 @@ pub struct ClosedLoopResult {
 struct Sample {
     completion_s: f64,
     per_s: f64,
-    min_ms: f64,
-    p95_ms: f64,
-    max_ms: f64,
+    spread: Spread,
     client_cpu_s: f64,
     failed: u64,
 }
@@ -362,9 +357,9 @@ fn run_mode(
                 v.name(),
                 s.completion_s,
                 s.per_s,
-                s.min_ms,
-                s.p95_ms,
-                s.max_ms,
+                s.spread.min_ms,
+                s.spread.p95_ms,
+                s.spread.max_ms,
                 s.client_cpu_s,
                 if s.failed > 0 { format!(", {} failed", s.failed) } else { String::new() }
             );
@@ -607,9 +602,7 @@ fn parse_ab(report: &str, percentiles: &str) -> Result<Sample> {
     Ok(Sample {
         completion_s: need("Time taken for tests:")?,
         per_s: need("Requests per second:")?,
-        min_ms: pct(0)?,
-        p95_ms: pct(95)?,
-        max_ms: longest.max(pct(99)?),
+        spread: Spread::new(pct(0)?, pct(95)?, longest.max(pct(99)?)),
         client_cpu_s: 0.0,
         failed: need("Failed requests:")? as u64,
     })
@@ -629,9 +622,7 @@ fn parse_sysbench(report: &str) -> Result<Sample> {
     Ok(Sample {
         completion_s: need("total time:")?,
         per_s,
-        min_ms: need("min:")?,
-        p95_ms: need("95th percentile:")?,
-        max_ms: need("max:")?,
+        spread: Spread::new(need("min:")?, need("95th percentile:")?, need("max:")?),
         client_cpu_s: 0.0,
         failed: need("ignored errors:")? as u64,
     })
@@ -648,11 +639,10 @@ fn point(clients: u32, runs: &[Sample]) -> Point {
         completion_min_s: times.clone().fold(f64::INFINITY, f64::min),
         completion_max_s: times.fold(0.0, f64::max),
         per_s: m(|s| s.per_s),
-        min_ms: m(|s| s.min_ms),
-        p95_ms: m(|s| s.p95_ms),
-        max_ms: m(|s| s.max_ms),
-        max_minus_min_ms: m(|s| s.max_ms - s.min_ms),
-        p95_minus_min_ms: m(|s| s.p95_ms - s.min_ms),
+        spread: Spread::median_of(
+            &runs.iter().map(|s| s.spread).collect::<Vec<_>>(),
+            median_of,
+        ),
         client_cpu_s: m(|s| s.client_cpu_s),
         failed: runs.iter().map(|s| s.failed).sum(),
     }
@@ -681,17 +671,13 @@ impl ClosedLoopResult {
                     .find(|v| v.name() == series.variant)
                     .map_or(series.variant.as_str(), |v| v.describe());
                 s += &format!(
-                    "\n{title}\n{:<18} {:>7} {:>9} {:>15} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+                    "\n{title}\n{:<18} {:>7} {:>9} {:>15} {:>9}{} {:>9} {:>7}\n",
                     "mode",
                     "clients",
                     "time s",
                     "(min–max)",
                     "per s",
-                    "min ms",
-                    "p95 ms",
-                    "max ms",
-                    "max−min",
-                    "p95−min",
+                    Spread::headings(),
                     "client s",
                     "scal."
                 );
@@ -706,17 +692,13 @@ impl ClosedLoopResult {
                     })
                 });
                 s += &format!(
-                    "{:<18} {:>7} {:>9.3} {:>15} {:>9.0} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7}{}\n",
+                    "{:<18} {:>7} {:>9.3} {:>15} {:>9.0}{} {:>9.2} {:>7}{}\n",
                     series.mode.name(),
                     p.clients,
                     p.completion_s,
                     format!("{:.3}–{:.3}", p.completion_min_s, p.completion_max_s),
                     p.per_s,
-                    p.min_ms,
-                    p.p95_ms,
-                    p.max_ms,
-                    p.max_minus_min_ms,
-                    p.p95_minus_min_ms,
+                    p.spread.columns(),
                     p.client_cpu_s,
                     scal.unwrap_or_else(|| "-".into()),
                     if p.failed > 0 {
@@ -749,8 +731,9 @@ impl ClosedLoopResult {
                         Some((sc.base.to_string(), sc.values.get(&p.clients)?.to_string()))
                     })
                     .unwrap_or_default();
+                let spread = p.spread.figures().map(|v| v.to_string()).join(",");
                 s += &format!(
-                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                    "{},{},{},{},{},{},{},{},{},{spread},{},{},{},{}\n",
                     self.scenario,
                     series.variant,
                     series.mode.name(),
@@ -760,11 +743,6 @@ impl ClosedLoopResult {
                     p.completion_min_s,
                     p.completion_max_s,
                     p.per_s,
-                    p.min_ms,
-                    p.p95_ms,
-                    p.max_ms,
-                    p.max_minus_min_ms,
-                    p.p95_minus_min_ms,
                     p.client_cpu_s,
                     p.failed,
                     base,
@@ -809,10 +787,8 @@ Percentage of the requests served within a certain time (ms)
             Sample {
                 completion_s: 0.134,
                 per_s: 37254.49,
-                min_ms: 0.961,
-                p95_ms: 2.126,
                 // The longest request is in whole ms: never below the 99th percentile.
-                max_ms: 3.066,
+                spread: Spread::new(0.961, 2.126, 3.066),
                 client_cpu_s: 0.0,
                 failed: 2,
             }
@@ -841,7 +817,7 @@ Latency (ms):
         let s = parse_sysbench(report).unwrap();
         assert_eq!(s.completion_s, 4.0487);
         assert_eq!(s.per_s, 1234.56);
-        assert_eq!((s.min_ms, s.p95_ms, s.max_ms), (1.23, 7.98, 45.67));
+        assert_eq!(s.spread, Spread::new(1.23, 7.98, 45.67));
         assert_eq!(s.failed, 3);
         assert!(parse_sysbench("FATAL: connection refused").is_err());
     }
@@ -851,9 +827,7 @@ Latency (ms):
         let run = |t: f64, min: f64, max: f64| Sample {
             completion_s: t,
             per_s: 100.0 / t,
-            min_ms: min,
-            p95_ms: min + 1.0,
-            max_ms: max,
+            spread: Spread::new(min, min + 1.0, max),
             client_cpu_s: 0.5,
             failed: 1,
         };
@@ -863,10 +837,10 @@ Latency (ms):
         );
         assert_eq!(p.completion_s, 2.0);
         assert_eq!((p.completion_min_s, p.completion_max_s), (1.0, 3.0));
-        assert_eq!(p.max_ms, 10.0);
+        assert_eq!(p.spread.max_ms, 10.0);
         // Spreads per run (9, 2, 29), then their median.
-        assert_eq!(p.max_minus_min_ms, 9.0);
-        assert_eq!(p.p95_minus_min_ms, 1.0);
+        assert_eq!(p.spread.max_minus_min_ms, 9.0);
+        assert_eq!(p.spread.p95_minus_min_ms, 1.0);
         assert_eq!(p.failed, 3);
         assert_eq!(p.runs, 3);
     }

@@ -22,6 +22,77 @@ pub struct Scalability {
     pub values: BTreeMap<u32, f64>,
 }
 
+/// Response times of a run as the study reports them beside its completion time: the
+/// fastest, the 95th percentile and the slowest, and how far the last two lie above the
+/// fastest (the spread a slow client hides).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    pub min_ms: f64,
+    pub p95_ms: f64,
+    pub max_ms: f64,
+    pub max_minus_min_ms: f64,
+    pub p95_minus_min_ms: f64,
+}
+
+impl Spread {
+    /// The column names of `figures`, for CSV headers.
+    pub const NAMES: [&'static str; 5] = [
+        "min_ms",
+        "p95_ms",
+        "max_ms",
+        "max_minus_min_ms",
+        "p95_minus_min_ms",
+    ];
+
+    pub fn new(min_ms: f64, p95_ms: f64, max_ms: f64) -> Spread {
+        Spread {
+            min_ms,
+            p95_ms,
+            max_ms,
+            max_minus_min_ms: max_ms - min_ms,
+            p95_minus_min_ms: p95_ms - min_ms,
+        }
+    }
+
+    /// Each figure's median over runs (a spread's median is the median of the runs'
+    /// spreads, not the spread of the medians), with `median` of a list of values.
+    pub fn median_of(runs: &[Spread], median: impl Fn(Vec<f64>) -> f64) -> Spread {
+        let figures: Vec<[f64; 5]> = runs.iter().map(Spread::figures).collect();
+        let [min_ms, p95_ms, max_ms, max_minus_min_ms, p95_minus_min_ms] =
+            std::array::from_fn(|i| median(figures.iter().map(|f| f[i]).collect()));
+        Spread {
+            min_ms,
+            p95_ms,
+            max_ms,
+            max_minus_min_ms,
+            p95_minus_min_ms,
+        }
+    }
+
+    /// Headings above `columns`.
+    pub fn headings() -> String {
+        ["min ms", "p95 ms", "max ms", "max−min", "p95−min"]
+            .map(|h| format!(" {h:>9}"))
+            .concat()
+    }
+
+    /// The figures as table columns, each a space and 9 wide.
+    pub fn columns(&self) -> String {
+        self.figures().map(|v| format!(" {v:>9.2}")).concat()
+    }
+
+    /// The figures in the order of `NAMES`.
+    pub fn figures(&self) -> [f64; 5] {
+        [
+            self.min_ms,
+            self.p95_ms,
+            self.max_ms,
+            self.max_minus_min_ms,
+            self.p95_minus_min_ms,
+        ]
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ScalabilityError {
     #[error("no completion times to compare")]
@@ -84,6 +155,27 @@ pub fn scalability(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spreads_median_is_the_median_of_the_runs_spreads() {
+        let runs = [
+            Spread::new(1.0, 2.0, 10.0),
+            Spread::new(2.0, 3.0, 4.0),
+            Spread::new(3.0, 4.0, 30.0),
+        ];
+        let middle = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let m = Spread::median_of(&runs, middle);
+        assert_eq!((m.min_ms, m.p95_ms, m.max_ms), (2.0, 3.0, 10.0));
+        // Spreads per run 9, 2, 27: their median, not max − min of the medians (8).
+        assert_eq!(m.max_minus_min_ms, 9.0);
+        assert_eq!(m.p95_minus_min_ms, 1.0);
+        assert_eq!(Spread::NAMES.len(), m.figures().len());
+        let width = |s: String| s.chars().count();
+        assert_eq!(width(Spread::headings()), width(m.columns()));
+    }
 
     #[test]
     fn a_hand_computed_case() {

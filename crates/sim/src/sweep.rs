@@ -8,7 +8,7 @@
 //! fixed number of requests. Everything else in the file (batch hogs, groups, other
 //! customers) runs as written. Completion time is the last answer of the sweep's clients.
 
-use appease_model::scalability::{self, Scalability};
+use appease_model::scalability::{self, Scalability, Spread};
 use serde::Serialize;
 use toml::Spanned;
 
@@ -22,11 +22,8 @@ pub struct SweepPoint {
     pub completion_ms: f64,
     /// Requests answered per second of completion time.
     pub per_s: f64,
-    pub min_ms: f64,
-    pub p95_ms: f64,
-    pub max_ms: f64,
-    pub max_minus_min_ms: f64,
-    pub p95_minus_min_ms: f64,
+    #[serde(flatten)]
+    pub spread: Spread,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -150,11 +147,7 @@ pub fn sweep(
                 clients: n,
                 completion_ms: last,
                 per_s: rt.len() as f64 / (last / 1e3).max(1e-9),
-                min_ms: min,
-                p95_ms: p95,
-                max_ms: max,
-                max_minus_min_ms: max - min,
-                p95_minus_min_ms: p95 - min,
+                spread: Spread::new(min, p95, max),
             });
         }
         let times: Vec<(u32, f64)> = points
@@ -180,16 +173,12 @@ pub fn sweep(
 /// One line per policy and client count.
 pub fn table(r: &SweepReport) -> String {
     let mut s = format!(
-        "{:<12} {:>7} {:>13} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7}\n",
+        "{:<12} {:>7} {:>13} {:>9}{} {:>7}\n",
         "policy",
         "clients",
         "completion ms",
         "per s",
-        "min ms",
-        "p95 ms",
-        "max ms",
-        "max−min",
-        "p95−min",
+        Spread::headings(),
         "scal."
     );
     for series in &r.series {
@@ -200,16 +189,12 @@ pub fn table(r: &SweepReport) -> String {
                 format!("{:.3}", series.scalability.values[&p.clients])
             };
             s += &format!(
-                "{:<12} {:>7} {:>13.1} {:>9.1} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>9.2} {:>7}\n",
+                "{:<12} {:>7} {:>13.1} {:>9.1}{} {:>7}\n",
                 series.policy,
                 p.clients,
                 p.completion_ms,
                 p.per_s,
-                p.min_ms,
-                p.p95_ms,
-                p.max_ms,
-                p.max_minus_min_ms,
-                p.p95_minus_min_ms,
+                p.spread.columns(),
                 scal
             );
         }
