@@ -546,7 +546,7 @@ mod tests {
         k.spawn(300, 300, "make", fair(2));
         k.spawn(300, 301, "make", fair(2));
         let mut a = journaled_actuator(k, dir, &[]);
-        let procs = [(300, SCOPE.to_string(), "a limit binds".to_string())];
+        let procs = [crate::in_place::InPlace::new(300, SCOPE, "a limit binds")];
         assert_eq!(a.idle_in_place(300, &procs, "cpu-bound"), 1);
         let born_idle = Sched {
             policy: SCHED_IDLE,

@@ -8,6 +8,7 @@
 use appease_cgroup::Cgroups;
 
 use crate::groups::MovedView;
+use crate::in_place::{take_whole, Demoting, InPlace};
 use crate::journal::{JournalState, Record};
 use crate::trail::{audit, Change};
 use crate::{ActError, KernelActuator, RestoreReport};
@@ -170,49 +171,32 @@ impl KernelActuator {
     /// containers, own cgroup) holds nothing but this tree's processes make that group
     /// idle as a whole. Returns how many processes were demoted so, and the rest (for
     /// `idle_in_place`, per thread).
-    pub(crate) fn idle_whole_groups(
-        &mut self,
-        root: u32,
-        members: &[u32],
-        procs: Vec<(u32, String, String)>,
-        why: &str,
-    ) -> (usize, Vec<(u32, String, String)>) {
+    pub(crate) fn idle_whole_groups(&mut self, tree: &Demoting, procs: &mut Vec<InPlace>) -> usize {
         let Some(g) = self.groups.as_ref() else {
-            return (0, procs);
+            return 0;
         };
         if g.systemd_owned() || procs.is_empty() {
-            return (0, procs);
+            return 0;
         }
         let cg = g.cgroups().clone();
-        let tree: std::collections::HashSet<u32> = members.iter().copied().collect();
-        let mut by_group: std::collections::BTreeMap<String, Vec<(u32, String, String)>> =
-            Default::default();
-        for p in procs {
-            let group = appease_cgroup::container_of(&p.1).map_or_else(|| p.1.clone(), |c| c.group);
-            by_group.entry(group).or_default().push(p);
-        }
-        let (mut done, mut rest) = (0, Vec::new());
-        for (group, procs) in by_group {
+        let members: std::collections::HashSet<u32> = tree.members.iter().copied().collect();
+        let container_or_own = |p: &InPlace| {
+            appease_cgroup::container_of(&p.group).map_or_else(|| p.group.clone(), |c| c.group)
+        };
+        take_whole(procs, container_or_own, |group, pids| {
             let whole = group != "/"
                 && cg
-                    .processes_below(&group)
-                    .is_ok_and(|all| all.iter().all(|p| tree.contains(p)));
-            let pids: Vec<u32> = procs.iter().map(|p| p.0).collect();
-            let made = whole
-                && match self.idle_group_in_place(&group, Some(root), &pids, why) {
-                    Ok(_) => self.idle_groups.contains_key(&group),
+                    .processes_below(group)
+                    .is_ok_and(|all| all.iter().all(|p| members.contains(p)));
+            whole
+                && match self.idle_group_in_place(group, Some(tree.root), pids, tree.why) {
+                    Ok(_) => self.idle_groups.contains_key(group),
                     Err(e) => {
                         tracing::warn!(group, error = %e, "could not make the group idle: per thread");
                         false
                     }
-                };
-            if made {
-                done += procs.len();
-            } else {
-                rest.extend(procs);
-            }
-        }
-        (done, rest)
+                }
+        })
     }
 
     /// Kubernetes BestEffort pods are the idle class as a whole, at pod level (not the

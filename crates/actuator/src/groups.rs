@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use appease_cgroup::{CgroupError, Cgroups};
 use serde::{Deserialize, Serialize};
 
+use crate::in_place::{Demoting, InPlace};
 use crate::journal::{JournalState, Record, TaskKey};
 use crate::trail::{audit, Change};
 use crate::{now_secs, sys, ActError, KernelActuator, RestoreReport};

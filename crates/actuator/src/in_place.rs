@@ -43,6 +43,54 @@ pub(crate) struct IdleUnit {
     pub since: u64,
 }
 
+/// A process of a demoted tree that stays in its cgroup, and why it may not leave it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct InPlace {
+    pub pid: u32,
+    pub group: String,
+    pub reason: String,
+}
+
+impl InPlace {
+    pub fn new(pid: u32, group: &str, reason: &str) -> InPlace {
+        InPlace {
+            pid,
+            group: group.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// The tree a demotion is for: its root, its processes, and why.
+pub(crate) struct Demoting<'a> {
+    pub root: u32,
+    pub members: &'a [u32],
+    pub why: &'a str,
+}
+
+/// Offers the processes of `procs` to `whole` group by group (`key` names a process's
+/// group): the processes of a group it takes leave `procs`; returns how many it took.
+pub(crate) fn take_whole(
+    procs: &mut Vec<InPlace>,
+    key: impl Fn(&InPlace) -> String,
+    mut whole: impl FnMut(&str, &[u32]) -> bool,
+) -> usize {
+    let mut by_group: BTreeMap<String, Vec<InPlace>> = BTreeMap::new();
+    for p in procs.drain(..) {
+        by_group.entry(key(&p)).or_default().push(p);
+    }
+    let mut done = 0;
+    for (group, members) in by_group {
+        let pids: Vec<u32> = members.iter().map(|p| p.pid).collect();
+        if whole(&group, &pids) {
+            done += pids.len();
+        } else {
+            procs.extend(members);
+        }
+    }
+    done
+}
+
 /// A CPUWeight as `systemctl show` says it.
 pub(crate) fn weight_text(weight: u64) -> String {
     match weight {
@@ -194,17 +242,12 @@ impl KernelActuator {
             .map(|i| i.orig)
     }
 
-    /// Puts every thread of each `(pid, its cgroup, reason)` in SCHED_IDLE where it is.
+    /// Puts every thread of each process in SCHED_IDLE where it is.
     /// Returns how many processes had a thread changed. Failures are counted and logged,
     /// never fatal: the tree is then simply less demoted.
-    pub(crate) fn idle_in_place(
-        &mut self,
-        root: u32,
-        procs: &[(u32, String, String)],
-        why: &str,
-    ) -> usize {
+    pub(crate) fn idle_in_place(&mut self, root: u32, procs: &[InPlace], why: &str) -> usize {
         let mut done = 0;
-        for (pid, group, reason) in procs {
+        for InPlace { pid, group, reason } in procs {
             let n = self.idle_process(root, *pid, group, reason, why);
             if n > 0 {
                 done += 1;
@@ -508,33 +551,20 @@ impl KernelActuator {
     /// On a systemd host: each cgroup of `procs` that is a unit's own and holds nothing
     /// but processes of this tree (`members`) makes that unit idle through systemd.
     /// Returns how many processes were demoted so, and the processes left for `idle_in_place`.
-    pub(crate) fn idle_whole_units(
-        &mut self,
-        root: u32,
-        members: &[u32],
-        procs: Vec<(u32, String, String)>,
-        why: &str,
-    ) -> (usize, Vec<(u32, String, String)>) {
+    pub(crate) fn idle_whole_units(&mut self, tree: &Demoting, procs: &mut Vec<InPlace>) -> usize {
         let Some(units) = self.groups.as_mut().and_then(|g| g.units.take()) else {
-            return (0, procs);
+            return 0;
         };
-        let tree: HashSet<u32> = members.iter().copied().collect();
-        let mut by_cgroup: BTreeMap<String, Vec<(u32, String, String)>> = BTreeMap::new();
-        for p in procs {
-            by_cgroup.entry(p.1.clone()).or_default().push(p);
-        }
-        let (mut done, mut rest) = (0, Vec::new());
-        for (cgroup, procs) in by_cgroup {
-            let pids: Vec<u32> = procs.iter().map(|p| p.0).collect();
-            match self.idle_unit(&*units, root, &cgroup, &pids, &tree, why) {
-                true => done += pids.len(),
-                false => rest.extend(procs),
-            }
-        }
+        let members: HashSet<u32> = tree.members.iter().copied().collect();
+        let done = take_whole(
+            procs,
+            |p| p.group.clone(),
+            |cgroup, pids| self.idle_unit(&*units, tree.root, cgroup, pids, &members, tree.why),
+        );
         if let Some(g) = self.groups.as_mut() {
             g.units = Some(units);
         }
-        (done, rest)
+        done
     }
 
     fn idle_unit(

@@ -498,7 +498,11 @@ mod tests {
             10,
             "what it would have done is reported"
         );
-        a.idle_in_place(100, &[(100, "/".into(), "cpu-bound".into())], "cpu-bound");
+        a.idle_in_place(
+            100,
+            &[crate::in_place::InPlace::new(100, "/", "cpu-bound")],
+            "cpu-bound",
+        );
         assert!(
             a.managed().is_empty(),
             "demoted: its priority went back first"
@@ -521,7 +525,7 @@ mod tests {
             .unwrap();
         a.elevate(100, 101, 2, None, "r", None).unwrap();
         a.fix_nice(200, 200, 10, "role").unwrap();
-        let procs = [(300, "/".to_string(), "cpu-bound".to_string())];
+        let procs = [crate::in_place::InPlace::new(300, "/", "cpu-bound")];
         assert_eq!(a.idle_in_place(300, &procs, "cpu-bound"), 1);
         assert_eq!(k.sched(301).policy, SCHED_IDLE);
         // A child born idle from the demoted tree, and an admin's renice meanwhile.
@@ -553,7 +557,7 @@ mod tests {
         let (k, dir) = (FakeKernel::new(), TempDir::new("inplace"));
         k.spawn(300, 300, "make", custom(2, BASE_SLICE_NS));
         let mut a = actuator(&k, &dir, &[]);
-        let procs = [(300, "/".to_string(), "cpu-bound".to_string())];
+        let procs = [crate::in_place::InPlace::new(300, "/", "cpu-bound")];
         a.idle_in_place(300, &procs, "cpu-bound");
         k.spawn_child(300, 310, 310, "cc1", idle(custom(2, BASE_SLICE_NS)));
         k.spawn_child(1, 400, 400, "chosen-idle", idle(fair(0)));

@@ -493,12 +493,13 @@ mod tests {
         let pid = std::process::id();
         let procs = dir.0.join("cgroup").join(&SERVER[1..]).join("cgroup.procs");
         std::fs::write(procs, format!("{pid}\n")).unwrap();
-        let (whole, rest) = a.idle_whole_units(
-            pid,
-            &[pid],
-            vec![(pid, SERVER.into(), "soak".into())],
-            "test",
-        );
+        let mut rest = vec![crate::in_place::InPlace::new(pid, SERVER, "soak")];
+        let tree = crate::in_place::Demoting {
+            root: pid,
+            members: &[pid],
+            why: "test",
+        };
+        let whole = a.idle_whole_units(&tree, &mut rest);
         assert_eq!((whole, rest.len()), (0, 1));
         assert_eq!(m.cpu_weight("web.service").unwrap(), raise);
         let report = a.restore_all();

@@ -42,7 +42,11 @@ impl KernelActuator {
                 continue; // gone
             };
             match g.boundary(&from) {
-                Some(reason) => in_place.push((pid, from, reason)),
+                Some(reason) => in_place.push(InPlace {
+                    pid,
+                    group: from,
+                    reason,
+                }),
                 None => to_move.push(pid),
             }
         }
@@ -60,8 +64,9 @@ impl KernelActuator {
                 "demoted to the idle group"
             );
         }
-        let (whole, in_place) = self.idle_whole_units(root, members, in_place, why);
-        let (groups, in_place) = self.idle_whole_groups(root, members, in_place, why);
+        let tree = Demoting { root, members, why };
+        let whole = self.idle_whole_units(&tree, &mut in_place);
+        let groups = self.idle_whole_groups(&tree, &mut in_place);
         if groups > 0 {
             // The last container of an engine made idle: its parent too, now.
             self.keep_engine_parents_idle();
