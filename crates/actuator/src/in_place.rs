@@ -51,6 +51,7 @@ pub(crate) struct InPlace {
     pub reason: String,
 }
 
+#[cfg(test)]
 impl InPlace {
     pub fn new(pid: u32, group: &str, reason: &str) -> InPlace {
         InPlace {

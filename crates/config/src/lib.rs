@@ -114,14 +114,25 @@ pub struct Role {
 
 impl Role {
     pub fn matcher(&self) -> Rule {
-        Rule {
-            comm: self.comm.clone(),
-            cgroup: self.cgroup.clone(),
-            user: self.user.clone(),
-            unit: self.unit.clone(),
-            class: Class::Latency,
-            uid: cached_uid(&self.uid, self.user.as_deref()),
-        }
+        latency_rule(&self.comm, &self.cgroup, &self.user, &self.unit, &self.uid)
+    }
+}
+
+/// The rule matching a role's or a service's processes, which are latency work.
+fn latency_rule(
+    comm: &Option<String>,
+    cgroup: &Option<String>,
+    user: &Option<String>,
+    unit: &Option<String>,
+    uid: &OnceLock<Option<u32>>,
+) -> Rule {
+    Rule {
+        comm: comm.clone(),
+        cgroup: cgroup.clone(),
+        user: user.clone(),
+        unit: unit.clone(),
+        class: Class::Latency,
+        uid: cached_uid(uid, user.as_deref()),
     }
 }
 
@@ -158,14 +169,7 @@ fn default_weight() -> u32 {
 impl Service {
     /// The rule matching this service's processes.
     pub fn matcher(&self) -> Rule {
-        Rule {
-            comm: self.comm.clone(),
-            cgroup: self.cgroup.clone(),
-            user: self.user.clone(),
-            unit: self.unit.clone(),
-            class: Class::Latency,
-            uid: cached_uid(&self.uid, self.user.as_deref()),
-        }
+        latency_rule(&self.comm, &self.cgroup, &self.user, &self.unit, &self.uid)
     }
 
     pub fn group_name(&self) -> String {

@@ -366,7 +366,7 @@ impl<'obj> Daemon<'obj> {
                     comm,
                     proc_comm,
                 };
-                if let Some(d) = self.policy.on_app_request(
+                if let Some(d) = self.policy.on_request(
                     ts_ns,
                     app,
                     pid,

@@ -196,24 +196,10 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         }
     }
 
-    /// A thread received a request at `now`; `cpu_ns` is its total CPU time then. Its
-    /// process is its application.
-    pub fn on_request(
-        &mut self,
-        now: Nanos,
-        pid: u32,
-        tid: u32,
-        source: Source,
-        cpu_ns: u64,
-        load: Load,
-    ) -> Option<Decision> {
-        self.on_app_request(now, pid, pid, tid, source, cpu_ns, load)
-    }
-
     /// A thread of application `app` received a request at `now`; `cpu_ns` is its total
     /// CPU time then.
     #[allow(clippy::too_many_arguments)]
-    pub fn on_app_request(
+    pub fn on_request(
         &mut self,
         now: Nanos,
         app: u32,

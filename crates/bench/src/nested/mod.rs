@@ -320,14 +320,20 @@ impl Groups {
         if shape.limited && shape.layout != Layout::Container {
             cg.set_cpu_quota(&branch, Some(LIMIT_QUOTA_US))?;
         }
-        Ok(Groups {
+        Ok(Groups::new(cg, [server, client, batch, branch], Vec::new()))
+    }
+
+    /// The groups of the server, its client, the batch and the batch's branch.
+    pub(super) fn new(cg: Cgroups, names: [String; 4], also: Vec<PathBuf>) -> Self {
+        let [server, client, batch, branch] = names;
+        Groups {
             cg,
             server,
             client,
             batch,
             branch,
-            also: Vec::new(),
-        })
+            also,
+        }
     }
 }
 

@@ -122,12 +122,10 @@ pub(super) fn build(run: &mut Run, shape: Shape) -> Result<Groups> {
         set_property(&limited_unit, &format!("CPUQuota={percent}%"))?;
         run.quota_resets.push(QuotaReset(limited_unit));
     }
-    Ok(Groups {
+    let names = [server, client, batch, branch];
+    Ok(Groups::new(
         cg,
-        server,
-        client,
-        batch,
-        branch,
-        also: vec![PathBuf::from(SYSTEMD_HIERARCHY)],
-    })
+        names,
+        vec![PathBuf::from(SYSTEMD_HIERARCHY)],
+    ))
 }

@@ -45,8 +45,8 @@ fn sinking() -> ElevationParams {
 /// Sinks thread 7 of process 1 (app 1) at 200 ms; returns the policy.
 fn one_sunk() -> ElevationPolicy {
     let mut p = ElevationPolicy::new(sinking());
-    p.on_request(0, 1, 7, Source::Unix, 0, load(2.0));
-    p.on_request(0, 1, 8, Source::Unix, 0, load(2.0));
+    p.on_request(0, 1, 1, 7, Source::Unix, 0, load(2.0));
+    p.on_request(0, 1, 1, 8, Source::Unix, 0, load(2.0));
     let cpu = |_: u32, tid: u32| Some(if tid == 7 { 60 * MS } else { MS });
     let d = p.on_tick(200 * MS, cpu);
     assert!(d.iter().any(|d| matches!(d, Decision::Sink { tid: 7, .. })));
@@ -88,7 +88,7 @@ fn a_wait_of_its_application_lifts_a_sunk_thread_until_the_wait_ends() {
     // Its next request brings it back for good; the probe hears it has none sunk.
     assert_eq!(
         tids(&[p
-            .on_request(400 * MS, 1, 7, Source::Unix, 60 * MS, load(2.0))
+            .on_request(400 * MS, 1, 1, 7, Source::Unix, 60 * MS, load(2.0))
             .unwrap()]),
         vec![(7, Reason::UnixRequest)]
     );
@@ -149,7 +149,7 @@ fn without_lifting_a_wait_changes_nothing_and_the_probe_is_told_nothing() {
     let mut params = sinking();
     params.sink.as_mut().unwrap().lift = None;
     let mut p = ElevationPolicy::new(params);
-    p.on_request(0, 1, 7, Source::Unix, 0, load(2.0));
+    p.on_request(0, 1, 1, 7, Source::Unix, 0, load(2.0));
     p.on_tick(200 * MS, |_, _| Some(60 * MS));
     assert!(p.take_app_changes().is_empty());
     assert!(p.on_wait(300 * MS, 1).is_empty());
@@ -162,7 +162,7 @@ fn without_lifting_a_wait_changes_nothing_and_the_probe_is_told_nothing() {
 fn an_applications_bucket_stays_its_own_when_another_application_goes() {
     fn check<I: SlotIndex>(mut p: ElevationPolicy<I>) {
         for (app, tid) in [(1, 10), (2, 20), (3, 30)] {
-            p.on_app_request(0, app, tid, tid, Source::Network, 0, load(2.0));
+            p.on_request(0, app, tid, tid, Source::Network, 0, load(2.0));
         }
         // Application 1 goes (application 3 takes its place in the table).
         p.forget(10);
@@ -177,16 +177,16 @@ fn an_applications_bucket_stays_its_own_when_another_application_goes() {
         }));
         let now = 110 * MS;
         assert_eq!(
-            p.on_app_request(now, 3, 31, 31, Source::Network, 0, load(2.0)),
+            p.on_request(now, 3, 31, 31, Source::Network, 0, load(2.0)),
             None
         );
         assert_eq!(
-            levels(&p.on_app_request(now, 2, 21, 21, Source::Network, 0, load(2.0))),
+            levels(&p.on_request(now, 2, 21, 21, Source::Network, 0, load(2.0))),
             2
         );
         // A new application 1 starts with a full bucket.
         assert_eq!(
-            levels(&p.on_app_request(now, 1, 11, 11, Source::Network, 0, load(2.0))),
+            levels(&p.on_request(now, 1, 11, 11, Source::Network, 0, load(2.0))),
             2
         );
     }
@@ -198,23 +198,23 @@ fn an_applications_bucket_stays_its_own_when_another_application_goes() {
 fn workers_forked_per_connection_share_their_servers_budget() {
     let mut p = ElevationPolicy::new(params());
     // Application 100 (a forking server): its worker for one connection burns 300 ms.
-    p.on_app_request(0, 100, 200, 200, Source::Network, 0, load(2.0));
+    p.on_request(0, 100, 200, 200, Source::Network, 0, load(2.0));
     let now = 110 * MS;
     p.on_tick(now, |_, _| Some(300 * MS));
     // The bucket (200 ms) is spent: a fresh worker of it is not elevated...
     assert_eq!(
-        p.on_app_request(now, 100, 300, 300, Source::Network, 0, load(2.0)),
+        p.on_request(now, 100, 300, 300, Source::Network, 0, load(2.0)),
         None
     );
     // ...while another application's first request is.
     assert_eq!(
-        levels(&p.on_app_request(now, 400, 400, 400, Source::Network, 0, load(2.0))),
+        levels(&p.on_request(now, 400, 400, 400, Source::Network, 0, load(2.0))),
         2
     );
     // Per thread, each worker would have started with a full bucket.
     let mut q = ElevationPolicy::new(params());
     assert_eq!(
-        levels(&q.on_app_request(now, 300, 300, 300, Source::Network, 0, load(2.0))),
+        levels(&q.on_request(now, 300, 300, 300, Source::Network, 0, load(2.0))),
         2
     );
 }
@@ -223,7 +223,7 @@ fn workers_forked_per_connection_share_their_servers_budget() {
 fn a_long_request_sinks_past_its_cpu_and_its_next_request_brings_it_back() {
     let mut p = ElevationPolicy::new(sinking());
     assert_eq!(
-        levels(&p.on_request(0, 1, 7, Source::Unix, 0, load(2.0))),
+        levels(&p.on_request(0, 1, 1, 7, Source::Unix, 0, load(2.0))),
         4
     );
     // 40 ms of CPU after the read: still the request's work.
@@ -247,13 +247,13 @@ fn a_long_request_sinks_past_its_cpu_and_its_next_request_brings_it_back() {
     assert!(p.on_tick(900 * MS, |_, _| Some(500 * MS)).is_empty());
     // Its next request: elevated again (which replaces the sinking).
     assert_eq!(
-        levels(&p.on_request(1000 * MS, 1, 7, Source::Unix, 600 * MS, load(2.0))),
+        levels(&p.on_request(1000 * MS, 1, 1, 7, Source::Unix, 600 * MS, load(2.0))),
         4
     );
     assert!(!p.view()[0].sunk);
     // Not elevated on an idle machine, still sunk by a long request, and put back
     // by the next request.
-    p.on_request(2000 * MS, 1, 8, Source::Unix, 0, load(0.5));
+    p.on_request(2000 * MS, 1, 1, 8, Source::Unix, 0, load(0.5));
     let d = p.on_tick(2200 * MS, |_, tid| {
         Some(if tid == 8 { 80 * MS } else { 600 * MS })
     });
@@ -264,7 +264,7 @@ fn a_long_request_sinks_past_its_cpu_and_its_next_request_brings_it_back() {
         reason: Reason::LongRequest
     }));
     assert_eq!(
-        p.on_request(2300 * MS, 1, 8, Source::Unix, 80 * MS, load(0.5)),
+        p.on_request(2300 * MS, 1, 1, 8, Source::Unix, 80 * MS, load(0.5)),
         Some(Decision::Restore {
             pid: 1,
             tid: 8,
@@ -279,7 +279,7 @@ fn short_requests_never_sink_however_many() {
     let mut cpu = 0;
     for i in 0..200u64 {
         let now = i * 20 * MS;
-        p.on_request(now, 1, 7, Source::Network, cpu, load(2.0));
+        p.on_request(now, 1, 1, 7, Source::Network, cpu, load(2.0));
         cpu += 5 * MS; // 5 ms per request, a request every 20 ms: 10 s in all
         let d = p.on_tick(now + 10 * MS, |_, _| Some(cpu));
         assert!(
@@ -292,7 +292,7 @@ fn short_requests_never_sink_however_many() {
 #[test]
 fn without_sinking_no_idle_thread_is_read() {
     let mut p = ElevationPolicy::new(params());
-    p.on_request(0, 1, 7, Source::Unix, 0, load(0.5));
+    p.on_request(0, 1, 1, 7, Source::Unix, 0, load(0.5));
     let mut reads = 0;
     p.on_tick(5000 * MS, |_, _| {
         reads += 1;
@@ -318,13 +318,13 @@ fn levels(d: &Option<Decision>) -> u32 {
 #[test]
 fn no_elevation_on_an_idle_machine() {
     let mut p = ElevationPolicy::new(params());
-    assert_eq!(p.on_request(0, 1, 1, Source::Unix, 0, load(0.5)), None);
+    assert_eq!(p.on_request(0, 1, 1, 1, Source::Unix, 0, load(0.5)), None);
     let calm = Load {
         runnable_per_cpu: 4.0,
         psi_some_pct: 0.1,
     };
     assert_eq!(
-        p.on_request(0, 1, 2, Source::Unix, 0, calm),
+        p.on_request(0, 1, 1, 2, Source::Unix, 0, calm),
         None,
         "no one waits: no elevation"
     );
@@ -333,9 +333,9 @@ fn no_elevation_on_an_idle_machine() {
 #[test]
 fn unix_elevates_more_than_network_and_more_under_load() {
     let mut p = ElevationPolicy::new(params());
-    let u = p.on_request(0, 1, 1, Source::Unix, 0, load(1.5));
-    let n = p.on_request(0, 2, 2, Source::Network, 0, load(1.5));
-    let heavy = p.on_request(0, 3, 3, Source::Network, 0, load(4.0));
+    let u = p.on_request(0, 1, 1, 1, Source::Unix, 0, load(1.5));
+    let n = p.on_request(0, 2, 2, 2, Source::Network, 0, load(1.5));
+    let heavy = p.on_request(0, 3, 3, 3, Source::Network, 0, load(4.0));
     assert_eq!((levels(&u), levels(&n), levels(&heavy)), (4, 2, 6));
     assert!(matches!(
         u,
@@ -351,7 +351,7 @@ fn unix_elevates_more_than_network_and_more_under_load() {
 fn fades_one_level_per_delay_and_re_elevates() {
     let mut p = ElevationPolicy::new(params());
     let cpu = |_, _| Some(0);
-    p.on_request(0, 1, 1, Source::Unix, 0, load(2.0));
+    p.on_request(0, 1, 1, 1, Source::Unix, 0, load(2.0));
     assert!(p.on_tick(99 * MS, cpu).is_empty());
     assert_eq!(
         p.on_tick(100 * MS, cpu),
@@ -365,7 +365,7 @@ fn fades_one_level_per_delay_and_re_elevates() {
     );
     // A new request restores the full elevation and restarts the timer.
     assert_eq!(
-        levels(&p.on_request(150 * MS, 1, 1, Source::Unix, 0, load(2.0))),
+        levels(&p.on_request(150 * MS, 1, 1, 1, Source::Unix, 0, load(2.0))),
         4
     );
     assert!(p.on_tick(249 * MS, cpu).is_empty());
@@ -392,13 +392,13 @@ fn a_request_once_the_load_has_fallen_fades_at_the_pace_of_the_load_now() {
     let mut p = ElevationPolicy::new(params());
     let cpu = |_, _| Some(0);
     assert_eq!(
-        levels(&p.on_request(0, 1, 1, Source::Unix, 0, load(2.0))),
+        levels(&p.on_request(0, 1, 1, 1, Source::Unix, 0, load(2.0))),
         4
     );
     // Below the first step (the batch went idle): no elevation at this load, so
     // the next tick restores the thread instead of fading it a level per 100 ms.
     assert_eq!(
-        p.on_request(30 * MS, 1, 1, Source::Unix, 0, load(0.2)),
+        p.on_request(30 * MS, 1, 1, 1, Source::Unix, 0, load(0.2)),
         None
     );
     assert_eq!(
@@ -411,11 +411,11 @@ fn a_request_once_the_load_has_fallen_fades_at_the_pace_of_the_load_now() {
     );
     // A load still on the ladder keeps the slower fade of its own step.
     assert_eq!(
-        levels(&p.on_request(60 * MS, 2, 2, Source::Unix, 0, load(2.0))),
+        levels(&p.on_request(60 * MS, 2, 2, 2, Source::Unix, 0, load(2.0))),
         4
     );
     assert_eq!(
-        p.on_request(90 * MS, 2, 2, Source::Unix, 0, load(1.2)),
+        p.on_request(90 * MS, 2, 2, 2, Source::Unix, 0, load(1.2)),
         None
     );
     assert!(p.on_tick(120 * MS, cpu).is_empty());
@@ -425,14 +425,16 @@ fn a_request_once_the_load_has_fallen_fades_at_the_pace_of_the_load_now() {
 #[test]
 fn repeated_requests_at_same_level_need_no_syscall() {
     let mut p = ElevationPolicy::new(params());
-    assert!(p.on_request(0, 1, 1, Source::Unix, 0, load(2.0)).is_some());
+    assert!(p
+        .on_request(0, 1, 1, 1, Source::Unix, 0, load(2.0))
+        .is_some());
     assert_eq!(
-        p.on_request(10 * MS, 1, 1, Source::Unix, 0, load(2.0)),
+        p.on_request(10 * MS, 1, 1, 1, Source::Unix, 0, load(2.0)),
         None
     );
     // A weaker step does not lower a stronger elevation.
     assert_eq!(
-        p.on_request(20 * MS, 1, 1, Source::Network, 0, load(2.0)),
+        p.on_request(20 * MS, 1, 1, 1, Source::Network, 0, load(2.0)),
         None
     );
     assert_eq!(p.levels(1), 4);
@@ -445,7 +447,7 @@ fn a_spinning_cheater_loses_its_elevation_and_stays_down() {
     let mut elevated_ticks = 0;
     for i in 0..400u64 {
         let now = i * 5 * MS;
-        p.on_request(now, 1, 1, Source::Network, now, load(2.0));
+        p.on_request(now, 1, 1, 1, Source::Network, now, load(2.0));
         p.on_tick(now, |_, _| Some(now));
         if i >= 100 && p.levels(1) > 0 {
             elevated_ticks += 1;
@@ -465,7 +467,7 @@ fn a_server_using_a_fifth_of_a_cpu_keeps_its_elevation() {
     let mut cpu = 0;
     for i in 0..400u64 {
         let now = i * 25 * MS;
-        p.on_request(now, 1, 1, Source::Network, cpu, load(2.0));
+        p.on_request(now, 1, 1, 1, Source::Network, cpu, load(2.0));
         cpu += 5 * MS;
         p.on_tick(now + 5 * MS, |_, _| Some(cpu));
         assert_eq!(p.levels(1), 2, "at {i}");
@@ -475,7 +477,7 @@ fn a_server_using_a_fifth_of_a_cpu_keeps_its_elevation() {
 #[test]
 fn exhausted_thread_recovers_once_it_stops_burning() {
     let mut p = ElevationPolicy::new(params());
-    p.on_request(0, 1, 1, Source::Unix, 0, load(2.0));
+    p.on_request(0, 1, 1, 1, Source::Unix, 0, load(2.0));
     // 600 ms of CPU within the first 100 ms (several threads' worth: a clear overrun).
     let d = p.on_tick(100 * MS, |_, _| Some(600 * MS));
     assert_eq!(
@@ -487,26 +489,26 @@ fn exhausted_thread_recovers_once_it_stops_burning() {
         }]
     );
     assert_eq!(
-        p.on_request(110 * MS, 1, 1, Source::Unix, 600 * MS, load(2.0)),
+        p.on_request(110 * MS, 1, 1, 1, Source::Unix, 600 * MS, load(2.0)),
         None
     );
     // Idle from then on: the bucket (clamped at -200 ms) refills at 0.5/s to full in 0.8 s, at 900 ms.
     assert_eq!(
-        p.on_request(700 * MS, 1, 1, Source::Unix, 600 * MS, load(2.0)),
+        p.on_request(700 * MS, 1, 1, 1, Source::Unix, 600 * MS, load(2.0)),
         None
     );
     assert!(p
-        .on_request(1000 * MS, 1, 1, Source::Unix, 600 * MS, load(2.0))
+        .on_request(1000 * MS, 1, 1, 1, Source::Unix, 600 * MS, load(2.0))
         .is_some());
 }
 
 #[test]
 fn a_budget_emptied_by_a_request_ends_the_elevation_on_the_next_tick() {
     let mut p = ElevationPolicy::new(params());
-    p.on_request(0, 1, 1, Source::Unix, 0, load(2.0));
+    p.on_request(0, 1, 1, 1, Source::Unix, 0, load(2.0));
     // The next request shows 600 ms of CPU used in 10 ms.
     assert_eq!(
-        p.on_request(10 * MS, 1, 1, Source::Unix, 600 * MS, load(2.0)),
+        p.on_request(10 * MS, 1, 1, 1, Source::Unix, 600 * MS, load(2.0)),
         None
     );
     assert_eq!(
@@ -529,7 +531,15 @@ fn fades_on_time<I: SlotIndex>(mut p: ElevationPolicy<I>) {
     // Thread i gets its request at i·10 ms; 1, 4 and 7 are forgotten (each removal
     // moves another thread's state), 9 has exited by its first CPU-time read.
     for tid in 1..=10u32 {
-        p.on_request(tid as u64 * 10 * MS, tid, tid, Source::Unix, 0, load(2.0));
+        p.on_request(
+            tid as u64 * 10 * MS,
+            tid,
+            tid,
+            tid,
+            Source::Unix,
+            0,
+            load(2.0),
+        );
     }
     for tid in [1, 4, 7] {
         p.forget(tid);
@@ -556,7 +566,7 @@ fn fades_on_time<I: SlotIndex>(mut p: ElevationPolicy<I>) {
     expected.sort();
     assert_eq!(seen, expected);
     assert_eq!(p.tracked(), 6, "idle threads are kept for forget_after");
-    p.on_request(2_000 * MS, 10, 10, Source::Unix, 0, load(2.0));
+    p.on_request(2_000 * MS, 10, 10, 10, Source::Unix, 0, load(2.0));
     assert_eq!(p.levels(10), 4);
     assert_eq!(p.levels(2), 0);
 }
@@ -612,8 +622,8 @@ fn both_indexes_give_the_same_decisions() {
                     Source::Network
                 };
                 let l = load((next() % 5) as f64);
-                let a = hashed.on_request(now, tid, tid, source, now / 2, l);
-                let b = dense.on_request(now, tid, tid, source, now / 2, l);
+                let a = hashed.on_request(now, tid, tid, tid, source, now / 2, l);
+                let b = dense.on_request(now, tid, tid, tid, source, now / 2, l);
                 decisions += a.is_some() as usize;
                 assert_eq!(a, b, "request at {now}");
             }
@@ -627,7 +637,7 @@ fn both_indexes_give_the_same_decisions() {
 fn a_reload_applies_the_new_forget_after_to_threads_already_watched() {
     let mut p = ElevationPolicy::new(params());
     // Watched (for its budget) but not elevated: an idle machine.
-    p.on_request(0, 1, 1, Source::Unix, 0, load(0.5));
+    p.on_request(0, 1, 1, 1, Source::Unix, 0, load(0.5));
     assert_eq!(p.tracked(), 1);
     p.set_params(ElevationParams {
         forget_after: Duration::from_secs(1),
@@ -646,8 +656,8 @@ fn a_reload_applies_the_new_forget_after_to_threads_already_watched() {
 #[test]
 fn gone_threads_and_idle_threads_are_forgotten() {
     let mut p = ElevationPolicy::new(params());
-    p.on_request(0, 1, 1, Source::Unix, 0, load(2.0));
-    p.on_request(0, 2, 2, Source::Unix, 0, load(2.0));
+    p.on_request(0, 1, 1, 1, Source::Unix, 0, load(2.0));
+    p.on_request(0, 2, 2, 2, Source::Unix, 0, load(2.0));
     let d = p.on_tick(10 * MS, |_, _| {
         panic!("CPU time known from the request events")
     });

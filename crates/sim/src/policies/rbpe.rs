@@ -101,7 +101,7 @@ impl Scheduler for Rbpe {
         let id = t as u32;
         if let Some(d) = self
             .policy
-            .on_request(now, id, id, source, cpu, self.load.current())
+            .on_request(now, id, id, id, source, cpu, self.load.current())
         {
             self.apply(d);
         }
