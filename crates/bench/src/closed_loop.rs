@@ -228,11 +228,7 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
     let (modes, not_run) = opts.runnable_modes();
     let started = Instant::now();
     let runs = interleaved(&modes, rounds, &opts.stop, |slot| {
-        let n = if slot.mode == Mode::Unloaded {
-            0
-        } else {
-            soakers
-        };
+        let n = slot.batch(soakers);
         eprintln!(
             "[{}, {:.0} s in] {} with {}: {} {unit} per run at {} clients ...",
             slot.progress(),
@@ -341,7 +337,7 @@ fn run_mode(
         _ => bail!("a client sweep needs nginx or PostgreSQL"),
     };
     let pids = spawn_soakers(&mut run, opts, opts.batch, soakers)?;
-    apply_mode(&mut run, opts, mode, &pids, &tmp)?;
+    apply_mode(&mut run, opts, mode, &pids)?;
     warm_up(opts, p, mode, &load, &pids)?;
     let mut out = Vec::new();
     for (ci, &clients) in opts.clients.iter().enumerate() {

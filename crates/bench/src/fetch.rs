@@ -504,16 +504,7 @@ fn run_mode(
     match mode {
         Mode::Unloaded | Mode::Unmanaged => {}
         Mode::BatchCgroupIdle => crate::into_idle_group(&mut run, &roots)?,
-        Mode::Appease => {
-            let cfg = tmp.join("daemon.toml");
-            let text = match &opts.config {
-                Some(path) => std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?,
-                None => String::new(),
-            };
-            std::fs::write(&cfg, text)?;
-            crate::start_daemon(&mut run, opts, &cfg)?;
-        }
+        Mode::Appease => crate::start_daemon(&mut run, opts, None)?,
         other => bail!("mode {} does not apply to the fetch scenario", other.name()),
     }
     if let Some(mut go) = go {
@@ -553,17 +544,8 @@ fn warm_up(opts: &Options, server: Server, src: &Sources, mode: Mode, roots: &[u
         std::thread::sleep(Duration::from_secs(2));
         let mut result = Ok(());
         if mode == Mode::Appease && !roots.is_empty() {
-            let group = opts.batch_group();
-            result = crate::wait_until(Duration::from_secs(30), || {
-                opts.stop.load(Ordering::Relaxed)
-                    || roots.iter().all(|&p| crate::demoted(&group, p))
-            })
-            .context("the daemon did not demote the job's loop within 30 s");
+            result = crate::synthetic::await_demotion(opts, roots, "the job's loop", t);
             if result.is_ok() {
-                eprintln!(
-                    "    job demoted by the daemon {:.1} s after it started",
-                    t.elapsed().as_secs_f64()
-                );
                 std::thread::sleep(Duration::from_secs(1));
             }
         }

@@ -32,8 +32,8 @@ pub(crate) use run::{
     wait_until, Run,
 };
 pub(crate) use synthetic::{
-    apply_mode, demoted, run_latency, scenario_params, spawn_soakers, start_peer, start_server,
-    warm_up, Load,
+    apply_mode, run_latency, scenario_params, spawn_soakers, start_peer, start_server, warm_up,
+    Load,
 };
 
 /// What a scenario reports.

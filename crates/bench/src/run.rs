@@ -158,10 +158,20 @@ pub(crate) fn spawn_server(run: &mut Run, opts: &Options, args: &[&str]) -> Resu
     Ok(line.trim().to_string())
 }
 
-/// Starts `appease daemon --config CFG` for a run (ended with the run) and waits until
-/// it reports itself running.
-pub(crate) fn start_daemon(run: &mut Run, opts: &Options, cfg: &Path) -> Result<()> {
+/// Starts `appease daemon` for a run (ended with the run) and waits until it reports
+/// itself running. Its config is `text`, else the one `--config` names, else the
+/// embedded default.
+pub(crate) fn start_daemon(run: &mut Run, opts: &Options, text: Option<String>) -> Result<()> {
     let tmp = run.tmp()?;
+    let text = match (text, &opts.config) {
+        (Some(text), _) => text,
+        (None, Some(path)) => {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+        }
+        (None, None) => String::new(),
+    };
+    let cfg = tmp.join("daemon.toml");
+    std::fs::write(&cfg, text)?;
     let run_dir = tmp.join("run");
     let log = std::fs::File::create(tmp.join("daemon.log"))?;
     let child = Command::new(&opts.appease)

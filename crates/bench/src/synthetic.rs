@@ -85,11 +85,7 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
     for &load in &opts.loads {
         let soakers = (load * cpus as f64).round() as usize;
         let runs = interleaved(&modes, opts.repeat.max(1), &opts.stop, |slot| {
-            let n = if slot.mode == Mode::Unloaded {
-                0
-            } else {
-                soakers
-            };
+            let n = slot.batch(soakers);
             eprintln!(
                 "[{}] {} with {}, {} s ...",
                 slot.progress(),
@@ -178,7 +174,7 @@ fn run_mode(
             soak_pids.push(c.id());
             let go = c.stdin.take().expect("piped");
             run.children.push(c);
-            apply_mode(&mut run, opts, mode, &soak_pids, &tmp)?;
+            apply_mode(&mut run, opts, mode, &soak_pids)?;
             // Now every make and gcc it forks inherits the mode.
             std::io::Write::write_all(&mut &go, b"go\n").context("starting the compile")?;
         }
@@ -196,7 +192,7 @@ fn run_mode(
     }
     let soak_start = Instant::now();
     if !matches!(p.batch, Batch::Compile | Batch::Script) || n == 0 {
-        apply_mode(&mut run, opts, mode, &soak_pids, &tmp)?;
+        apply_mode(&mut run, opts, mode, &soak_pids)?;
     }
 
     warm_up(opts, p, mode, &load, &soak_pids)?;
@@ -383,22 +379,32 @@ pub(crate) fn warm_up(
         eprintln!("    {wait:.0} s for {} to see the batch load", mode.name());
     }
     std::thread::sleep(Duration::from_secs_f64(wait));
-    if mode == Mode::Appease && !soak_pids.is_empty() {
-        let group = opts.batch_group();
-        let waited = wait_until(Duration::from_secs(30), || {
-            opts.stop.load(Ordering::Relaxed) || soak_pids.iter().all(|&p| demoted(&group, p))
-        });
-        warm_stop.store(true, Ordering::Relaxed);
-        let _warmup_latencies_unused = warm.join();
-        waited.context("the daemon did not demote the soakers within 30 s")?;
-        eprintln!(
-            "    soakers demoted by the daemon {:.1} s after they started",
-            settle.elapsed().as_secs_f64()
-        );
-    } else {
-        warm_stop.store(true, Ordering::Relaxed);
-        let _warmup_latencies_unused = warm.join();
-    }
+    let waited = match mode == Mode::Appease && !soak_pids.is_empty() {
+        true => await_demotion(opts, soak_pids, "the soakers", settle),
+        false => Ok(()),
+    };
+    warm_stop.store(true, Ordering::Relaxed);
+    let _warmup_latencies_unused = warm.join();
+    waited
+}
+
+/// For appease: waits up to 30 s for the daemon to demote every process of `pids` (`what`
+/// names them) and says how long after `since` it did.
+pub(crate) fn await_demotion(
+    opts: &Options,
+    pids: &[u32],
+    what: &str,
+    since: Instant,
+) -> Result<()> {
+    let group = opts.batch_group();
+    wait_until(Duration::from_secs(30), || {
+        opts.stop.load(Ordering::Relaxed) || pids.iter().all(|&p| demoted(&group, p))
+    })
+    .with_context(|| format!("the daemon did not demote {what} within 30 s"))?;
+    eprintln!(
+        "    {what} demoted by the daemon {:.1} s after the start",
+        since.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -461,13 +467,7 @@ impl Load {
     }
 }
 
-pub(crate) fn apply_mode(
-    run: &mut Run,
-    opts: &Options,
-    mode: Mode,
-    soakers: &[u32],
-    tmp: &Path,
-) -> Result<()> {
+pub(crate) fn apply_mode(run: &mut Run, opts: &Options, mode: Mode, soakers: &[u32]) -> Result<()> {
     match mode {
         Mode::Unloaded | Mode::Unmanaged => {}
         Mode::BatchNice19 => {
@@ -488,17 +488,8 @@ pub(crate) fn apply_mode(
         Mode::BatchGroupIdle | Mode::BatchBranchIdle => {
             bail!("mode {} applies to the nested scenario only", mode.name())
         }
-        Mode::RbpeClassic | Mode::Appease => {
-            let cfg = tmp.join("daemon.toml");
-            let text = match (&opts.config, mode) {
-                (_, Mode::RbpeClassic) => appease_config_rbpe(),
-                (Some(path), _) => std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?,
-                (None, _) => String::new(),
-            };
-            std::fs::write(&cfg, text)?;
-            start_daemon(run, opts, &cfg)?;
-        }
+        Mode::RbpeClassic => start_daemon(run, opts, Some(appease_config_rbpe()))?,
+        Mode::Appease => start_daemon(run, opts, None)?,
     }
     Ok(())
 }

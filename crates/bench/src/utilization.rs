@@ -89,16 +89,8 @@ fn one_group_each(run: &mut Run, pids: &[u32], idle_parent: bool) -> Result<()> 
 /// with a config that quiets the idle group, until it is quiet).
 fn under_appease(run: &mut Run, opts: &Options, pids: &[u32]) -> Result<()> {
     one_group_each(run, pids, false)?;
-    let cfg = std::env::temp_dir().join(format!("appease-bench-util-{}.toml", std::process::id()));
-    let text = match &opts.config {
-        Some(p) => {
-            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
-        }
-        None => String::new(),
-    };
-    std::fs::write(&cfg, text)?;
     let group = opts.batch_group();
-    crate::start_daemon(run, opts, &cfg)?;
+    crate::start_daemon(run, opts, None)?;
     let demoted = |pid: u32| {
         std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|t| t.contains(&group))
     };
@@ -125,7 +117,6 @@ fn under_appease(run: &mut Run, opts: &Options, pids: &[u32]) -> Result<()> {
             }
         );
     }
-    let _best_effort = std::fs::remove_file(&cfg);
     Ok(())
 }
 

@@ -567,7 +567,7 @@ fn run_mode(
     };
     let side_load = docker.as_ref().map(container::Running::serve);
     let go = start_host_batch(&mut run, opts, &g, shape, n, &tmp, &mut roots)?;
-    apply_mode(&mut run, opts, &g, mode, &roots, &tmp)?;
+    apply_mode(&mut run, opts, &g, mode, &roots)?;
     if let Some(mut go) = go {
         // Every make, gcc and child the job starts from now on inherits the mode.
         std::io::Write::write_all(&mut go, b"go\n").context("starting the batch job")?;
@@ -666,14 +666,7 @@ fn start_host_batch(
     Ok(None)
 }
 
-fn apply_mode(
-    run: &mut Run,
-    opts: &Options,
-    g: &Groups,
-    mode: Mode,
-    roots: &[u32],
-    tmp: &Path,
-) -> Result<()> {
+fn apply_mode(run: &mut Run, opts: &Options, g: &Groups, mode: Mode, roots: &[u32]) -> Result<()> {
     match mode {
         Mode::Unloaded | Mode::Unmanaged => {}
         Mode::BatchGroupIdle => g.cg.set_idle(&g.batch, true)?,
@@ -683,16 +676,7 @@ fn apply_mode(
             run.reset_idle.push((g.cg.clone(), g.branch.clone()));
         }
         Mode::BatchCgroupIdle => crate::into_idle_group(run, roots)?,
-        Mode::Appease => {
-            let cfg: PathBuf = tmp.join("daemon.toml");
-            let text = match &opts.config {
-                Some(path) => std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?,
-                None => String::new(),
-            };
-            std::fs::write(&cfg, text)?;
-            crate::start_daemon(run, opts, &cfg)?;
-        }
+        Mode::Appease => crate::start_daemon(run, opts, None)?,
         other => bail!(
             "mode {} does not apply to the nested scenario",
             other.name()
@@ -718,17 +702,8 @@ fn warm_up(
         let mut result = Ok(());
         std::thread::sleep(Duration::from_secs(1));
         if mode == Mode::Appease && !soak_pids.is_empty() {
-            let group = opts.batch_group();
-            result = crate::wait_until(Duration::from_secs(30), || {
-                opts.stop.load(Ordering::Relaxed)
-                    || soak_pids.iter().all(|&p| crate::demoted(&group, p))
-            })
-            .context("the daemon did not demote the batch within 30 s");
+            result = crate::synthetic::await_demotion(opts, soak_pids, "the batch", t);
             if result.is_ok() {
-                eprintln!(
-                    "    batch demoted by the daemon {:.1} s after it started",
-                    t.elapsed().as_secs_f64()
-                );
                 std::thread::sleep(Duration::from_secs(2));
             }
         }
