@@ -68,46 +68,33 @@ pub fn container_of(path: &str) -> Option<Container> {
                 group: upto(pod),
             });
         }
-        let (runtime, here) = if let Some(id) = p
+        // The container's cgroup: this one, or the one below it.
+        let found = if let Some(id) = p
             .strip_prefix("docker-")
             .and_then(|s| s.strip_suffix(".scope"))
         {
-            ("docker", is_hex_id(id))
-        } else if p == "docker" && is_hex_id(next) {
-            return Some(Container {
-                runtime: "docker",
-                group: upto(i + 1),
-            });
+            is_hex_id(id).then_some(("docker", i))
+        } else if p == "docker" {
+            is_hex_id(next).then_some(("docker", i + 1))
         } else if p.starts_with("libpod-") {
-            ("podman", true)
+            Some(("podman", i))
         } else if p.starts_with("cri-containerd-") {
-            ("containerd", true)
-        } else if p == "containerd" && !next.is_empty() {
-            return Some(Container {
-                runtime: "containerd",
-                group: upto(i + 1),
-            });
+            Some(("containerd", i))
+        } else if let Some(&engine) = ["containerd", "lxc"].iter().find(|&&e| e == p) {
+            (!next.is_empty()).then_some((engine, i + 1))
         } else if p.starts_with("crio-") && p.ends_with(".scope") {
-            ("cri-o", true)
+            Some(("cri-o", i))
         } else if p.starts_with("lxc.payload") {
-            ("lxc", true)
-        } else if p == "lxc" && !next.is_empty() {
-            return Some(Container {
-                runtime: "lxc",
-                group: upto(i + 1),
-            });
-        } else if p == "machine.slice" && !next.is_empty() && !next.starts_with("libpod-") {
-            return Some(Container {
-                runtime: "machine",
-                group: upto(i + 1),
-            });
+            Some(("lxc", i))
+        } else if p == "machine.slice" && !next.starts_with("libpod-") {
+            (!next.is_empty()).then_some(("machine", i + 1))
         } else {
-            ("", false)
+            None
         };
-        if here {
+        if let Some((runtime, at)) = found {
             return Some(Container {
                 runtime,
-                group: upto(i),
+                group: upto(at),
             });
         }
     }

@@ -354,12 +354,15 @@ where
     }
 }
 
-/// Field validators of one line each: a value `ok` refuses is an error naming its range.
+/// Field validators for serde's `deserialize_with`, one line each: a value `ok` refuses is
+/// an error `why` (a format string that may name the value). Shared by every TOML schema
+/// of the project.
+#[macro_export]
 macro_rules! validators {
     ($($(#[$doc:meta])* $name:ident: $t:ty, |$v:ident| $ok:expr, $why:literal;)*) => {$(
         $(#[$doc])*
-        fn $name<'de, D: Deserializer<'de>>(d: D) -> Result<$t, D::Error> {
-            checked(d, |$v: &$t| $ok, |$v: &$t| format!($why))
+        fn $name<'de, D: ::serde::Deserializer<'de>>(d: D) -> Result<$t, D::Error> {
+            $crate::checked(d, |$v: &$t| $ok, |$v: &$t| format!($why))
         }
     )*};
 }

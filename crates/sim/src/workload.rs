@@ -7,7 +7,6 @@
 use std::ops::Range;
 use std::path::Path;
 
-use appease_config::checked;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
@@ -508,88 +507,21 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
-fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    checked(
-        d,
-        |v: &f64| v.is_finite() && *v > 0.0,
-        |v| format!("{v} ms: a time here must be > 0"),
-    )
-}
-
-fn non_negative_ms<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    checked(
-        d,
-        |v: &f64| v.is_finite() && *v >= 0.0,
-        |v| format!("{v} ms: a time cannot be negative"),
-    )
+appease_config::validators! {
+    positive_ms: f64, |v| v.is_finite() && *v > 0.0, "{v} ms: a time here must be > 0";
+    non_negative_ms: f64, |v| v.is_finite() && *v >= 0.0, "{v} ms: a time cannot be negative";
+    alpha: f64, |v| (0.0..0.5).contains(v), "alpha {v} is outside [0, 0.5)";
+    cpus: usize, |v| (1..=4096).contains(v), "{v} CPUs is outside 1..=4096";
+    count: usize, |v| (1..=1_000_000).contains(v), "count {v} is outside 1..=1000000";
+    queues: usize, |v| (1..=32).contains(v), "{v} queues is outside 1..=32";
+    nice: i32, |v| (-20..=19).contains(v), "nice {v} is outside -20..=19";
+    shares: u64, |v| (2..=262_144).contains(v), "shares {v} is outside 2..=262144";
+    weight: f64, |v| v.is_finite() && *v >= 0.0, "weight {v} must be >= 0";
+    rate: f64, |v| v.is_finite() && *v > 0.0, "rate {v} per second must be > 0";
 }
 
 fn optional_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
     positive_ms(d).map(Some)
-}
-
-fn alpha<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    checked(
-        d,
-        |v: &f64| (0.0..0.5).contains(v),
-        |v| format!("alpha {v} is outside [0, 0.5)"),
-    )
-}
-
-fn cpus<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    checked(
-        d,
-        |v: &usize| (1..=4096).contains(v),
-        |v| format!("{v} CPUs is outside 1..=4096"),
-    )
-}
-
-fn count<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    checked(
-        d,
-        |v: &usize| (1..=1_000_000).contains(v),
-        |v| format!("count {v} is outside 1..=1000000"),
-    )
-}
-
-fn queues<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    checked(
-        d,
-        |v: &usize| (1..=32).contains(v),
-        |v| format!("{v} queues is outside 1..=32"),
-    )
-}
-
-fn nice<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
-    checked(
-        d,
-        |v: &i32| (-20..=19).contains(v),
-        |v| format!("nice {v} is outside -20..=19"),
-    )
-}
-
-fn shares<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    checked(
-        d,
-        |v: &u64| (2..=262_144).contains(v),
-        |v| format!("shares {v} is outside 2..=262144"),
-    )
-}
-
-fn weight<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    checked(
-        d,
-        |v: &f64| v.is_finite() && *v >= 0.0,
-        |v| format!("weight {v} must be >= 0"),
-    )
-}
-
-fn rate<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    checked(
-        d,
-        |v: &f64| v.is_finite() && *v > 0.0,
-        |v| format!("rate {v} per second must be > 0"),
-    )
 }
 
 #[cfg(test)]

@@ -148,23 +148,12 @@ pub(super) fn start_server(
             let port = free_port()?;
             let p = port.to_string();
             let mut cmd = Command::new("redis-server");
-            cmd.args([
-                "--port",
-                &p,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--loglevel",
-                "warning",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            // A cache on loopback that writes nothing to disk.
+            cmd.args(["--port", &p, "--bind", "127.0.0.1", "--save", ""])
+                .args("--appendonly no --daemonize no --loglevel warning".split(' '))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit());
             let child = spawn_in(g, &g.server, &mut cmd)?;
             run.graceful.push(child);
             crate::wait_until(Duration::from_secs(10), || {
@@ -191,22 +180,11 @@ pub(super) fn start_server(
 fn redis_benchmark(g: &Groups, port: u16) -> Result<(f64, f64, f64)> {
     let p = port.to_string();
     let mut cmd = Command::new("redis-benchmark");
-    cmd.args([
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &p,
-        "-c",
-        "4",
-        "-n",
-        "20000",
-        "-t",
-        "get",
-        "--csv",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null());
+    cmd.args(["-h", "127.0.0.1", "-p", &p])
+        .args("-c 4 -n 20000 -t get --csv".split(' '))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
     let child = spawn_in(g, &g.client, &mut cmd)?;
     let out = child.wait_with_output()?;
     let text = String::from_utf8_lossy(&out.stdout);
