@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::journal::{JournalState, PendingAutogroup, Record, TaskKey};
+use crate::journal::{PendingAutogroup, Record, TaskKey};
+use crate::restore::FromJournal;
 use crate::sys::{self, Kernel};
 use crate::trail::{audit, Change};
 use crate::{KernelActuator, RestoreReport};
@@ -422,11 +423,8 @@ impl KernelActuator {
 
 /// Puts back the autogroups a journal records (after a crash); returns the records that
 /// close them.
-pub(crate) fn restore_journal_autogroups(
-    k: &dyn Kernel,
-    state: &JournalState,
-    report: &mut RestoreReport,
-) -> Vec<Record> {
+pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> Vec<Record> {
+    let (k, state) = (c.k, c.state);
     let mut closed = Vec::new();
     for (&id, a) in &state.autogroups {
         let leader = k.task_stat(a.key.pid, a.key.pid).map_or(0, |s| s.session);

@@ -9,7 +9,8 @@ use appease_cgroup::Cgroups;
 
 use crate::groups::MovedView;
 use crate::in_place::{take_whole, Demoting, InPlace};
-use crate::journal::{JournalState, Record};
+use crate::journal::Record;
+use crate::restore::FromJournal;
 use crate::trail::{audit, Change};
 use crate::{ActError, KernelActuator, RestoreReport};
 
@@ -467,10 +468,8 @@ impl KernelActuator {
 
 /// After a crash: every group the journal says was made idle in place gets its idle flag
 /// and weight back.
-pub(crate) fn restore_journal_idle_groups(
-    state: &JournalState,
-    report: &mut RestoreReport,
-) -> Vec<Record> {
+pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> Vec<Record> {
+    let state = c.state;
     let mut done = Vec::new();
     if state.idle_groups.is_empty() {
         return done;

@@ -9,7 +9,8 @@ use appease_cgroup::{CgroupError, Cgroups};
 use serde::{Deserialize, Serialize};
 
 use crate::in_place::{Demoting, InPlace};
-use crate::journal::{JournalState, Record, TaskKey};
+use crate::journal::{Record, TaskKey};
+use crate::restore::FromJournal;
 use crate::trail::{audit, Change};
 use crate::{now_secs, sys, ActError, KernelActuator, RestoreReport};
 
@@ -534,10 +535,8 @@ impl KernelActuator {
 }
 
 /// After a crash: moves what the journal says back, then empties and removes the groups.
-pub(crate) fn restore_journal_groups(
-    state: &JournalState,
-    report: &mut RestoreReport,
-) -> Vec<Record> {
+pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> Vec<Record> {
+    let state = c.state;
     let mut done = Vec::new();
     if state.moves.is_empty() && state.groups.is_empty() {
         return done;

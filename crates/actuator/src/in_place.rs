@@ -8,7 +8,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::journal::{JournalState, Record, TaskKey};
+use crate::journal::{Record, TaskKey};
+use crate::restore::FromJournal;
 use crate::sys::{self, Kernel, Sched};
 use crate::systemd::{self, UnitControl, WEIGHT_IDLE};
 use crate::trail::{audit, Change};
@@ -793,12 +794,8 @@ impl KernelActuator {
 /// After a crash: every thread the journal says was idled in place, and those that
 /// inherited it since, back to their original state. Returns the records that close
 /// what was undone.
-pub(crate) fn restore_journal_in_place(
-    k: &dyn Kernel,
-    state: &JournalState,
-    base_slice_ns: u64,
-    report: &mut RestoreReport,
-) -> Vec<Record> {
+pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> Vec<Record> {
+    let (k, state, base_slice_ns) = (c.k, c.state, c.base_slice_ns);
     let mut done = Vec::new();
     if state.idled.is_empty() {
         return done;
@@ -835,11 +832,8 @@ pub(crate) fn restore_journal_in_place(
 
 /// After a crash: every unit the journal says was made idle gets its CPUWeight and
 /// runtime drop-in back, through systemd.
-pub(crate) fn restore_journal_units(
-    k: &dyn Kernel,
-    state: &JournalState,
-    report: &mut RestoreReport,
-) -> Vec<Record> {
+pub(crate) fn restore_journaled_units(c: &FromJournal, report: &mut RestoreReport) -> Vec<Record> {
+    let (k, state) = (c.k, c.state);
     let mut done = Vec::new();
     if state.units.is_empty() {
         return done;

@@ -19,6 +19,8 @@ pub(crate) struct FromJournal<'a> {
     pub k: &'a dyn Kernel,
     /// The kernel's default slice, to tell a default slice from a custom one.
     pub base_slice_ns: u64,
+    /// What the journal records as not yet undone.
+    pub state: &'a JournalState,
 }
 
 /// One kind of change the actuator makes, journaled before it is made, and how it is put
@@ -33,7 +35,7 @@ pub(crate) struct Part {
     pub restore_live: fn(&mut KernelActuator, &mut RestoreReport),
     /// Puts back what a journal's state records (after a crash); returns the records
     /// that say so.
-    pub restore_from_journal: fn(&FromJournal, &JournalState, &mut RestoreReport) -> Vec<Record>,
+    pub restore_from_journal: fn(&FromJournal, &mut RestoreReport) -> Vec<Record>,
 }
 
 /// The parts in the order they are put back: autogroups first (nothing demoted is back in
@@ -44,45 +46,43 @@ pub(crate) static PARTS: &[Part] = &[
         name: "autogroups",
         pending: |st| st.autogroups.len(),
         restore_live: |a, r| a.restore_autogroups(r),
-        restore_from_journal: |c, st, r| autogroup::restore_journal_autogroups(c.k, st, r),
+        restore_from_journal: autogroup::restore_journaled,
     },
     Part {
         name: "threads",
         pending: |st| st.threads.len(),
         restore_live: |a, r| a.restore_threads(r),
-        restore_from_journal: threads::restore_journal_threads,
+        restore_from_journal: threads::restore_journaled,
     },
     Part {
         name: "pins",
         pending: |st| st.pinned.len(),
         restore_live: |a, _| a.restore_pins(),
-        restore_from_journal: |c, st, r| spread::restore_journal_pins(c.k, st, r),
+        restore_from_journal: spread::restore_journaled,
     },
     Part {
         name: "groups",
         pending: |st| st.moves.len() + st.groups.len(),
         restore_live: |a, r| a.restore_groups(r),
-        restore_from_journal: |_, st, r| groups::restore_journal_groups(st, r),
+        restore_from_journal: groups::restore_journaled,
     },
     Part {
         name: "threads idled in place",
         pending: |st| st.idled.len(),
         restore_live: |a, r| a.restore_in_place(r),
-        restore_from_journal: |c, st, r| {
-            in_place::restore_journal_in_place(c.k, st, c.base_slice_ns, r)
-        },
+        restore_from_journal: in_place::restore_journaled,
     },
     Part {
         name: "systemd units",
         pending: |st| st.units.len(),
         restore_live: |a, r| a.restore_units(r),
-        restore_from_journal: |c, st, r| in_place::restore_journal_units(c.k, st, r),
+        restore_from_journal: in_place::restore_journaled_units,
     },
     Part {
         name: "groups made idle in place",
         pending: |st| st.idle_groups.len(),
         restore_live: |a, r| a.restore_idle_groups(r),
-        restore_from_journal: |_, st, r| group_idle::restore_journal_idle_groups(st, r),
+        restore_from_journal: group_idle::restore_journaled,
     },
 ];
 
@@ -135,19 +135,20 @@ pub(crate) fn restore_journal_with(
         tracing::error!(lines = ?corrupt, kept = %kept.display(), "journal lines could not be read: what they recorded cannot be undone; the journal is kept");
     }
     let mut journal = Journal::open(dir)?;
+    let state = journal.state().clone();
     let ctx = FromJournal {
         k,
         base_slice_ns: k.sched_getattr(0)?.slice_ns,
+        state: &state,
     };
     let mut report = RestoreReport::default();
-    let state = journal.state().clone();
     for part in parts {
         tracing::debug!(
             part = part.name,
             pending = (part.pending)(&state),
             "restoring"
         );
-        for rec in (part.restore_from_journal)(&ctx, &state, &mut report) {
+        for rec in (part.restore_from_journal)(&ctx, &mut report) {
             journal.append(&rec)?;
         }
     }

@@ -11,7 +11,8 @@ use std::collections::{HashMap, HashSet};
 
 use appease_policy::tree;
 
-use crate::journal::{JournalState, Record, TaskKey};
+use crate::journal::{Record, TaskKey};
+use crate::restore::FromJournal;
 use crate::sys::{self, Kernel};
 use crate::trail::{audit, Change};
 use crate::{KernelActuator, RestoreReport};
@@ -381,11 +382,8 @@ fn put_back_inherited(
 
 /// After a crash: every thread the journal says was pinned, and still sits on one CPU,
 /// gets its CPUs back. Returns the records that close what was undone.
-pub(crate) fn restore_journal_pins(
-    k: &dyn Kernel,
-    state: &JournalState,
-    report: &mut RestoreReport,
-) -> Vec<Record> {
+pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> Vec<Record> {
+    let (k, state) = (c.k, c.state);
     let mut done = Vec::new();
     let mut children = Children::default();
     for (key, orig) in &state.pinned {

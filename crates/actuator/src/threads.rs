@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use appease_policy::elevated_nice;
 
-use crate::journal::{JournalState, Record, TaskKey};
+use crate::journal::{Record, TaskKey};
 use crate::restore::FromJournal;
 use crate::sys::{self, Sched};
 use crate::trail::{audit, Change};
@@ -472,12 +472,8 @@ impl KernelActuator {
 /// Puts back each thread the journal records (after a crash) that is still the same
 /// thread and still has a nice appease gave it; one left as someone else set it since is
 /// left alone.
-pub(crate) fn restore_journal_threads(
-    ctx: &FromJournal,
-    state: &JournalState,
-    report: &mut RestoreReport,
-) -> Vec<Record> {
-    let k = ctx.k;
+pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> Vec<Record> {
+    let (k, state) = (c.k, c.state);
     let mut done = Vec::new();
     for p in state.threads.values() {
         let same = k
@@ -499,7 +495,7 @@ pub(crate) fn restore_journal_threads(
                 report.left_alone += 1;
             }
             Some(_) => {
-                let slice = if p.orig.slice_ns == ctx.base_slice_ns {
+                let slice = if p.orig.slice_ns == c.base_slice_ns {
                     0
                 } else {
                     p.orig.slice_ns
