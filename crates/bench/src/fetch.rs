@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::rounds::{interleaved, Measured};
+use crate::rounds::{interleaved, CaseTable, Cases, Measured};
 use crate::{client, db, web, Mode, Options, Run};
 
 /// The server whose customers are measured.
@@ -196,46 +196,40 @@ pub struct Case {
     pub modes: Vec<ModeSummary>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct FetchResult {
-    pub scenario: String,
-    pub cases: Vec<Case>,
-}
+pub type FetchResult = Cases<Case>;
 
-impl FetchResult {
-    pub fn table(&self) -> String {
+impl CaseTable for Case {
+    fn table(&self) -> String {
+        let c = self;
         let mut out = String::new();
-        for c in &self.cases {
+        out.push_str(&format!(
+            "fetch, {} beside {}\nserver: {}\njob: {}\n{} rounds of {} s, modes interleaved\n",
+            c.job.name(),
+            c.server.name(),
+            c.server_description,
+            c.job_description,
+            c.modes.first().map_or(0, |m| m.rounds.len()),
+            c.measure_s
+        ));
+        out.push_str(&format!(
+            "{:<18} {:>9} {:>9} {:>13} {:>10} {:>8} {:>12}\n",
+            "mode", "p99 ms", "p50 ms", "jobs/minute", "job CPUs", "batch %", "p99/by hand"
+        ));
+        for m in &c.modes {
+            let opt =
+                |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
             out.push_str(&format!(
-                "fetch, {} beside {}\nserver: {}\njob: {}\n{} rounds of {} s, modes interleaved\n",
-                c.job.name(),
-                c.server.name(),
-                c.server_description,
-                c.job_description,
-                c.modes.first().map_or(0, |m| m.rounds.len()),
-                c.measure_s
+                "{:<18} {:>9.3} {:>9.3} {:>13.1} {:>10.2} {:>8} {:>12}\n",
+                m.mode.name(),
+                m.median.p99_ms,
+                m.median.p50_ms,
+                m.jobs_per_min,
+                m.median.batch_cpus,
+                opt(m.batch_pct, 1),
+                opt(m.p99_vs_by_hand, 2)
             ));
-            out.push_str(&format!(
-                "{:<18} {:>9} {:>9} {:>13} {:>10} {:>8} {:>12}\n",
-                "mode", "p99 ms", "p50 ms", "jobs/minute", "job CPUs", "batch %", "p99/by hand"
-            ));
-            for m in &c.modes {
-                let opt = |v: Option<f64>, prec: usize| {
-                    v.map_or("-".to_string(), |x| format!("{x:.prec$}"))
-                };
-                out.push_str(&format!(
-                    "{:<18} {:>9.3} {:>9.3} {:>13.1} {:>10.2} {:>8} {:>12}\n",
-                    m.mode.name(),
-                    m.median.p99_ms,
-                    m.median.p50_ms,
-                    m.jobs_per_min,
-                    m.median.batch_cpus,
-                    opt(m.batch_pct, 1),
-                    opt(m.p99_vs_by_hand, 2)
-                ));
-            }
-            out.push_str("(medians over the rounds; by hand: the job's loop in a top-level idle group, batch-cgroup-idle)\n\n");
         }
+        out.push_str("(medians over the rounds; by hand: the job's loop in a top-level idle group, batch-cgroup-idle)\n\n");
         out
     }
 }

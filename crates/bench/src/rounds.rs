@@ -22,6 +22,24 @@ pub struct Measured {
     pub batch_cpus: f64,
 }
 
+/// A scenario's cases, each measured over interleaved rounds of its modes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Cases<C> {
+    pub scenario: String,
+    pub cases: Vec<C>,
+}
+
+/// A case's table: what was measured, then a line a mode.
+pub trait CaseTable {
+    fn table(&self) -> String;
+}
+
+impl<C: CaseTable> Cases<C> {
+    pub fn table(&self) -> String {
+        self.cases.iter().map(C::table).collect()
+    }
+}
+
 impl Measured {
     /// Each figure's median over `rounds`.
     pub fn median<'a>(rounds: impl Iterator<Item = &'a Measured> + Clone) -> Measured {

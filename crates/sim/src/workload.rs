@@ -408,24 +408,7 @@ impl Workload {
                 ));
             }
             last = c.after_cpu_ms;
-            let callee = self.index_of(c.to.get_ref()).ok_or_else(|| {
-                (
-                    Some(c.to.span()),
-                    format!(
-                        "process {name:?} calls {:?}, which is not defined",
-                        c.to.get_ref()
-                    ),
-                )
-            })?;
-            if self.process[callee].serve.is_none() {
-                return Err((
-                    Some(c.to.span()),
-                    format!(
-                        "process {name:?} calls {:?}, which serves no requests",
-                        c.to.get_ref()
-                    ),
-                ));
-            }
+            self.check_server(&c.to, &format!("process {name:?} calls"))?;
         }
         Ok(())
     }
@@ -433,28 +416,24 @@ impl Workload {
     /// Each customer sends to a process that serves.
     fn check_customers(&self) -> Result<(), (Option<Range<usize>>, String)> {
         for c in &self.customer {
-            let target = self.index_of(c.to.get_ref()).ok_or_else(|| {
-                (
-                    Some(c.to.span()),
-                    format!(
-                        "customer {:?} sends to {:?}, which is not defined",
-                        c.name,
-                        c.to.get_ref()
-                    ),
-                )
-            })?;
-            if self.process[target].serve.is_none() {
-                return Err((
-                    Some(c.to.span()),
-                    format!(
-                        "customer {:?} sends to {:?}, which serves no requests",
-                        c.name,
-                        c.to.get_ref()
-                    ),
-                ));
-            }
+            self.check_server(&c.to, &format!("customer {:?} sends to", c.name))?;
         }
         Ok(())
+    }
+
+    /// `to` names a process that serves requests; `who` says who sends it some.
+    fn check_server(
+        &self,
+        to: &Spanned<String>,
+        who: &str,
+    ) -> Result<(), (Option<Range<usize>>, String)> {
+        let name = to.get_ref();
+        let refused = |what: &str| (Some(to.span()), format!("{who} {name:?}, which {what}"));
+        match self.index_of(name).map(|i| self.process[i].serve.is_some()) {
+            None => Err(refused("is not defined")),
+            Some(false) => Err(refused("serves no requests")),
+            Some(true) => Ok(()),
+        }
     }
 
     /// A call cycle would block every process on it forever.

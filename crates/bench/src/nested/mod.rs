@@ -21,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use appease_cgroup::Cgroups;
 use serde::{Deserialize, Serialize};
 
-use crate::rounds::{interleaved, Measured};
+use crate::rounds::{interleaved, CaseTable, Cases, Measured};
 use crate::{Mode, Options, Run};
 
 mod container;
@@ -214,46 +214,41 @@ pub struct Case {
     pub modes: Vec<ModeSummary>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct NestedResult {
-    pub scenario: String,
-    pub cases: Vec<Case>,
-}
+pub type NestedResult = Cases<Case>;
 
-impl NestedResult {
-    pub fn table(&self) -> String {
+impl CaseTable for Case {
+    fn table(&self) -> String {
+        let c = self;
         let mut out = String::new();
-        for c in &self.cases {
+        out.push_str(&format!(
+            "nested, shape {}: {}\nserver: {}; batch: {}; {} rounds of {} s, modes interleaved\n",
+            c.shape,
+            c.description,
+            c.server.describe(),
+            c.batch,
+            c.modes.first().map_or(0, |m| m.rounds.len()),
+            c.measure_s
+        ));
+        out.push_str(&format!(
+            "{:<22} {:>9} {:>9} {:>7} {:>11} {:>12} {:>8}\n",
+            "mode", "p99 ms", "p50 ms", "slow", "requests/s", "batch CPUs", "batch %"
+        ));
+        for m in &c.modes {
             out.push_str(&format!(
-                "nested, shape {}: {}\nserver: {}; batch: {}; {} rounds of {} s, modes interleaved\n",
-                c.shape,
-                c.description,
-                c.server.describe(),
-                c.batch,
-                c.modes.first().map_or(0, |m| m.rounds.len()),
-                c.measure_s
-            ));
-            out.push_str(&format!(
-                "{:<22} {:>9} {:>9} {:>7} {:>11} {:>12} {:>8}\n",
-                "mode", "p99 ms", "p50 ms", "slow", "requests/s", "batch CPUs", "batch %"
-            ));
-            for m in &c.modes {
-                out.push_str(&format!(
-                    "{:<22} {:>9.3} {:>9.3} {:>7} {:>11.0} {:>12.2} {:>8}\n",
-                    m.mode.name(),
-                    m.median.p99_ms,
-                    m.median.p50_ms,
-                    format!("{}/{}", m.slow_rounds, m.rounds.len()),
-                    m.requests_per_s,
-                    m.median.batch_cpus,
-                    m.batch_pct.map_or("-".to_string(), |p| format!("{p:.1}"))
-                ));
-            }
-            out.push_str(&format!(
-                "(medians over the rounds; a round is slow when its p99 is above {:.1} ms)\n\n",
-                c.server.slow_above_ms()
+                "{:<22} {:>9.3} {:>9.3} {:>7} {:>11.0} {:>12.2} {:>8}\n",
+                m.mode.name(),
+                m.median.p99_ms,
+                m.median.p50_ms,
+                format!("{}/{}", m.slow_rounds, m.rounds.len()),
+                m.requests_per_s,
+                m.median.batch_cpus,
+                m.batch_pct.map_or("-".to_string(), |p| format!("{p:.1}"))
             ));
         }
+        out.push_str(&format!(
+            "(medians over the rounds; a round is slow when its p99 is above {:.1} ms)\n\n",
+            c.server.slow_above_ms()
+        ));
         out
     }
 }
