@@ -129,20 +129,7 @@ impl KernelActuator {
         if idle {
             return Ok(false); // idle already, by someone else's choice: not ours to undo
         }
-        if !self.dry_run {
-            self.journal(Record::GroupIdle {
-                path: group.to_string(),
-                idle,
-                weight: weight.clone(),
-            })?;
-            if let Err(e) = cg.set_idle(group, true) {
-                let _logged_by_journal = self.journal(Record::GroupUnidle {
-                    path: group.to_string(),
-                });
-                self.counters.fail_errno(e.os_error());
-                return Err(e.into());
-            }
-        }
+        self.change_group(group, (idle, &weight), || cg.set_idle(group, true))?;
         let from = format!("cpu.idle=0, weight {weight}");
         audit!(
             self.trail,
@@ -166,6 +153,29 @@ impl KernelActuator {
             },
         );
         Ok(true)
+    }
+
+    /// Journals what `group` has (`before`: its idle flag and weight), then makes `change`
+    /// to it; a change the kernel refuses is closed in the journal at once. Nothing in a dry run.
+    pub(crate) fn change_group(
+        &mut self,
+        group: &str,
+        (idle, weight): (bool, &str),
+        change: impl FnOnce() -> Result<(), appease_cgroup::CgroupError>,
+    ) -> Result<(), ActError> {
+        if self.dry_run {
+            return Ok(());
+        }
+        let path = group.to_string();
+        let weight = weight.to_string();
+        self.journal(Record::GroupIdle { path, idle, weight })?;
+        if let Err(e) = change() {
+            let path = group.to_string();
+            let _logged_by_journal = self.journal(Record::GroupUnidle { path });
+            self.counters.fail_errno(e.os_error());
+            return Err(e.into());
+        }
+        Ok(())
     }
 
     /// On a host without systemd: the in-place processes whose container (or, outside

@@ -554,19 +554,14 @@ impl KernelActuator {
     /// but processes of this tree (`members`) makes that unit idle through systemd.
     /// Returns how many processes were demoted so, and the processes left for `idle_in_place`.
     pub(crate) fn idle_whole_units(&mut self, tree: &Demoting, procs: &mut Vec<InPlace>) -> usize {
-        let Some(units) = self.groups.as_mut().and_then(|g| g.units.take()) else {
-            return 0;
-        };
         let members: HashSet<u32> = tree.members.iter().copied().collect();
-        let done = take_whole(
-            procs,
-            |p| p.group.clone(),
-            |cgroup, pids| self.idle_unit(&*units, tree.root, cgroup, pids, &members, tree.why),
-        );
-        if let Some(g) = self.groups.as_mut() {
-            g.units = Some(units);
-        }
-        done
+        self.with_units(0, |a, units| {
+            take_whole(
+                procs,
+                |p| p.group.clone(),
+                |cgroup, pids| a.idle_unit(units, tree.root, cgroup, pids, &members, tree.why),
+            )
+        })
     }
 
     fn idle_unit(

@@ -18,7 +18,6 @@ use appease_cgroup::Cgroups;
 
 use crate::branch::branch_of;
 use crate::group_idle::{is_below, IdleGroup};
-use crate::journal::Record;
 use crate::trail::{audit, Change};
 use crate::{KernelActuator, RestoreReport};
 
@@ -130,20 +129,9 @@ impl KernelActuator {
         if raised || cg.idle(group)? {
             return Ok(false);
         }
-        if !self.dry_run {
-            self.journal(Record::GroupIdle {
-                path: group.to_string(),
-                idle: false,
-                weight: weight.clone(),
-            })?;
-            if let Err(e) = cg.set_weight(group, RAISED_WEIGHT) {
-                let _logged_by_journal = self.journal(Record::GroupUnidle {
-                    path: group.to_string(),
-                });
-                self.counters.fail_errno(e.os_error());
-                return Err(e.into());
-            }
-        }
+        self.change_group(group, (false, &weight), || {
+            cg.set_weight(group, RAISED_WEIGHT)
+        })?;
         let (from, to) = (
             format!("weight {weight}"),
             format!("weight {RAISED_WEIGHT} (cgroup v2 units)"),

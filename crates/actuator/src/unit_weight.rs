@@ -111,10 +111,22 @@ impl KernelActuator {
                 return Ok(false); // not given back: its own value stays journaled
             }
         }
+        self.with_units(Ok(false), |a, units| {
+            a.set_unit_weight(units, cgroup, weight, why)
+        })
+    }
+
+    /// `f` with systemd's bus lent out of the groups (`none` without it): what it calls
+    /// on the actuator may not reach the bus meanwhile.
+    pub(crate) fn with_units<R>(
+        &mut self,
+        none: R,
+        f: impl FnOnce(&mut Self, &dyn UnitControl) -> R,
+    ) -> R {
         let Some(units) = self.groups.as_mut().and_then(|g| g.units.take()) else {
-            return Ok(false);
+            return none;
         };
-        let result = self.set_unit_weight(&*units, cgroup, weight, why);
+        let result = f(self, &*units);
         if let Some(g) = self.groups.as_mut() {
             g.units = Some(units);
         }
