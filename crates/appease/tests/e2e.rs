@@ -29,6 +29,7 @@ macro_rules! root_test {
         #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
         fn $name() {
             let _one_at_a_time = $crate::serial();
+            let _timed = $crate::harness::Timed::new(concat!(module_path!(), "::", stringify!($name)));
             $body
         }
     };

@@ -498,6 +498,7 @@ fn run_mode(
     match mode {
         Mode::Unloaded | Mode::Unmanaged => {}
         Mode::BatchCgroupIdle => crate::into_idle_group(&mut run, &roots)?,
+        Mode::BatchCgroupLow => crate::into_low_group(&mut run, &roots)?,
         Mode::Appease => crate::start_daemon(&mut run, opts, None)?,
         other => bail!("mode {} does not apply to the fetch scenario", other.name()),
     }

@@ -28,8 +28,8 @@ pub use options::{Batch, Mode, Options, Synthetic, MIXED_SIZES, SCENARIOS};
 pub(crate) use procfs::{cpu_jiffies, descendants, process_cpu_ns, tree_cpu_ns};
 pub use report::{ModeResult, ScenarioResult};
 pub(crate) use run::{
-    bench_top_group, into_idle_group, make_sched_idle, spawn_server, spawn_worker, start_daemon,
-    wait_until, Run,
+    bench_top_group, into_idle_group, into_low_group, make_sched_idle, spawn_server, spawn_worker,
+    start_daemon, wait_until, Run,
 };
 pub(crate) use synthetic::{
     apply_mode, run_latency, scenario_params, spawn_soakers, start_peer, start_server, warm_up,

@@ -28,6 +28,9 @@ pub enum Mode {
     Ananicy,
     /// system76-scheduler, installed, with its packaged configuration (a peer daemon).
     System76Scheduler,
+    /// The batch in a top-level group of the smallest weight, not idle (cpu.shares = 2 on
+    /// cgroup v1, cpu.weight = 1 on v2): a class between the idle class and nice 19.
+    BatchCgroupLow,
     /// nested: the batch's own group (its session scope) made idle by hand.
     BatchGroupIdle,
     /// nested: the batch's branch made idle by hand where it meets the server's branch
@@ -53,6 +56,9 @@ impl Mode {
     /// Setups made by hand that only the nested scenario's shapes have.
     pub const NESTED: [Mode; 2] = [Mode::BatchGroupIdle, Mode::BatchBranchIdle];
 
+    /// Setups by hand some scenarios try besides the default ones, asked for by name.
+    pub const TRIED: [Mode; 1] = [Mode::BatchCgroupLow];
+
     pub fn peer(self) -> Option<peer::Peer> {
         match self {
             Mode::Ananicy => Some(peer::Peer::Ananicy),
@@ -70,6 +76,7 @@ impl Mode {
             Mode::BatchNice19 => "batch-nice19",
             Mode::BatchSchedIdle => "batch-sched-idle",
             Mode::BatchCgroupIdle => "batch-cgroup-idle",
+            Mode::BatchCgroupLow => "batch-cgroup-low",
             Mode::RbpeClassic => "rbpe-classic",
             Mode::Appease => "appease",
             Mode::BatchGroupIdle => "batch-group-idle",
@@ -82,12 +89,14 @@ impl Mode {
             .into_iter()
             .chain(Mode::PEERS)
             .chain(Mode::NESTED)
+            .chain(Mode::TRIED)
             .find(|m| m.name() == s)
             .with_context(|| {
                 let names: Vec<_> = Mode::ALL
                     .iter()
                     .chain(&Mode::PEERS)
                     .chain(&Mode::NESTED)
+                    .chain(&Mode::TRIED)
                     .map(|m| m.name())
                     .collect();
                 format!("unknown mode {s:?}; modes are {}", names.join(", "))

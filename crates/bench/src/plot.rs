@@ -25,6 +25,7 @@ fn colour(mode: Mode) -> RGBColor {
         Mode::System76Scheduler => RGBColor(23, 190, 207),
         Mode::BatchGroupIdle => RGBColor(227, 119, 194),
         Mode::BatchBranchIdle => RGBColor(188, 189, 34),
+        Mode::BatchCgroupLow => RGBColor(255, 187, 120),
     }
 }
 

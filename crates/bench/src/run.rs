@@ -239,6 +239,21 @@ pub(crate) fn into_idle_group(run: &mut Run, pids: &[u32]) -> Result<()> {
     Ok(())
 }
 
+/// Our own children into a top-level group of the smallest weight the kernel takes (not
+/// idle), removed with the run.
+pub(crate) fn into_low_group(run: &mut Run, pids: &[u32]) -> Result<()> {
+    let (cg, group) = bench_top_group(run, "low", false)?;
+    let least = match cg.version() {
+        appease_cgroup::Version::V1 => "2",
+        appease_cgroup::Version::V2 => "1",
+    };
+    cg.set_weight_raw(&group, least)?;
+    for &pid in pids {
+        cg.move_process(pid, &group)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
     let t = Instant::now();
     while t.elapsed() < timeout {

@@ -483,6 +483,7 @@ pub(crate) fn apply_mode(run: &mut Run, opts: &Options, mode: Mode, soakers: &[u
         }
         Mode::BatchSchedIdle => make_sched_idle(soakers)?,
         Mode::BatchCgroupIdle => into_idle_group(run, soakers)?,
+        Mode::BatchCgroupLow => crate::into_low_group(run, soakers)?,
         // Started before the batch load (start_peer).
         Mode::Ananicy | Mode::System76Scheduler => {}
         Mode::BatchGroupIdle | Mode::BatchBranchIdle => {

@@ -6,13 +6,72 @@ pub(crate) fn in_vm(mode: &str, script: &str) {
     in_vm_with(mode, script, &[]);
 }
 
+/// The scripts that share one boot of the systemd VM (a boot and power-off on emulated
+/// CPUs take about a minute), with the files they need.
+const SYSTEMD_PARTS: [&str; 2] = ["systemd.sh", "service.sh"];
+const SYSTEMD_FILES: [&str; 1] = ["deploy/appease.service"];
+
+/// Runs `script`, one of `SYSTEMD_PARTS`, in the systemd VM: the first test to ask boots it
+/// once for every part (each a script of its own, run in turn), and each test checks its
+/// own part of what the VM printed.
+pub(crate) fn in_systemd_vm(script: &str) {
+    static RUN: std::sync::OnceLock<(bool, String)> = std::sync::OnceLock::new();
+    assert!(
+        SYSTEMD_PARTS.contains(&script),
+        "{script} is not a part of the shared boot"
+    );
+    let (_, text) = RUN.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("appease-vm-parts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let driver = dir.join("parts.sh");
+        let mut lines = String::new();
+        for part in SYSTEMD_PARTS {
+            lines += &format!(
+                "echo '=== PART {part}'; sh /opt/appease/{part}; echo \"=== PART END {part} rc=$?\"\n"
+            );
+        }
+        std::fs::write(&driver, lines).unwrap();
+        let vm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
+        let mut files: Vec<String> = SYSTEMD_PARTS
+            .iter()
+            .map(|p| vm.join(p).display().to_string())
+            .collect();
+        files.extend(SYSTEMD_FILES.iter().map(|f| f.to_string()));
+        let files: Vec<&str> = files.iter().map(String::as_str).collect();
+        let run = run_vm("systemd", &driver, &files);
+        let _best_effort = std::fs::remove_dir_all(&dir);
+        run
+    });
+    let part: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != format!("=== PART {script}"))
+        .take_while(|l| !l.starts_with(&format!("=== PART END {script} ")))
+        .collect();
+    let ended = text
+        .lines()
+        .find(|l| l.starts_with(&format!("=== PART END {script} ")));
+    check_vm_output(
+        ended == Some(format!("=== PART END {script} rc=0").as_str()),
+        &part.join("\n"),
+        text,
+    );
+}
+
 /// With these files of the repository beside the script in the VM's /opt/appease.
 pub(crate) fn in_vm_with(mode: &str, script: &str, files: &[&str]) {
+    let vm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
+    let (ok, text) = run_vm(mode, &vm.join(script), files);
+    check_vm_output(ok, &text, &text);
+}
+
+/// Boots the VM in `mode` once to run `script` with lib.sh and `files` (paths from the
+/// repository's root, or absolute) beside it; whether it passed, and what it printed.
+fn run_vm(mode: &str, script: &std::path::Path, files: &[&str]) -> (bool, String) {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let vm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
     let out = Command::new(repo.join("scripts/vm/run.sh"))
         .arg(mode)
-        .arg(vm.join(script))
+        .arg(script)
         .arg(vm.join("lib.sh"))
         .args(files.iter().map(|f| repo.join(f)))
         .env("APPEASE_BIN", BIN)
@@ -23,22 +82,23 @@ pub(crate) fn in_vm_with(mode: &str, script: &str, files: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    eprintln!("{text}");
+    (out.status.success(), text)
+}
+
+/// Asserts that checks printed `text` (all the VM printed: `whole`) and passed.
+fn check_vm_output(ok: bool, text: &str, whole: &str) {
+    eprintln!("{whole}");
     // The whole output is above; the failed checks are repeated here, where a clipped
     // log still shows them.
     let mut failed: Vec<&str> = text.lines().filter(|l| l.starts_with("not ok")).collect();
     if failed.is_empty() {
         // The VM stopped before its checks said anything: its last words instead.
-        let lines: Vec<&str> = text.lines().collect();
+        let lines: Vec<&str> = whole.lines().collect();
         failed = lines[lines.len().saturating_sub(20)..].to_vec();
     }
-    assert!(
-        out.status.success(),
-        "the VM's checks failed:\n{}",
-        failed.join("\n")
-    );
+    assert!(ok, "the VM's checks failed:\n{}", failed.join("\n"));
     assert!(
         text.lines().any(|l| l.ends_with(" passed, 0 failed")),
-        "no closing count from the VM:\n{text}"
+        "no closing count from the VM:\n{whole}"
     );
 }
