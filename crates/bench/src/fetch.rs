@@ -200,29 +200,32 @@ pub type FetchResult = Cases<Case>;
 
 impl CaseTable for Case {
     fn table(&self) -> String {
-        let c = self;
         let mut out = String::new();
         out.push_str(&format!(
             "fetch, {} beside {}\nserver: {}\njob: {}\n{} rounds of {} s, modes interleaved\n",
-            c.job.name(),
-            c.server.name(),
-            c.server_description,
-            c.job_description,
-            c.modes.first().map_or(0, |m| m.rounds.len()),
-            c.measure_s
+            self.job.name(),
+            self.server.name(),
+            self.server_description,
+            self.job_description,
+            self.modes.first().map_or(0, |m| m.rounds.len()),
+            self.measure_s
         ));
         out.push_str(&format!(
-            "{:<18} {:>9} {:>9} {:>13} {:>10} {:>8} {:>12}\n",
-            "mode", "p99 ms", "p50 ms", "jobs/minute", "job CPUs", "batch %", "p99/by hand"
+            "{:<18}{} {:>13} {:>10} {:>8} {:>12}\n",
+            "mode",
+            Measured::LATENCY_HEADINGS,
+            "jobs/minute",
+            "job CPUs",
+            "batch %",
+            "p99/by hand"
         ));
-        for m in &c.modes {
+        for m in &self.modes {
             let opt =
                 |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
             out.push_str(&format!(
-                "{:<18} {:>9.3} {:>9.3} {:>13.1} {:>10.2} {:>8} {:>12}\n",
+                "{:<18}{} {:>13.1} {:>10.2} {:>8} {:>12}\n",
                 m.mode.name(),
-                m.median.p99_ms,
-                m.median.p50_ms,
+                m.median.latency_columns(),
                 m.jobs_per_min,
                 m.median.batch_cpus,
                 opt(m.batch_pct, 1),
@@ -343,11 +346,16 @@ fn check_tools(opts: &Options) -> Result<()> {
         }
     }
     for &m in &opts.modes {
-        if !MODES.contains(&m) {
+        if !MODES.contains(&m) && !Mode::TRIED.contains(&m) {
             bail!(
                 "mode {} does not apply to the fetch scenario; its modes are {}",
                 m.name(),
-                MODES.map(Mode::name).join(", ")
+                MODES
+                    .iter()
+                    .chain(&Mode::TRIED)
+                    .map(|m| m.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
     }

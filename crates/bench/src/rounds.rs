@@ -41,6 +41,14 @@ impl<C: CaseTable> Cases<C> {
 }
 
 impl Measured {
+    /// Headings above `latency_columns`.
+    pub const LATENCY_HEADINGS: &'static str = "    p99 ms    p50 ms";
+
+    /// The server's p99 and p50 as table columns.
+    pub fn latency_columns(&self) -> String {
+        format!(" {:>9.3} {:>9.3}", self.p99_ms, self.p50_ms)
+    }
+
     /// Each figure's median over `rounds`.
     pub fn median<'a>(rounds: impl Iterator<Item = &'a Measured> + Clone) -> Measured {
         let pick =

@@ -218,27 +218,30 @@ pub type NestedResult = Cases<Case>;
 
 impl CaseTable for Case {
     fn table(&self) -> String {
-        let c = self;
         let mut out = String::new();
         out.push_str(&format!(
             "nested, shape {}: {}\nserver: {}; batch: {}; {} rounds of {} s, modes interleaved\n",
-            c.shape,
-            c.description,
-            c.server.describe(),
-            c.batch,
-            c.modes.first().map_or(0, |m| m.rounds.len()),
-            c.measure_s
+            self.shape,
+            self.description,
+            self.server.describe(),
+            self.batch,
+            self.modes.first().map_or(0, |m| m.rounds.len()),
+            self.measure_s
         ));
         out.push_str(&format!(
-            "{:<22} {:>9} {:>9} {:>7} {:>11} {:>12} {:>8}\n",
-            "mode", "p99 ms", "p50 ms", "slow", "requests/s", "batch CPUs", "batch %"
+            "{:<22}{} {:>7} {:>11} {:>12} {:>8}\n",
+            "mode",
+            Measured::LATENCY_HEADINGS,
+            "slow",
+            "requests/s",
+            "batch CPUs",
+            "batch %"
         ));
-        for m in &c.modes {
+        for m in &self.modes {
             out.push_str(&format!(
-                "{:<22} {:>9.3} {:>9.3} {:>7} {:>11.0} {:>12.2} {:>8}\n",
+                "{:<22}{} {:>7} {:>11.0} {:>12.2} {:>8}\n",
                 m.mode.name(),
-                m.median.p99_ms,
-                m.median.p50_ms,
+                m.median.latency_columns(),
                 format!("{}/{}", m.slow_rounds, m.rounds.len()),
                 m.requests_per_s,
                 m.median.batch_cpus,
@@ -247,7 +250,7 @@ impl CaseTable for Case {
         }
         out.push_str(&format!(
             "(medians over the rounds; a round is slow when its p99 is above {:.1} ms)\n\n",
-            c.server.slow_above_ms()
+            self.server.slow_above_ms()
         ));
         out
     }
