@@ -15,13 +15,14 @@
 //! A queued entity's deadline and vruntime do not change (only the current entity
 //! runs), so the copies in a short queue stay true.
 
-use super::runq::RunQueues;
+use super::runq::{RunQueues, Switch};
 
 const NOWHERE: u32 = u32::MAX;
-/// A short queue longer than this becomes long; a long one shorter than `SHORT_BELOW`
-/// short again (apart, so that a queue near the limit does not switch back and forth).
-const SHORT_MAX: usize = 12;
-const SHORT_BELOW: usize = 6;
+/// A short queue longer than 12 becomes long; a long one shorter than 6 short again.
+const SHORT_OR_LONG: Switch = Switch {
+    above: 12,
+    below: 6,
+};
 
 /// What eligibility on a run queue depends on: its load and Σ w·v over its entities.
 #[derive(Clone, Copy, Debug)]
@@ -84,23 +85,22 @@ pub struct EevdfQueues {
     queues: usize,
     /// Per entity: its index in its short queue (NOWHERE: in none).
     index: Vec<u32>,
-    short_max: usize,
-    short_below: usize,
+    /// Short queues (a sorted list) become long ones (ordered in `ordered`) and back.
+    switch: Switch,
 }
 
 impl EevdfQueues {
     pub fn new(queues: usize, entities: usize) -> Self {
-        Self::with_limits(queues, entities, SHORT_MAX, SHORT_BELOW)
+        Self::with_limits(queues, entities, SHORT_OR_LONG)
     }
 
-    fn with_limits(queues: usize, entities: usize, short_max: usize, short_below: usize) -> Self {
+    fn with_limits(queues: usize, entities: usize, switch: Switch) -> Self {
         EevdfQueues {
             queue: vec![Queue::default(); queues],
             ordered: RunQueues::new(2 * queues, entities),
             queues,
             index: vec![NOWHERE; entities],
-            short_max,
-            short_below,
+            switch,
         }
     }
 
@@ -130,7 +130,7 @@ impl EevdfQueues {
             v: k.v,
             e: e as u32,
         });
-        if queue.short.len() > self.short_max {
+        if queue.short.len() > self.switch.above {
             self.lengthen(q, avg);
         }
     }
@@ -173,7 +173,7 @@ impl EevdfQueues {
             } else {
                 self.ordered.remove(e);
             }
-            if len < self.short_below {
+            if len < self.switch.below {
                 self.shorten(q, keys);
             }
             return;
@@ -354,7 +354,11 @@ mod tests {
     fn check_against_a_list(short_max: usize, short_below: usize) -> usize {
         const N: usize = 200;
         const Q: usize = 3;
-        let mut qs = EevdfQueues::with_limits(Q, N, short_max, short_below);
+        let switch = Switch {
+            above: short_max,
+            below: short_below,
+        };
+        let mut qs = EevdfQueues::with_limits(Q, N, switch);
         let mut keys = [Keys { deadline: 0, v: 0 }; N];
         let mut queued: Vec<Vec<usize>> = vec![Vec::new(); Q];
         let mut s = 11;

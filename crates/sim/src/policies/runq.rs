@@ -16,10 +16,19 @@ use std::collections::VecDeque;
 const NOWHERE: u32 = u32::MAX;
 /// Children per heap node (4 was measured slower: more comparisons per level).
 const D: usize = 2;
-/// A ring longer than this becomes a heap; a heap shorter than `RING_BELOW` a ring
-/// again (apart, so that a queue near the limit does not convert back and forth).
-const HEAP_ABOVE: usize = 256;
-const RING_BELOW: usize = 64;
+/// A ring longer than 256 becomes a heap; a heap shorter than 64 a ring again.
+const RING_OR_HEAP: Switch = Switch {
+    above: 256,
+    below: 64,
+};
+
+/// Where a queue changes layout: to the one for long queues past `above` entities, back
+/// below `below` (apart, so that a queue near the limit does not convert back and forth).
+#[derive(Clone, Copy, Debug)]
+pub struct Switch {
+    pub above: usize,
+    pub below: usize,
+}
 
 enum Queue {
     Ring(VecDeque<(i64, u32)>),
@@ -32,23 +41,21 @@ pub struct RunQueues {
     key: Vec<i64>,
     home: Vec<u32>,
     pos: Vec<u32>,
-    heap_above: usize,
-    ring_below: usize,
+    switch: Switch,
 }
 
 impl RunQueues {
     pub fn new(queues: usize, entities: usize) -> Self {
-        Self::with_limits(queues, entities, HEAP_ABOVE, RING_BELOW)
+        Self::with_limits(queues, entities, RING_OR_HEAP)
     }
 
-    fn with_limits(queues: usize, entities: usize, heap_above: usize, ring_below: usize) -> Self {
+    fn with_limits(queues: usize, entities: usize, switch: Switch) -> Self {
         RunQueues {
             queues: (0..queues).map(|_| Queue::Ring(VecDeque::new())).collect(),
             key: vec![0; entities],
             home: vec![NOWHERE; entities],
             pos: vec![NOWHERE; entities],
-            heap_above,
-            ring_below,
+            switch,
         }
     }
 
@@ -69,7 +76,7 @@ impl RunQueues {
         self.key[e] = key;
         let slot = (key, e as u32);
         if let Queue::Ring(ring) = &mut self.queues[q] {
-            if ring.len() < self.heap_above {
+            if ring.len() < self.switch.above {
                 match (ring.front(), ring.back()) {
                     (_, None) => return ring.push_back(slot),
                     (_, Some(&last)) if last < slot => return ring.push_back(slot),
@@ -87,7 +94,7 @@ impl RunQueues {
             Queue::Ring(ring) => {
                 let i = ring.partition_point(|&s| s < slot);
                 ring.insert(i, slot);
-                if ring.len() > self.heap_above {
+                if ring.len() > self.switch.above {
                     self.ring_to_heap(q);
                 }
             }
@@ -148,7 +155,7 @@ impl RunQueues {
                         self.sift_down(q, i);
                     }
                 }
-                if self.heap_len(q) < self.ring_below {
+                if self.heap_len(q) < self.switch.below {
                     self.heap_to_ring(q);
                 }
             }
@@ -181,7 +188,7 @@ impl RunQueues {
             self.sift_down(q, 0);
         }
         self.pos[first.1 as usize] = NOWHERE;
-        if self.heap_len(q) < self.ring_below {
+        if self.heap_len(q) < self.switch.below {
             self.heap_to_ring(q);
         }
         Some(first)
@@ -340,7 +347,11 @@ mod tests {
     /// queue switched between ring and heap.
     fn check_against_sorted_sets(heap_above: usize, ring_below: usize) -> usize {
         const N: usize = 300;
-        let mut rq = RunQueues::with_limits(3, N, heap_above, ring_below);
+        let switch = Switch {
+            above: heap_above,
+            below: ring_below,
+        };
+        let mut rq = RunQueues::with_limits(3, N, switch);
         let mut sets = vec![BTreeSet::new(); 3];
         let mut keys = vec![None; N];
         let mut s = 7;
