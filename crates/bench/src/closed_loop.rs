@@ -228,7 +228,7 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
     let (modes, not_run) = opts.runnable_modes();
     let started = Instant::now();
     let runs = interleaved(&modes, rounds, &opts.stop, |slot| {
-        let n = slot.batch(soakers);
+        let n = slot.mode.batch_jobs(soakers);
         eprintln!(
             "[{}, {:.0} s in] {} with {}: {} {unit} per run at {} clients ...",
             slot.progress(),

@@ -59,6 +59,14 @@ impl Mode {
     /// Setups by hand some scenarios try besides the default ones, asked for by name.
     pub const TRIED: [Mode; 1] = [Mode::BatchCgroupLow];
 
+    /// The batch jobs a run of this mode gets out of `n`: none when unloaded.
+    pub fn batch_jobs(self, n: usize) -> usize {
+        match self {
+            Mode::Unloaded => 0,
+            _ => n,
+        }
+    }
+
     pub fn peer(self) -> Option<peer::Peer> {
         match self {
             Mode::Ananicy => Some(peer::Peer::Ananicy),

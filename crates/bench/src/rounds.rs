@@ -74,14 +74,6 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    /// The batch jobs this run gets out of `n`: none when unloaded.
-    pub fn batch(&self, n: usize) -> usize {
-        match self.mode {
-            Mode::Unloaded => 0,
-            _ => n,
-        }
-    }
-
     /// "round 2/5, 1/4", for progress lines.
     pub fn progress(&self) -> String {
         format!(

@@ -233,10 +233,7 @@ pub(crate) fn bench_top_group(
 /// Our own children into a top-level idle group of the bench's, removed with the run.
 pub(crate) fn into_idle_group(run: &mut Run, pids: &[u32]) -> Result<()> {
     let (cg, group) = bench_top_group(run, "idle", true)?;
-    for &pid in pids {
-        cg.move_process(pid, &group)?;
-    }
-    Ok(())
+    move_all(&cg, &group, pids)
 }
 
 /// Our own children into a top-level group of the smallest weight the kernel takes (not
@@ -248,8 +245,12 @@ pub(crate) fn into_low_group(run: &mut Run, pids: &[u32]) -> Result<()> {
         appease_cgroup::Version::V2 => "1",
     };
     cg.set_weight_raw(&group, least)?;
+    move_all(&cg, &group, pids)
+}
+
+fn move_all(cg: &appease_cgroup::Cgroups, group: &str, pids: &[u32]) -> Result<()> {
     for &pid in pids {
-        cg.move_process(pid, &group)?;
+        cg.move_process(pid, group)?;
     }
     Ok(())
 }

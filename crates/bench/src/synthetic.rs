@@ -85,7 +85,7 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
     for &load in &opts.loads {
         let soakers = (load * cpus as f64).round() as usize;
         let runs = interleaved(&modes, opts.repeat.max(1), &opts.stop, |slot| {
-            let n = slot.batch(soakers);
+            let n = slot.mode.batch_jobs(soakers);
             eprintln!(
                 "[{}] {} with {}, {} s ...",
                 slot.progress(),
@@ -152,7 +152,7 @@ fn run_mode(
     let load = start_server(&mut run, opts, p, &tmp)?;
 
     // The batch load.
-    let n = if mode == Mode::Unloaded { 0 } else { soakers };
+    let n = mode.batch_jobs(soakers);
     let mut soak_pids = Vec::new();
     let mut containers = Vec::new();
     match p.batch {

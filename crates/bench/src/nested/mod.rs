@@ -537,7 +537,7 @@ fn run_mode(
     let (mut run, tmp) = Run::in_tmp()?;
     let mut g = Groups::build(&mut run, shape)?;
     let target = start_server(&mut run, opts, &g, server, &tmp)?;
-    let n = if mode == Mode::Unloaded { 0 } else { jobs };
+    let n = mode.batch_jobs(jobs);
     let mut roots = Vec::new();
 
     // The container: its server serving and its build waiting; removed with the round.
