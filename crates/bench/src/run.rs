@@ -240,11 +240,7 @@ pub(crate) fn into_idle_group(run: &mut Run, pids: &[u32]) -> Result<()> {
 /// idle), removed with the run.
 pub(crate) fn into_low_group(run: &mut Run, pids: &[u32]) -> Result<()> {
     let (cg, group) = bench_top_group(run, "low", false)?;
-    let least = match cg.version() {
-        appease_cgroup::Version::V1 => "2",
-        appease_cgroup::Version::V2 => "1",
-    };
-    cg.set_weight_raw(&group, least)?;
+    cg.set_weight(&group, appease_cgroup::LEAST_WEIGHT)?;
     move_all(&cg, &group, pids)
 }
 

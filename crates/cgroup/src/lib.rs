@@ -55,6 +55,9 @@ impl CgroupError {
     }
 }
 
+/// The least weight a group can have: cgroup v2's `cpu.weight` 1, v1's `cpu.shares` 2.
+pub const LEAST_WEIGHT: u32 = 1;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Version {
     V1,
@@ -147,7 +150,8 @@ impl Cgroups {
         })
     }
 
-    /// Creates a top-level group `/name` (if missing) with the given settings.
+    /// Creates a top-level group `/name` (if missing) with the given settings (`weight` as
+    /// `set_weight` takes it).
     pub fn ensure_top_group(
         &self,
         name: &str,
@@ -206,11 +210,13 @@ impl Cgroups {
         write(&f, if idle { "1" } else { "0" }).map_err(io_err("writing", &f))
     }
 
-    /// Weight on v2's scale (1..=10000, default 100); v1 shares are weight × 1024 / 100.
+    /// Weight on v2's scale (1..=10000, default 100); v1 shares are weight × 1024 / 100,
+    /// but `LEAST_WEIGHT` is the least either allows (v1's 2 shares).
     pub fn set_weight(&self, group: &str, weight: u32) -> Result<(), CgroupError> {
-        let weight = weight.clamp(1, 10_000);
+        let weight = weight.clamp(LEAST_WEIGHT, 10_000);
         let (file, value) = match self.version {
-            Version::V1 => ("cpu.shares", (weight as u64 * 1024 / 100).max(2)),
+            Version::V1 if weight == LEAST_WEIGHT => ("cpu.shares", 2),
+            Version::V1 => ("cpu.shares", weight as u64 * 1024 / 100),
             Version::V2 => ("cpu.weight", weight as u64),
         };
         let f = self.dir(group).join(file);

@@ -41,8 +41,11 @@ impl ProcStat {
             session: field(6)?.parse().ok()?,
             tty_nr: field(7)?.parse().ok()?,
             flags: num(9)?,
-            cpu_ticks: num(14)? + num(15)? + num(16)? + num(17)?,
-            run_ticks: num(14)? + num(15)?,
+            // Damaged text may hold numbers whose sum overflows: not a stat line.
+            cpu_ticks: [15, 16, 17]
+                .into_iter()
+                .try_fold(num(14)?, |sum, n| sum.checked_add(num(n)?))?,
+            run_ticks: num(14)?.checked_add(num(15)?)?,
             nice: field(19)?.parse().ok()?,
             start: num(22)?,
             policy: field(41)?.parse().ok()?,

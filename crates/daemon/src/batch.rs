@@ -291,7 +291,7 @@ impl BatchManager {
         self.demoted = snap.demoted;
         self.demoted_apps = snap.demoted_apps;
         for d in snap.demotions {
-            match actuator.demote(d.root, &d.members, &d.why) {
+            match actuator.demote(d.root, &d.members, &d.why, d.feeds) {
                 Ok(0) => self.forget.push(d.root), // all gone already
                 Ok(_) => {}
                 Err(e) => {

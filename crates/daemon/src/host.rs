@@ -318,6 +318,8 @@ pub fn parse_proc_stat(text: &str, tick_ns: u64) -> Option<ProcSample> {
         wait_ns: 0,
         age_ns: 0,
         sched_idle: s.policy == libc::SCHED_IDLE as u32,
+        // Nor this: the probe's task iterator tells it.
+        last_response: None,
     })
 }
 

@@ -111,6 +111,8 @@ pub struct Demotion {
     pub root: u32,
     pub members: Vec<(u32, u64)>,
     pub why: String,
+    /// It read responses while it soaked (see `BatchDecision::Demote`).
+    pub feeds: bool,
 }
 
 /// The idle group's use since the last scan.
@@ -685,6 +687,7 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
                 listens: t.listens,
                 age_ns: t.age_ns,
                 sched_idle: t.sched_idle,
+                last_response: None,
             },
         );
     }
@@ -693,6 +696,9 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
         if let Some(p) = by_pid.get_mut(&t.pid) {
             p.cpu_ns += t.cpu_ns;
             p.wait_ns += t.wait_ns;
+            if t.response_ns > 0 {
+                p.last_response = p.last_response.max(Some(t.response_ns));
+            }
             if t.running {
                 runnable.insert(t.pid);
                 idle_group_runnable += u32::from(t.idle_group);
@@ -802,6 +808,7 @@ fn record_decisions(
                 members,
                 cpus,
                 why,
+                feeds,
             } => snap.demotions.push(Demotion {
                 root,
                 // With the start time the scan saw: a PID reused since is not ours.
@@ -809,7 +816,11 @@ fn record_decisions(
                     .iter()
                     .filter_map(|pid| Some((*pid, started.get(pid).copied()?)))
                     .collect(),
-                why: format!("{why}: {cpus:.2} CPUs, no requests"),
+                why: match feeds {
+                    true => format!("{why}: {cpus:.2} CPUs, no requests, reads responses"),
+                    false => format!("{why}: {cpus:.2} CPUs, no requests"),
+                },
+                feeds,
             }),
             BatchDecision::Promote { root, members } => {
                 snap.promotions.push(Promotion { root, members })

@@ -37,6 +37,9 @@ pub struct ProcSample {
     pub age_ns: u64,
     /// Its main thread is of the `SCHED_IDLE` policy.
     pub sched_idle: bool,
+    /// When a thread of it last read a response: what a client reads on a connection it
+    /// made (None: never, or unknown where the probe's task iterator is not used).
+    pub last_response: Option<Nanos>,
 }
 
 /// A class forced by a rule.
@@ -69,6 +72,10 @@ pub enum BatchDecision {
         members: Vec<u32>,
         cpus: f64,
         why: &'static str,
+        /// A process of the tree read responses while it soaked: it feeds on a server's
+        /// output (a dump, a download, an ETL query), so its progress waits on each
+        /// hand-off from the server, which the idle class delays (see `Feeds`).
+        feeds: bool,
     },
     /// Move the tree under `root` back where its processes came from.
     Promote { root: u32, members: Vec<u32> },
@@ -135,13 +142,24 @@ struct Demoted {
     members: HashSet<u32>,
 }
 
+/// A tree that soaks, not demoted yet.
+#[derive(Clone, Copy, Debug)]
+struct Heavy {
+    /// Its root's start time.
+    start: u64,
+    since: Nanos,
+    /// A process of it read a response since `since` (members that lived a second, a
+    /// loop's `psql` or `curl`, count though gone by the demotion).
+    feeds: bool,
+}
+
 pub struct BatchClassifier {
     params: BatchParams,
     /// pid -> (start, cpu_ns + wait_ns) at the previous scan.
     prev: HashMap<u32, (u64, u64)>,
     prev_at: Option<Nanos>,
-    /// Candidate roots -> (start, since when heavy).
-    heavy_since: HashMap<u32, (u64, Nanos)>,
+    /// Candidate roots -> since when heavy, and whether they fed on responses meanwhile.
+    heavy_since: HashMap<u32, Heavy>,
     demoted: HashMap<u32, Demoted>,
 }
 
@@ -198,9 +216,11 @@ impl BatchClassifier {
         last_request: impl Fn(u32) -> Option<Nanos>,
         forced: impl Fn(&ProcSample) -> Option<Class>,
     ) -> Vec<BatchDecision> {
+        let prev_at = self.prev_at.unwrap_or(now);
         let rate = self.demand(now, procs);
         let scan = Scan {
             now,
+            prev_at,
             by_pid: procs.iter().map(|p| (p.pid, p)).collect(),
             children: crate::tree::Children::new(procs.iter().map(|p| (p.pid, p.ppid))),
             rate,
@@ -357,18 +377,31 @@ impl BatchClassifier {
             // The tree may have been found under another root before (a parent that
             // came or went): its soaking started at the earliest of them.
             let tree = scan.subtree(root);
-            let since = self
+            let before: Vec<Heavy> = self
                 .heavy_since
                 .iter()
-                .filter(|(&r, &(s, _))| {
-                    let same = scan.by_pid.get(&r).is_some_and(|p| p.start == s);
+                .filter(|(&r, h)| {
+                    let same = scan.by_pid.get(&r).is_some_and(|p| p.start == h.start);
                     same && (tree.contains(&r) || scan.subtree(r).contains(&root))
                 })
-                .map(|(_, &(_, t))| t)
-                .min()
-                .unwrap_or(scan.now);
+                .map(|(_, &h)| h)
+                .collect();
+            let since = before.iter().map(|h| h.since).min().unwrap_or(scan.now);
+            let feeds = before.iter().any(|h| h.feeds)
+                || tree.iter().any(|pid| {
+                    scan.by_pid[pid]
+                        .last_response
+                        .is_some_and(|t| t >= since.min(scan.prev_at))
+                });
             if why != "rule" && scan.now.saturating_sub(since) < after {
-                still_heavy.insert(root, (start, since));
+                still_heavy.insert(
+                    root,
+                    Heavy {
+                        start,
+                        since,
+                        feeds,
+                    },
+                );
                 continue;
             }
             // What the config exempts stays where it is, inside a batch tree too.
@@ -389,6 +422,7 @@ impl BatchClassifier {
                 members,
                 cpus,
                 why,
+                feeds,
             });
         }
         self.heavy_since = still_heavy;
@@ -399,6 +433,8 @@ impl BatchClassifier {
 /// One scan's view of the process table.
 struct Scan<'a> {
     now: Nanos,
+    /// The previous scan's time (this one's on the first).
+    prev_at: Nanos,
     by_pid: HashMap<u32, &'a ProcSample>,
     children: crate::tree::Children,
     /// Each process's CPU demand since the last scan, in CPUs (None: nothing to compare

@@ -127,6 +127,9 @@ pub struct TaskRecord {
     pub idle_group: bool,
     /// Of the `SCHED_IDLE` policy.
     pub sched_idle: bool,
+    /// When it last read a response on a socket its process connected (CLOCK_MONOTONIC
+    /// ns, as `monotonic_ns`; 0: never). Per thread.
+    pub response_ns: u64,
     /// Its application: the server whose fork made it, or itself (leader only).
     pub app: u32,
     pub comm: String,
@@ -180,6 +183,7 @@ fn decode_task(data: &[u8]) -> TaskRecord {
         listens: r.listens != 0,
         idle_group: r.idle_group != 0,
         sched_idle: r.sched_idle != 0,
+        response_ns: r.response_ns,
         app: r.app,
         comm: comm(&r.comm),
     }

@@ -11,11 +11,14 @@ impl KernelActuator {
     /// Returns how many processes were demoted either way. `members` are (PID, start
     /// time) as the scan saw them: a process that ended since, its PID reused by another,
     /// is not touched.
+    /// A tree that `feeds` on a server's responses goes to the feeders' group instead
+    /// (see `Groups::feeders_path`).
     pub fn demote(
         &mut self,
         root: u32,
         members: &[(u32, u64)],
         why: &str,
+        feeds: bool,
     ) -> Result<usize, ActError> {
         let members: Vec<u32> = members
             .iter()
@@ -52,16 +55,28 @@ impl KernelActuator {
         }
         let mut moved = 0;
         if !to_move.is_empty() {
-            let name = self.groups_mut()?.batch_name.clone();
-            let top = self.ensure_group(&name, true, 100)?;
+            let g = self.groups_mut()?;
+            let top = match feeds {
+                // Made in the batch groups' mode: the least weight while the idle group is
+                // idle, the same weight as it when it is not.
+                true => {
+                    let (name, weight) = (g.feeders_path(), g.mode_weight.unwrap_or(LEAST_WEIGHT));
+                    self.ensure_group(&name[1..], false, weight)?
+                }
+                false => {
+                    let name = g.batch_name.clone();
+                    self.ensure_group(&name, true, 100)?
+                }
+            };
             let group = self.ensure_job_group(&top, &format!("job-{root}"))?;
             moved = self.move_into(&group, "batch", root, &to_move, why)?;
             tracing::info!(
                 root,
                 moved,
                 why,
+                group = top,
                 dry_run = self.dry_run,
-                "demoted to the idle group"
+                "demoted to a batch group"
             );
         }
         let tree = Demoting { root, members, why };

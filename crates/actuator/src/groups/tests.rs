@@ -31,7 +31,8 @@ fn a_pid_whose_start_time_is_not_the_one_the_scan_saw_is_not_moved() {
     let start = sys::task_stat(pid, pid).unwrap().start;
     // As if the scan had seen another process under this PID (ended, PID reused).
     assert_eq!(
-        act.demote(pid, &[(pid, start + 1)], "cpu-soaker").unwrap(),
+        act.demote(pid, &[(pid, start + 1)], "cpu-soaker", false)
+            .unwrap(),
         0
     );
     assert!(!act.is_moved(pid));
@@ -41,7 +42,11 @@ fn a_pid_whose_start_time_is_not_the_one_the_scan_saw_is_not_moved() {
         .moves
         .is_empty());
     // The process the scan saw is moved, into its job's group in the idle group.
-    assert_eq!(act.demote(pid, &[(pid, start)], "cpu-soaker").unwrap(), 1);
+    assert_eq!(
+        act.demote(pid, &[(pid, start)], "cpu-soaker", false)
+            .unwrap(),
+        1
+    );
     let procs =
         std::fs::read_to_string(root.join(format!("appease/job-{pid}/cgroup.procs"))).unwrap();
     assert_eq!(procs.trim(), pid.to_string());
@@ -52,4 +57,74 @@ fn a_pid_whose_start_time_is_not_the_one_the_scan_saw_is_not_moved() {
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A tree that feeds on a server's responses goes to the feeders' group, of the least
+/// weight while the idle group is idle, of the batch groups' weight when they have one.
+#[test]
+fn a_feeding_tree_goes_to_the_feeders_group_which_follows_the_batch_mode() {
+    let dir = std::env::temp_dir().join(format!("appease-feeders-{}", std::process::id()));
+    let _fresh = std::fs::remove_dir_all(&dir);
+    let root = dir.join("cgroup");
+    for g in ["appease", "appease-feeders"] {
+        std::fs::create_dir_all(root.join(g)).unwrap();
+        std::fs::write(root.join(g).join("cpu.idle"), "0").unwrap();
+    }
+    let mut children: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let (feeder, soaker) = (children[0].id(), children[1].id());
+    let cg = Cgroups::at(Version::V2, &root).unwrap();
+    let mut act = KernelActuator::new(Some(Journal::open(&dir.join("run")).unwrap()), vec![])
+        .unwrap()
+        .with_groups(Groups::new(cg, "appease"));
+    let start = |pid| sys::task_stat(pid, pid).unwrap().start;
+    let read = |f: &str| {
+        std::fs::read_to_string(root.join(f))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    act.demote(feeder, &[(feeder, start(feeder))], "cpu-soaker", true)
+        .unwrap();
+    act.demote(soaker, &[(soaker, start(soaker))], "cpu-soaker", false)
+        .unwrap();
+    let checks = [
+        (
+            read(&format!("appease-feeders/job-{feeder}/cgroup.procs")),
+            feeder.to_string(),
+        ),
+        (
+            read(&format!("appease/job-{soaker}/cgroup.procs")),
+            soaker.to_string(),
+        ),
+        (read("appease-feeders/cpu.weight"), "1".into()),
+        (read("appease-feeders/cpu.idle"), "0".into()),
+        (read("appease/cpu.idle"), "1".into()),
+    ];
+    // Quiet: both groups of the same weight; idle again: the feeders' the least.
+    act.set_batch_weight(Some(100), "quiet").unwrap();
+    let quiet = [
+        read("appease-feeders/cpu.weight"),
+        read("appease/cpu.weight"),
+        read("appease/cpu.idle"),
+    ];
+    act.set_batch_weight(None, "idle").unwrap();
+    let idle = [read("appease-feeders/cpu.weight"), read("appease/cpu.idle")];
+    act.restore_all();
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    for (got, want) in checks {
+        assert_eq!(got, want);
+    }
+    assert_eq!(quiet, ["100", "100", "0"]);
+    assert_eq!(idle, ["1", "1"]);
 }

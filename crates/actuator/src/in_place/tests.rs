@@ -122,7 +122,7 @@ fn a_refused_dbus_call_leaves_the_unit_as_it_was_and_demotes_per_thread() {
     let (mut child, mut act) = set_up(&dir, &fake);
     let pid = child.id();
     let n = act
-        .demote(pid, &[(pid, start_of(pid))], "cpu-soaker")
+        .demote(pid, &[(pid, start_of(pid))], "cpu-soaker", false)
         .unwrap();
     assert_eq!(n, 1, "demoted all the same");
     assert_eq!(fake.lock().unwrap().weight, 100, "the unit as it was");
@@ -152,7 +152,7 @@ fn a_unit_that_goes_away_is_skipped_before_and_counted_gone_after_adoption() {
     let pid = child.id();
     // Gone before: no unit to make idle, the process is demoted per thread.
     assert_eq!(
-        act.demote(pid, &[(pid, start_of(pid))], "cpu-soaker")
+        act.demote(pid, &[(pid, start_of(pid))], "cpu-soaker", false)
             .unwrap(),
         1
     );
@@ -163,7 +163,7 @@ fn a_unit_that_goes_away_is_skipped_before_and_counted_gone_after_adoption() {
     // Made idle, then gone (stopped) before appease gives it back.
     fake.lock().unwrap().gone = false;
     assert_eq!(
-        act.demote(pid, &[(pid, start_of(pid))], "cpu-soaker")
+        act.demote(pid, &[(pid, start_of(pid))], "cpu-soaker", false)
             .unwrap(),
         1
     );

@@ -64,12 +64,14 @@ root_test! {
         let job = Soakers(vec![own_session(&mut cmd).spawn().unwrap()]);
         let loop_pid = job.0[0].id();
 
-        // Sampled while the job runs: its readers are never elevated.
+        // Sampled while the job runs: its readers are never elevated. It feeds on a
+        // server's responses: its group is the feeders', of the least weight, not idle.
+        let feeders = format!("/{group}-feeders");
         let mut elevated = Vec::new();
         let demoted = wait_for(Duration::from_secs(12), || {
             let st = daemon.status_json();
             elevated.extend(threads_listed(&st, &["cat", "gzip", "bash"]));
-            in_idle_group(loop_pid, &format!("/{group}"))
+            in_idle_group(loop_pid, &feeders)
         });
         let st = daemon.status_json();
         assert!(
@@ -78,6 +80,16 @@ root_test! {
             daemon.log_text()
         );
         eprintln!("download loop demoted after {demoted:?} (after_ms = 2000)");
+        let cg = appease_cgroup::Cgroups::detect().unwrap();
+        let least = match cg.version() {
+            appease_cgroup::Version::V1 => "2",
+            appease_cgroup::Version::V2 => "1",
+        };
+        assert_eq!(
+            (cg.idle(&feeders).ok(), cg.weight_raw(&feeders).ok()),
+            (Some(false), Some(least.to_string())),
+            "the feeders' group: not idle, of the least weight"
+        );
         // The status is published once a second.
         let mut roots: Vec<u64> = Vec::new();
         let listed = wait_for(Duration::from_secs(3), || {
@@ -100,8 +112,18 @@ root_test! {
         let kids = children_of(loop_pid);
         assert!(
             kids.iter()
-                .all(|&k| in_idle_group(k, &format!("/{group}")) || cpu_cgroup(k).is_none()),
-            "the loop's children are in the idle group"
+                .all(|&k| in_idle_group(k, &feeders) || cpu_cgroup(k).is_none()),
+            "the loop's children are in the feeders' group"
+        );
+        let why = st["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["pid"].as_u64() == Some(u64::from(loop_pid)))
+            .map(|p| p["why"].to_string());
+        assert!(
+            why.as_ref().is_some_and(|w| w.contains("reads responses")),
+            "the status says why: {why:?}"
         );
         assert!(
             elevated.is_empty(),
@@ -123,10 +145,9 @@ root_test! {
         });
         drop((job, server, daemon));
         assert!(kids_gone.is_some(), "the job's processes ended");
-        let cg = appease_cgroup::Cgroups::detect().unwrap();
         assert!(
-            !cg.exists(&format!("/{group}")),
-            "the idle group is removed at exit"
+            !cg.exists(&feeders) && !cg.exists(&format!("/{group}")),
+            "the batch groups are removed at exit"
         );
     }
 }

@@ -16,6 +16,7 @@ fn task(pid: u32, tid: u32, cpu_ns: u64, wait_ns: u64, running: bool) -> TaskRec
         listens: false,
         idle_group: running && tid == 41,
         sched_idle: tid == 42 || tid == 41,
+        response_ns: 0,
         app: pid,
         comm: if pid == tid {
             "make".into()
@@ -38,6 +39,7 @@ fn proc(pid: u32, ppid: u32) -> ProcSample {
         listens: false,
         age_ns: 0,
         sched_idle: false,
+        last_response: None,
     }
 }
 

@@ -15,6 +15,7 @@ fn p(pid: u32, ppid: u32, comm: &str, cpu_s: f64) -> ProcSample {
         listens: false,
         age_ns: 3600 * S,
         sched_idle: false,
+        last_response: None,
     }
 }
 
@@ -470,6 +471,71 @@ fn a_loop_whose_children_each_live_less_than_a_scan_is_judged_by_what_it_reaped(
     assert!(
         !d.iter()
             .any(|(_, x)| matches!(x, BatchDecision::Demote { root: 100, .. })),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn a_loop_whose_short_lived_children_read_responses_feeds_on_a_server() {
+    // `while :; do psql -c 'select …' | awk …; done`: the client that read its responses
+    // in one scan is gone by the next; its reads count for the tree at its demotion.
+    let loop_of = |reads: bool| {
+        move |t: u64| {
+            let n = 1000 + 2 * t as u32;
+            let client = ProcSample {
+                last_response: (reads && t == 1).then(|| t * S - S / 2),
+                ..p(n, 100, "psql", 0.01)
+            };
+            vec![
+                p(1, 0, "systemd", 0.0),
+                p(100, 1, "bash", 0.95 * t as f64),
+                client,
+                p(n + 1, 100, "awk", 0.02),
+            ]
+        }
+    };
+    let feeds_of = |d: &[(u64, BatchDecision)]| match d {
+        [(
+            _,
+            BatchDecision::Demote {
+                root: 100, feeds, ..
+            },
+        )] => *feeds,
+        _ => panic!("one tree: {d:?}"),
+    };
+    let mut c = BatchClassifier::new(params());
+    let d = run(&mut c, 5, loop_of(true), none);
+    assert!(feeds_of(&d));
+    let mut c = BatchClassifier::new(params());
+    assert!(!feeds_of(&run(&mut c, 5, loop_of(false), none)));
+}
+
+#[test]
+fn responses_read_before_a_tree_soaked_do_not_make_it_feed() {
+    // A build that fetched its sources long ago, then only computes.
+    let mut c = BatchClassifier::new(params());
+    let procs = |t: u64| {
+        vec![
+            p(1, 0, "systemd", 0.0),
+            ProcSample {
+                last_response: Some(10 * S),
+                ..p(200, 1, "cargo", if t < 20 { 0.0 } else { (t - 20) as f64 })
+            },
+        ]
+    };
+    let d: Vec<_> = run(&mut c, 30, procs, none);
+    assert!(
+        matches!(
+            &d[..],
+            [(
+                _,
+                BatchDecision::Demote {
+                    root: 200,
+                    feeds: false,
+                    ..
+                }
+            )]
+        ),
         "{d:?}"
     );
 }

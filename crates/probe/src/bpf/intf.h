@@ -42,6 +42,7 @@ struct appease_task {
 	unsigned long long start_boot_ns; /* leader: start, ns after boot (as /proc's starttime) */
 	unsigned long long age_ns;        /* leader: time since then */
 	unsigned long long gone_cpu_ns;   /* leader: exited threads' and reaped children's CPU */
+	unsigned long long response_ns;   /* its last read of a response (CLOCK_MONOTONIC; 0: none) */
 	unsigned int pid;                 /* thread group id */
 	unsigned int tid;
 	unsigned int ppid;                /* leader: the parent's thread group id */

@@ -544,6 +544,11 @@ int dump_task(struct bpf_iter__task *ctx)
 	if (r.running)
 		r.idle_group = in_idle_group(t);
 	r.sched_idle = t->policy == SCHED_IDLE;
+	/* A client's reads, kept by the read path at no cost of their own: the scan tells a
+	 * batch job that feeds on a server's responses from one that only computes. */
+	struct thread_state *st = bpf_task_storage_get(&threads, t, 0, 0);
+	if (st)
+		r.response_ns = st->last_response_ns;
 	if (t == leader) {
 		struct task_struct *parent = t->real_parent;
 		/* 0 for a namespace's first process, whose parent is outside it. */
