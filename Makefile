@@ -88,7 +88,8 @@ run: build
 
 test: test-deps
 	$(CARGO) fmt --all -- --check
-	$(CARGO) build --release --locked -p appease
+	# No separate `cargo build`: the tests build the binary they run themselves, with the
+	# chaos harness's crash points, and a build without them would compile the daemon twice.
 	# Root-only tests are #[ignore]d with their reason, so a plain `cargo test` lists
 	# them as ignored; here (root) they run.
 	$(CARGO) test --workspace --locked --release -- --include-ignored

@@ -122,11 +122,11 @@ impl Groups {
     }
 
     /// The group of demoted trees that feed on a server's responses (a dump, a
-    /// download, an ETL query): of the least weight, not idle, while the idle group is
-    /// idle. An idle client runs only when no other task wants the CPU, and each
-    /// hand-off from the server it reads waits for such a moment: measured, the ETL loop
-    /// kept 79–89 % of its pace in the idle group and all of it in one of the least
-    /// weight, the server's p99 the same within the noise.
+    /// download, an ETL query), with `[batch] feeders = "least-weight"`: of the least
+    /// weight, not idle, while the idle group is idle. An idle client runs only when no
+    /// other task wants the CPU, and each hand-off from the server it reads waits for
+    /// such a moment; a group that is not idle is not preempted at once by a waking
+    /// server either (see docs/daemon.md, "Feeders").
     pub fn feeders_path(&self) -> String {
         format!("/{}-feeders", self.batch_name)
     }

@@ -223,6 +223,21 @@ pub struct BatchSection {
     /// nice; 0 never raises one.
     #[serde(deserialize_with = "raise_nice")]
     pub serving_autogroup_nice: i32,
+    /// Where a tree that read responses while it soaked (a dump, a download, an ETL query)
+    /// goes: the idle group like any batch, or a group of the least weight beside it.
+    pub feeders: Feeders,
+}
+
+/// The batch group of trees that feed on a server's responses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Feeders {
+    /// The idle group, with every other batch tree: the server's latency first.
+    #[default]
+    Idle,
+    /// A top-level group of the least weight, not idle: the job's pace first (measured,
+    /// an ETL loop keeps all of it; the server's p99 beside a download rises).
+    LeastWeight,
 }
 
 /// Forces a class on the processes it matches; every given field must match.
@@ -554,6 +569,7 @@ impl Default for BatchSection {
             quiet_weight: 100,
             spread: true,
             serving_autogroup_nice: -10,
+            feeders: Feeders::Idle,
         }
     }
 }

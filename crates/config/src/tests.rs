@@ -146,6 +146,15 @@ fn a_serving_autogroup_nice_is_a_raise_or_nothing() {
 }
 
 #[test]
+fn feeders_go_to_the_idle_group_unless_the_least_weight_is_asked_for() {
+    assert_eq!(Config::parse("", "f").unwrap().batch.feeders, Feeders::Idle);
+    let c = Config::parse("[batch]\nfeeders = \"least-weight\"\n", "f").unwrap();
+    assert_eq!(c.batch.feeders, Feeders::LeastWeight);
+    let e = err("[batch]\nfeeders = \"low\"\n");
+    assert!(e.contains("line 2") && e.contains("`least-weight`"), "{e}");
+}
+
+#[test]
 fn roles_are_staggered_fixed_nice_values_above_normal() {
     let text = "[[role]]\napp = \"search\"\ncomm = \"proc_a\"\nrank = 0\n\n\
                     [[role]]\napp = \"search\"\ncomm = \"proc_b\"\nrank = 1\n";

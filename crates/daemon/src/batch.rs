@@ -290,8 +290,9 @@ impl BatchManager {
         self.configured.apply(snap.services, snap.roles, actuator);
         self.demoted = snap.demoted;
         self.demoted_apps = snap.demoted_apps;
+        let feeders = cfg.batch.feeders == appease_config::Feeders::LeastWeight;
         for d in snap.demotions {
-            match actuator.demote(d.root, &d.members, &d.why, d.feeds) {
+            match actuator.demote(d.root, &d.members, &d.why, d.feeds && feeders) {
                 Ok(0) => self.forget.push(d.root), // all gone already
                 Ok(_) => {}
                 Err(e) => {

@@ -11,14 +11,14 @@ impl KernelActuator {
     /// Returns how many processes were demoted either way. `members` are (PID, start
     /// time) as the scan saw them: a process that ended since, its PID reused by another,
     /// is not touched.
-    /// A tree that `feeds` on a server's responses goes to the feeders' group instead
-    /// (see `Groups::feeders_path`).
+    /// With `feeders`, the tree (one that feeds on a server's responses) goes to the
+    /// feeders' group instead (see `Groups::feeders_path`).
     pub fn demote(
         &mut self,
         root: u32,
         members: &[(u32, u64)],
         why: &str,
-        feeds: bool,
+        feeders: bool,
     ) -> Result<usize, ActError> {
         let members: Vec<u32> = members
             .iter()
@@ -56,7 +56,7 @@ impl KernelActuator {
         let mut moved = 0;
         if !to_move.is_empty() {
             let g = self.groups_mut()?;
-            let top = match feeds {
+            let top = match feeders {
                 // Made in the batch groups' mode: the least weight while the idle group is
                 // idle, the same weight as it when it is not.
                 true => {

@@ -5,11 +5,12 @@
 
 use super::*;
 
-/// The batch tests' config (trees judged every 200 ms, demoted after 2 s, into `group`),
-/// and every request elevates (a ladder of one step from no load), fading 50 ms per level.
+/// The batch tests' config (trees judged every 200 ms, demoted after 2 s, into `group`,
+/// feeders into a group of the least weight), and every request elevates (a ladder of one
+/// step from no load), fading 50 ms per level.
 fn always_elevating_config(group: &str) -> String {
     format!(
-        "{}\n[elevation]\ntick_ms = 10\n{}",
+        "{}feeders = \"least-weight\"\n[elevation]\ntick_ms = 10\n{}",
         batch_config(group),
         ladder(&[(0.0, -8, -4, 50)])
     )
