@@ -128,7 +128,11 @@ impl Groups {
     /// such a moment; a group that is not idle is not preempted at once by a waking
     /// server either (see docs/daemon.md, "Feeders").
     pub fn feeders_path(&self) -> String {
-        format!("/{}-feeders", self.batch_name)
+        format!("/{}", self.feeders_name())
+    }
+
+    fn feeders_name(&self) -> String {
+        format!("{}-feeders", self.batch_name)
     }
 
     /// The top of the batch group `group` is in or under (the idle group or the
@@ -323,9 +327,12 @@ impl KernelActuator {
             .created
             .iter()
             .filter(|p| {
-                let top = g.batch_top_of(p).unwrap_or_default();
-                p.strip_prefix(&top)
-                    .and_then(|r| r.strip_prefix("/job-"))
+                // A job's group is `TOP/job-ROOT` under one of the batch groups.
+                let Some(top) = g.batch_top_of(p) else {
+                    return false;
+                };
+                p[top.len()..]
+                    .strip_prefix("/job-")
                     .and_then(|root| root.parse().ok())
                     .is_some_and(|root| !alive(root))
             })
@@ -352,12 +359,12 @@ impl KernelActuator {
     /// by someone since (it is then forgotten, to be made again on next use). A removed
     /// group was empty: nothing that was demoted is in it any more.
     pub fn batch_group_vanished(&mut self) -> bool {
-        let Some(g) = self.groups.as_ref() else {
+        let Some(g) = self.groups.as_ref().filter(|_| !self.dry_run) else {
             return false;
         };
         let vanished: Vec<String> = [g.batch_path(), g.feeders_path()]
             .into_iter()
-            .filter(|p| !self.dry_run && g.created.contains(p) && !g.cg.exists(p))
+            .filter(|p| g.created.contains(p) && !g.cg.exists(p))
             .collect();
         let mut any = false;
         for path in vanished {

@@ -816,10 +816,10 @@ fn record_decisions(
                     .iter()
                     .filter_map(|pid| Some((*pid, started.get(pid).copied()?)))
                     .collect(),
-                why: match feeds {
-                    true => format!("{why}: {cpus:.2} CPUs, no requests, reads responses"),
-                    false => format!("{why}: {cpus:.2} CPUs, no requests"),
-                },
+                why: format!(
+                    "{why}: {cpus:.2} CPUs, no requests{}",
+                    if feeds { ", reads responses" } else { "" }
+                ),
                 feeds,
             }),
             BatchDecision::Promote { root, members } => {

@@ -74,7 +74,7 @@ pub enum BatchDecision {
         why: &'static str,
         /// A process of the tree read responses while it soaked: it feeds on a server's
         /// output (a dump, a download, an ETL query), so its progress waits on each
-        /// hand-off from the server, which the idle class delays (see `Feeds`).
+        /// hand-off from the server, which the idle class delays (`[batch] feeders`).
         feeds: bool,
     },
     /// Move the tree under `root` back where its processes came from.
@@ -387,6 +387,7 @@ impl BatchClassifier {
                 .map(|(_, &h)| h)
                 .collect();
             let since = before.iter().map(|h| h.since).min().unwrap_or(scan.now);
+            // Reads since the previous scan count on the tree's first heavy scan too.
             let feeds = before.iter().any(|h| h.feeds)
                 || tree.iter().any(|pid| {
                     scan.by_pid[pid]

@@ -60,8 +60,8 @@ impl KernelActuator {
                 // Made in the batch groups' mode: the least weight while the idle group is
                 // idle, the same weight as it when it is not.
                 true => {
-                    let (name, weight) = (g.feeders_path(), g.mode_weight.unwrap_or(LEAST_WEIGHT));
-                    self.ensure_group(&name[1..], false, weight)?
+                    let (name, weight) = (g.feeders_name(), g.mode_weight.unwrap_or(LEAST_WEIGHT));
+                    self.ensure_group(&name, false, weight)?
                 }
                 false => {
                     let name = g.batch_name.clone();
