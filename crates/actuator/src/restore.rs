@@ -41,50 +41,31 @@ pub(crate) struct Part {
 /// The parts in the order they are put back: autogroups first (nothing demoted is back in
 /// a raised one meanwhile), pins before groups (the pinned threads are still where
 /// unpinning looks for their children).
+#[rustfmt::skip] // a table: one part a line
 pub(crate) static PARTS: &[Part] = &[
-    Part {
-        name: "autogroups",
-        pending: |st| st.autogroups.len(),
-        restore_live: |a, r| a.restore_autogroups(r),
-        restore_from_journal: autogroup::restore_journaled,
-    },
-    Part {
-        name: "threads",
-        pending: |st| st.threads.len(),
-        restore_live: |a, r| a.restore_threads(r),
-        restore_from_journal: threads::restore_journaled,
-    },
-    Part {
-        name: "pins",
-        pending: |st| st.pinned.len(),
-        restore_live: |a, _| a.restore_pins(),
-        restore_from_journal: spread::restore_journaled,
-    },
-    Part {
-        name: "groups",
-        pending: |st| st.moves.len() + st.groups.len(),
-        restore_live: |a, r| a.restore_groups(r),
-        restore_from_journal: groups::restore_journaled,
-    },
-    Part {
-        name: "threads idled in place",
-        pending: |st| st.idled.len(),
-        restore_live: |a, r| a.restore_in_place(r),
-        restore_from_journal: in_place::restore_journaled,
-    },
-    Part {
-        name: "systemd units",
-        pending: |st| st.units.len(),
-        restore_live: |a, r| a.restore_units(r),
-        restore_from_journal: in_place::restore_journaled_units,
-    },
-    Part {
-        name: "groups made idle in place",
-        pending: |st| st.idle_groups.len(),
-        restore_live: |a, r| a.restore_idle_groups(r),
-        restore_from_journal: group_idle::restore_journaled,
-    },
+    //   name                         changes not yet undone                 at exit                              after a crash, from the journal
+    part("autogroups",                |st| st.autogroups.len(),              KernelActuator::restore_autogroups,  autogroup::restore_journaled),
+    part("threads",                   |st| st.threads.len(),                 KernelActuator::restore_threads,     threads::restore_journaled),
+    part("pins",                      |st| st.pinned.len(),                  |a, _| a.restore_pins(),             spread::restore_journaled),
+    part("groups",                    |st| st.moves.len() + st.groups.len(), KernelActuator::restore_groups,      groups::restore_journaled),
+    part("threads idled in place",    |st| st.idled.len(),                   KernelActuator::restore_in_place,    in_place::restore_journaled),
+    part("systemd units",             |st| st.units.len(),                   KernelActuator::restore_units,       in_place::restore_journaled_units),
+    part("groups made idle in place", |st| st.idle_groups.len(),             KernelActuator::restore_idle_groups, group_idle::restore_journaled),
 ];
+
+const fn part(
+    name: &'static str,
+    pending: fn(&JournalState) -> usize,
+    restore_live: fn(&mut KernelActuator, &mut RestoreReport),
+    restore_from_journal: fn(&FromJournal, &mut RestoreReport) -> Vec<Record>,
+) -> Part {
+    Part {
+        name,
+        pending,
+        restore_live,
+        restore_from_journal,
+    }
+}
 
 impl KernelActuator {
     /// Puts back everything this actuator changed (daemon exit); the journal goes with

@@ -95,44 +95,50 @@ impl Default for RolesSection {
     }
 }
 
-/// A fixed, staggered priority for one process of a multi-process application
-/// (the AIX case study). `appease roles suggest` proposes the ranks.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Role {
-    /// The application it belongs to (for status and logs).
-    pub app: String,
-    /// 0 = the critical process; its direct dependencies next; the rest equal below.
-    pub rank: u32,
-    pub comm: Option<String>,
-    pub cgroup: Option<String>,
-    pub user: Option<String>,
-    pub unit: Option<String>,
-    #[serde(skip)]
-    pub uid: OnceLock<Option<u32>>,
+/// Declares a kind of latency work: its own fields, then the keys that pick its processes
+/// (`comm`, `cgroup`, `user`, `unit`, every one given must match), and its matching rule.
+/// A macro rather than a shared struct: serde's `flatten` would cost a misspelt key's
+/// line and the list of keys expected there.
+macro_rules! latency_work {
+    ($(#[$attr:meta])* pub struct $name:ident { $($(#[$fattr:meta])* pub $field:ident: $ty:ty,)* }) => {
+        $(#[$attr])*
+        #[derive(Clone, Debug, PartialEq, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($(#[$fattr])* pub $field: $ty,)*
+            pub comm: Option<String>,
+            pub cgroup: Option<String>,
+            pub user: Option<String>,
+            pub unit: Option<String>,
+            /// `user` as a uid, looked up once.
+            #[serde(skip)]
+            pub uid: OnceLock<Option<u32>>,
+        }
+
+        impl $name {
+            /// The rule matching its processes, which are latency work.
+            pub fn matcher(&self) -> Rule {
+                Rule {
+                    comm: self.comm.clone(),
+                    cgroup: self.cgroup.clone(),
+                    user: self.user.clone(),
+                    unit: self.unit.clone(),
+                    class: Class::Latency,
+                    uid: cached_uid(&self.uid, self.user.as_deref()),
+                }
+            }
+        }
+    };
 }
 
-impl Role {
-    pub fn matcher(&self) -> Rule {
-        latency_rule(&self.comm, &self.cgroup, &self.user, &self.unit, &self.uid)
-    }
-}
-
-/// The rule matching a role's or a service's processes, which are latency work.
-fn latency_rule(
-    comm: &Option<String>,
-    cgroup: &Option<String>,
-    user: &Option<String>,
-    unit: &Option<String>,
-    uid: &OnceLock<Option<u32>>,
-) -> Rule {
-    Rule {
-        comm: comm.clone(),
-        cgroup: cgroup.clone(),
-        user: user.clone(),
-        unit: unit.clone(),
-        class: Class::Latency,
-        uid: cached_uid(uid, user.as_deref()),
+latency_work! {
+    /// A fixed, staggered priority for one process of a multi-process application
+    /// (the AIX case study). `appease roles suggest` proposes the ranks.
+    pub struct Role {
+        /// The application it belongs to (for status and logs).
+        pub app: String,
+        /// 0 = the critical process; its direct dependencies next; the rest equal below.
+        pub rank: u32,
     }
 }
 
@@ -144,22 +150,16 @@ fn cached_uid(cell: &OnceLock<Option<u32>>, user: Option<&str>) -> OnceLock<Opti
     cell.clone()
 }
 
-/// A latency-sensitive application with a group of its own: isolated from others and
-/// sharing the CPUs by weight. Its processes are never demoted.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Service {
-    /// Names the group: /appease.svc.NAME.
-    pub name: String,
-    /// cpu.weight on cgroup v2's scale (100 = a normal group); v1 shares are weight × 1024 / 100.
-    #[serde(default = "default_weight")]
-    pub weight: u32,
-    pub comm: Option<String>,
-    pub cgroup: Option<String>,
-    pub user: Option<String>,
-    pub unit: Option<String>,
-    #[serde(skip)]
-    pub uid: OnceLock<Option<u32>>,
+latency_work! {
+    /// A latency-sensitive application with a group of its own: isolated from others and
+    /// sharing the CPUs by weight. Its processes are never demoted.
+    pub struct Service {
+        /// Names the group: /appease.svc.NAME.
+        pub name: String,
+        /// cpu.weight on cgroup v2's scale (100 = a normal group); v1 shares are weight × 1024 / 100.
+        #[serde(default = "default_weight")]
+        pub weight: u32,
+    }
 }
 
 fn default_weight() -> u32 {
@@ -167,11 +167,6 @@ fn default_weight() -> u32 {
 }
 
 impl Service {
-    /// The rule matching this service's processes.
-    pub fn matcher(&self) -> Rule {
-        latency_rule(&self.comm, &self.cgroup, &self.user, &self.unit, &self.uid)
-    }
-
     pub fn group_name(&self) -> String {
         format!("appease.svc.{}", self.name)
     }

@@ -136,6 +136,20 @@ fn services_are_latency_and_bad_services_are_errors() {
 }
 
 #[test]
+fn a_misspelt_key_in_a_service_or_a_role_is_an_error_naming_it() {
+    let e = err("[[service]]\nname = \"w\"\ncom = \"x\"\n");
+    assert!(
+        e.contains("line 3") && e.contains("unknown field `com`") && e.contains("expected one of"),
+        "{e}"
+    );
+    let e = err("[[role]]\napp = \"s\"\nrank = 0\ncomm = \"x\"\nuser_name = \"root\"\n");
+    assert!(
+        e.contains("line 5") && e.contains("unknown field `user_name`"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_serving_autogroup_nice_is_a_raise_or_nothing() {
     let e = err("[batch]\nserving_autogroup_nice = 5\n");
     assert!(e.contains("nice 5 is outside -20..=0"), "{e}");
