@@ -102,23 +102,15 @@ chaos: test-deps
 	CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(CARGO) test --locked --release -p appease --test e2e -- \
 		--include-ignored --nocapture chaos::
 
-# The figures in docs/RESULTS.md (root; about 115 minutes; plots land in bench-out/).
+# The figures in docs/RESULTS.md (root; hours): the overhead benches, every row of its summary
+# table by the command the row gives (scripts/results.sh; ROWS="db frames" for some, PEER_BIN=…
+# adds the peer daemons), the simulator's speed. Output and each row's time land in bench-out/.
+ROWS ?=
 bench: bench-deps build
 	$(CARGO) bench --locked -p appease-probe --bench read_cost
 	$(CARGO) bench --locked -p appease --bench daemon
 	$(CARGO) bench --locked -p appease --bench memory
-	./target/release/appease bench synthetic --repeat 3 --out bench-out/synthetic-r3
-	./target/release/appease bench web --out bench-out/web
-	./target/release/appease bench db --repeat 3 --out bench-out/db-r3
-	./target/release/appease bench db-analytic --repeat 3 --out bench-out/db-analytic-r3
-	./target/release/appease bench frames --repeat 3 --out bench-out/frames-r3
-	./target/release/appease bench pipeline --repeat 3 --out bench-out/pipeline-r3
-	./target/release/appease bench synthetic --batch compile --repeat 3 --modes unmanaged,batch-nice19,batch-cgroup-idle,rbpe-classic,appease --out bench-out/compile-cpus-r3
-	./target/release/appease bench synthetic --batch script --repeat 3 --out bench-out/script-r3
-	./target/release/appease bench synthetic --load 1,2,4,8 --modes unloaded,unmanaged,batch-cgroup-idle,rbpe-classic,appease --out bench-out/sweep
-	./target/release/appease bench utilization --out bench-out/utilization
-	./target/release/appease bench web --clients 2,4,8,16,32,64,128,256 --out bench-out/web-clients
-	./target/release/appease bench db --clients 2,4,8,16,32,64,128,256 --out bench-out/db-clients
+	OUT=bench-out ./scripts/results.sh $(ROWS)
 	$(CARGO) bench --locked -p appease-sim --bench speed
 
 # Instructions per simulated event, every policy, both speed workloads (about a minute).
