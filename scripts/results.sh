@@ -16,24 +16,25 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 appease=${APPEASE:-$repo/target/release/appease}
 out=${OUT:-$repo/bench-out}
 peers=${PEER_BIN:+ananicy,system76-scheduler,}
-peer_bin=(${PEER_BIN:+--peer-bin "$PEER_BIN"})
+peer_bin=${PEER_BIN:+ --peer-bin $PEER_BIN}
 vs="unloaded,unmanaged,batch-cgroup-idle,${peers}appease"
 
-# name | arguments of `appease bench` (peer rows use $vs and ${peer_bin[@]})
+# name | arguments of `appease bench`, as the summary's rows give them (a test in
+# crates/appease/tests/docs holds the two lists to one another)
 rows() {
     cat <<EOF
-synthetic|synthetic --modes $vs --repeat 5 ${peer_bin[*]}
+synthetic|synthetic --modes $vs --repeat 5$peer_bin
 sweep|synthetic --load 1,2,4,8 --modes unloaded,unmanaged,batch-cgroup-idle,appease --repeat 5
 script|synthetic --batch script --repeat 3
-compile|synthetic --batch compile --modes $vs --repeat 5 ${peer_bin[*]}
+compile|synthetic --batch compile --modes $vs --repeat 5$peer_bin
 containers|synthetic --batch docker --repeat 3 --modes unloaded,unmanaged,batch-cgroup-idle,appease
-web|web --modes $vs --repeat 5 ${peer_bin[*]}
-db|db --modes $vs --repeat 3 ${peer_bin[*]}
-db-analytic|db-analytic --modes $vs --repeat 3 ${peer_bin[*]}
-frames|frames --modes $vs --repeat 3 ${peer_bin[*]}
-pipeline|pipeline --modes $vs --repeat 3 ${peer_bin[*]}
+web|web --modes $vs --repeat 5$peer_bin
+db|db --modes $vs --repeat 3$peer_bin
+db-analytic|db-analytic --modes $vs --repeat 3$peer_bin
+frames|frames --modes $vs --repeat 3$peer_bin
+pipeline|pipeline --modes $vs --repeat 3$peer_bin
 utilization|utilization
-utilization-peers|utilization --modes ${peers:-}appease --repeat 5 ${peer_bin[*]}
+utilization-peers|utilization --modes ananicy,system76-scheduler --repeat 5$peer_bin
 web-clients|web --clients 2,4,8,16,32,64,128,256
 db-clients|db --clients 2,4,8,16,32,64,128,256
 nested-redis|nested --server redis --repeat 8 --seconds 10
@@ -67,8 +68,8 @@ while IFS='|' read -r name args; do
     if [ "$name" = utilization-peers ] && [ -z "$peers" ]; then continue; fi
     echo "== $name: appease bench $args" >&2
     t0=$SECONDS
-    # shellcheck disable=SC2086 # the arguments are words
     mkdir -p "$out/$name"
+    # shellcheck disable=SC2086 # the arguments are words
     "$appease" bench $args --out "$out/$name" >"$out/$name/table.txt" ||
         { echo "$0: row $name failed" >&2; exit 1; }
     echo "$(date -u +%F) $name $((SECONDS - t0)) s: appease bench $args" | tee -a "$out/times.txt" >&2

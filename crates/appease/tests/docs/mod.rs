@@ -332,3 +332,35 @@ fn every_figure_in_the_readmes_results_is_the_one_in_results_md() {
         "README figures not in RESULTS.md: {missing:?}"
     );
 }
+
+#[test]
+fn every_command_of_the_results_summary_is_a_row_of_the_results_script() {
+    let root = repo();
+    let results = std::fs::read_to_string(root.join("docs/RESULTS.md")).unwrap();
+    let listed = std::process::Command::new(root.join("scripts/results.sh"))
+        .arg("--list")
+        .env("PEER_BIN", "PEERS")
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    let script: Vec<String> = String::from_utf8(listed.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once(": ").map(|(_, cmd)| cmd.trim().to_string()))
+        .collect();
+    let summary = &results[results.find("\n## Summary").unwrap()..];
+    let summary = &summary[..summary[3..].find("\n## ").unwrap()];
+    let commands: Vec<String> = summary
+        .lines()
+        .filter(|l| l.starts_with("| ["))
+        .filter_map(|l| l.trim_end_matches('|').rsplit(" | ").next())
+        .filter_map(|cell| cell.trim().strip_prefix('`')?.strip_suffix('`'))
+        .map(|cmd| cmd.replace("--peer-bin …", "--peer-bin PEERS"))
+        .collect();
+    assert!(commands.len() > 15, "the summary's commands: {commands:?}");
+    let missing: Vec<&String> = commands.iter().filter(|c| !script.contains(c)).collect();
+    assert!(
+        missing.is_empty(),
+        "summary commands scripts/results.sh does not run: {missing:?}\nit runs: {script:#?}"
+    );
+}
