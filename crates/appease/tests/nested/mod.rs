@@ -124,19 +124,27 @@ impl Drop for Shape {
     }
 }
 
-/// The server's p99 over `secs` of requests at 40/s (open loop, fixed spacing), ms.
-fn p99_ms(port: u16, secs: u64) -> f64 {
-    let r = client::open_loop(
-        &client::Target::Tcp(([127, 0, 0, 1], port).into()),
-        &client::Protocol::Synthetic,
-        client::Arrivals::Fixed,
-        40.0,
-        Duration::from_secs(secs),
-        Duration::from_secs(2),
-        &Arc::new(AtomicBool::new(false)),
-    )
-    .unwrap();
-    r.latency_us.value_at_quantile(0.99) as f64 / 1000.0
+/// The server's p99 at 40 requests/s (open loop, fixed spacing), ms: the median of three
+/// 3-second windows, so one window caught by a stall of the host (CI shares its machine)
+/// does not decide a comparison on its own.
+fn p99_ms(port: u16) -> f64 {
+    let mut windows: Vec<f64> = (0..3)
+        .map(|_| {
+            let r = client::open_loop(
+                &client::Target::Tcp(([127, 0, 0, 1], port).into()),
+                &client::Protocol::Synthetic,
+                client::Arrivals::Fixed,
+                40.0,
+                Duration::from_secs(3),
+                Duration::from_secs(2),
+                &Arc::new(AtomicBool::new(false)),
+            )
+            .unwrap();
+            r.latency_us.value_at_quantile(0.99) as f64 / 1000.0
+        })
+        .collect();
+    windows.sort_by(f64::total_cmp);
+    windows[1]
 }
 
 /// Requests flow to the server while `f` runs (the daemon must see it serve).
@@ -167,11 +175,11 @@ root_test! {
         let port = shape.start_server();
         let soakers = shape.start_session(4 * host_cpus());
         thread::sleep(Duration::from_secs(1));
-        let unmanaged = p99_ms(port, 8);
+        let unmanaged = p99_ms(port);
         // The best setup by hand: the batch's branch idle where it meets the server's.
         shape.cg.set_idle(&shape.user, true).unwrap();
         thread::sleep(Duration::from_millis(500));
-        let by_hand = p99_ms(port, 8);
+        let by_hand = p99_ms(port);
         shape.cg.set_idle(&shape.user, false).unwrap();
         let shares = shape.cg.weight_raw(&shape.user).unwrap();
 
@@ -218,7 +226,7 @@ root_test! {
             })
         });
         assert!(listed.is_some(), "status lists the idle branch: {st}");
-        let with_appease = p99_ms(port, 8);
+        let with_appease = p99_ms(port);
         eprintln!(
             "server p99: unmanaged {unmanaged:.2} ms, user.slice idle by hand {by_hand:.2} ms, appease {with_appease:.2} ms"
         );
@@ -291,11 +299,11 @@ root_test! {
         let shares = shape.cg.weight_raw(&system).unwrap();
         thread::sleep(Duration::from_secs(1));
         let (unmanaged, by_hand) = with_traffic(dev, || {
-            let unmanaged = p99_ms(port, 8);
+            let unmanaged = p99_ms(port);
             // By hand: system.slice weighted up as appease does it.
             shape.cg.set_weight(&system, 1000).unwrap();
             thread::sleep(Duration::from_millis(500));
-            let by_hand = p99_ms(port, 8);
+            let by_hand = p99_ms(port);
             shape.cg.set_weight_raw(&system, &shares).unwrap();
             (unmanaged, by_hand)
         });
@@ -329,7 +337,7 @@ root_test! {
                 })
             });
             assert!(listed.is_some(), "status lists the weighted branch: {st}");
-            p99_ms(port, 8)
+            p99_ms(port)
         });
         eprintln!(
             "server p99: unmanaged {unmanaged:.2} ms, system.slice weighted up by hand {by_hand:.2} ms, appease {with_appease:.2} ms"
