@@ -369,10 +369,14 @@ root_test! {
             let mean = |k: &str| v["modes"][0][k]["mean"].as_f64().unwrap();
             mean("latency_ms") - mean("unhappiness_ms")
         };
+        // 5 ms of spinning, plus the CPU of A's nine calls a search (a write and a read
+        // each), which grows when this machine's host (a shared VM) is contended: 6.2 and
+        // 6.5 ms were seen in a CI run whose unloaded p99 was 53 ms. A alone would be about
+        // 2.4 ms, the callees counted twice about 7.6: both fall outside.
+        let counted_once = |cpu: f64| (4.5..7.0).contains(&cpu);
         let mut v = run();
-        if (cpu_per_search(&v) - 5.0).abs() >= 0.5 {
-            // This machine's host steals CPU now and then (a shared VM), which stretches
-            // every task's CPU time: a disturbed unloaded run is run again, once.
+        if !counted_once(cpu_per_search(&v)) {
+            // A disturbed unloaded run is run again, once.
             eprintln!("unloaded run disturbed: {} ms of CPU per search; again", cpu_per_search(&v));
             v = run();
         }
@@ -382,7 +386,7 @@ root_test! {
             assert!(m["requests"].as_u64().unwrap() > 400, "{m}");
         }
         let cpu = cpu_per_search(&v);
-        assert!((cpu - 5.0).abs() < 0.5, "CPU per search {cpu}: {v}");
+        assert!(counted_once(cpu), "CPU per search {cpu}: {v}");
         let p99 = |i: usize| modes[i]["latency_ms"]["p99"].as_f64().unwrap();
         assert!(p99(1) > 2.0 * p99(0), "unmanaged is measurably worse: {v}");
         let stages_left: Vec<String> = std::fs::read_dir("/proc")
