@@ -107,6 +107,15 @@ fn test_paths(dir: &Path, module: &str, out: &mut Vec<String>) {
     }
 }
 
+/// The `## heading` section of a markdown page, up to the next `## ` heading.
+fn section<'a>(text: &'a str, heading: &str) -> &'a str {
+    let start = text
+        .find(&format!("\n## {heading}"))
+        .unwrap_or_else(|| panic!("no section {heading:?}"));
+    let rest = &text[start + 1..];
+    &rest[..rest[3..].find("\n## ").map_or(rest.len(), |e| e + 3)]
+}
+
 /// The code spans (`…`) and the lines of fenced code blocks of `text`.
 fn code(text: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -311,11 +320,7 @@ fn every_figure_in_the_readmes_results_is_the_one_in_results_md() {
     let root = repo();
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
     let results = std::fs::read_to_string(root.join("docs/RESULTS.md")).unwrap();
-    let start = readme
-        .find("\n## Results")
-        .expect("README has a Results section");
-    let section = &readme[start + 1..];
-    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    let section = section(&readme, "Results");
     let known: std::collections::HashSet<&str> = tokens(&results).into_iter().collect();
     let figures: Vec<&str> = tokens(section)
         .into_iter()
@@ -348,13 +353,11 @@ fn every_command_of_the_results_summary_is_a_row_of_the_results_script() {
         .lines()
         .filter_map(|l| l.split_once(": ").map(|(_, cmd)| cmd.trim().to_string()))
         .collect();
-    let summary = &results[results.find("\n## Summary").unwrap()..];
-    let summary = &summary[..summary[3..].find("\n## ").unwrap()];
-    let commands: Vec<String> = summary
+    let commands: Vec<String> = section(&results, "Summary")
         .lines()
         .filter(|l| l.starts_with("| ["))
         .filter_map(|l| l.trim_end_matches('|').rsplit(" | ").next())
-        .filter_map(|cell| cell.trim().strip_prefix('`')?.strip_suffix('`'))
+        .filter_map(|cell| code(cell).into_iter().next())
         .map(|cmd| cmd.replace("--peer-bin …", "--peer-bin PEERS"))
         .collect();
     assert!(commands.len() > 15, "the summary's commands: {commands:?}");
