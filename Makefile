@@ -14,14 +14,17 @@ APT_PACKAGES := clang libelf-dev zlib1g-dev pkg-config make
 # (scripts/systemd-container.sh, the system-container test).
 TEST_PACKAGES := postgresql gcc nginx wget apache2-utils sysbench qemu-system-x86 debootstrap e2fsprogs docker.io prometheus tmux perl systemd dbus procps
 # The peer daemons' modes (ananicy, system76-scheduler) also need schedtool and dbus;
-# the peers themselves are built from their own sources (docs/RESULTS.md); the nested
+# the peers themselves are built from their own sources (`make peers`); the nested
 # scenario measures redis-server with redis-benchmark.
 BENCH_PACKAGES := $(TEST_PACKAGES) schedtool redis-server redis-tools curl
+# Building the peers: Ananicy is Python; system76-scheduler's crates generate bindings with
+# libclang and link PipeWire.
+PEER_PACKAGES := schedtool dbus git python3 libclang-dev libpipewire-0.3-dev
 # Counts the simulator's instructions per event (a figure the host's noise cannot move).
 PROFILE_PACKAGES := valgrind
 CONFIG ?=
 
-.PHONY: all deps test-deps bench-deps profile-deps build run test chaos bench sim-instructions fmt clippy clean install uninstall
+.PHONY: all deps test-deps bench-deps profile-deps peer-deps peers build run test chaos bench sim-instructions fmt clippy clean install uninstall
 
 all: build
 
@@ -30,7 +33,8 @@ deps: PACKAGES = $(APT_PACKAGES)
 test-deps: PACKAGES = $(APT_PACKAGES) $(TEST_PACKAGES)
 bench-deps: PACKAGES = $(APT_PACKAGES) $(BENCH_PACKAGES)
 profile-deps: PACKAGES = $(APT_PACKAGES) $(PROFILE_PACKAGES)
-deps test-deps bench-deps profile-deps:
+peer-deps: PACKAGES = $(APT_PACKAGES) $(PEER_PACKAGES)
+deps test-deps bench-deps profile-deps peer-deps:
 	@missing=""; for p in $(PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
@@ -112,6 +116,11 @@ bench: bench-deps build
 	$(CARGO) bench --locked -p appease --bench memory
 	OUT=bench-out ./scripts/results.sh $(ROWS)
 	$(CARGO) bench --locked -p appease-sim --bench speed
+
+# The peer daemons the bench compares, built from their sources into /opt/appease-peers
+# (a few minutes); prints the PEER_BIN to give scripts/results.sh. `scripts/peers.sh remove` undoes it.
+peers: peer-deps
+	./scripts/peers.sh
 
 # Instructions per simulated event, every policy, both speed workloads (about a minute).
 sim-instructions: profile-deps build

@@ -3,7 +3,7 @@
 # other daemons") gives them, outside the repository, and prints the PEER_BIN value that
 # scripts/results.sh and `appease bench --peer-bin` take. Root.
 #
-#   scripts/peers.sh            # build and install both (a few minutes: system76-scheduler is Rust)
+#   make peers                  # what the builds need (the Makefile's PEER_PACKAGES), then this
 #   scripts/peers.sh remove     # remove what this script installed
 #
 # Where it writes: /opt/appease-peers (both daemons; Ananicy's rules under its prefix) and
@@ -27,16 +27,6 @@ if [ "${1:-}" = remove ]; then
     exit 0
 fi
 [ $# = 0 ] || { echo "usage: $0 [remove]" >&2; exit 2; }
-
-apt_hint="apt-get install git make python3 schedtool dbus libclang-dev libpipewire-0.3-dev pkg-config; cargo from rustup"
-for need in git make cargo python3 schedtool dbus-daemon; do
-    command -v "$need" >/dev/null || { echo "$0: $need is missing ($apt_hint)" >&2; exit 1; }
-done
-# system76-scheduler's build generates bindings with libclang.
-ldconfig -p | grep -q 'libclang[-.0-9]*\.so' || compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null ||
-    { echo "$0: libclang is missing ($apt_hint)" >&2; exit 1; }
-# ... and links PipeWire (its process monitor follows audio streams).
-pkg-config --exists libpipewire-0.3 2>/dev/null || { echo "$0: libpipewire-0.3 is missing ($apt_hint)" >&2; exit 1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -57,12 +57,16 @@ impl Peer {
     fn how_to_get(self) -> &'static str {
         match self {
             Peer::Ananicy => {
-                "install the original Ananicy (github.com/Nefelim4ag/Ananicy, tag 2.2.1: `make install`, \
+                "`make peers` in appease's repository builds both and prints the --peer-bin to \
+                 give; or install the original Ananicy (github.com/Nefelim4ag/Ananicy, tag \
+                 2.2.1: `make install`, \
                  which puts its rules in /etc/ananicy.d; `make install PREFIX=DIR` and \
                  --peer-bin ananicy=DIR/usr/bin/ananicy keep it out of /etc) and Debian's schedtool"
             }
             Peer::System76Scheduler => {
-                "build system76-scheduler (github.com/pop-os/system76-scheduler) with `just install`, \
+                "`make peers` in appease's repository builds both and prints the --peer-bin to \
+                 give; or build system76-scheduler (github.com/pop-os/system76-scheduler) with \
+                 `just install`, \
                  or put its binary on the PATH (or --peer-bin system76-scheduler=PATH) and its \
                  data/config.kdl and data/pop_os.kdl under /etc/system76-scheduler \
                  (config.kdl, process-scheduler/pop_os.kdl); it also needs Debian's dbus"
