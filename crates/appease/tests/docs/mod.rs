@@ -315,6 +315,24 @@ fn the_user_pages_carry_no_commit_hash() {
     );
 }
 
+/// The results page stays one a user reads: superseded runs go to git history or
+/// docs/findings.md, not below the current ones.
+#[test]
+fn the_results_page_stays_under_800_lines_with_the_summary_on_its_first_screen() {
+    let text = std::fs::read_to_string(repo().join("docs/RESULTS.md")).unwrap();
+    let lines = text.lines().count();
+    assert!(lines < 800, "docs/RESULTS.md has {lines} lines");
+    let summary_table = text
+        .lines()
+        .position(|l| l.starts_with("| scenario: headline |"))
+        .expect("the summary table's header");
+    assert!(
+        summary_table < 30,
+        "the summary table starts at line {}",
+        summary_table + 1
+    );
+}
+
 #[test]
 fn every_figure_in_the_readmes_results_is_the_one_in_results_md() {
     let root = repo();
