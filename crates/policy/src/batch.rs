@@ -23,8 +23,8 @@ pub struct ProcSample {
     /// CPU time of the process and of its reaped children (utime+stime+cutime+cstime), ns.
     pub cpu_ns: u64,
     /// Time its threads spent runnable but waiting for a CPU (schedstat run_delay), ns.
-    /// With `cpu_ns` this is the process's demand: a soaker that gets a quarter of a CPU
-    /// on a crowded machine still wants a whole one.
+    /// With `cpu_ns` this is the process's demand (a response reader's is its CPU alone):
+    /// a soaker that gets a quarter of a CPU on a crowded machine still wants a whole one.
     pub wait_ns: u64,
     pub kernel_thread: bool,
     /// Has a controlling terminal.
@@ -155,8 +155,8 @@ struct Heavy {
 
 pub struct BatchClassifier {
     params: BatchParams,
-    /// pid -> (start, cpu_ns + wait_ns) at the previous scan.
-    prev: HashMap<u32, (u64, u64)>,
+    /// pid -> (start, cpu_ns, wait_ns) at the previous scan.
+    prev: HashMap<u32, (u64, u64, u64)>,
     prev_at: Option<Nanos>,
     /// Candidate roots -> since when heavy, and whether they fed on responses meanwhile.
     heavy_since: HashMap<u32, Heavy>,
@@ -234,25 +234,36 @@ impl BatchClassifier {
     }
 
     /// The CPU demand of each process since the last scan, in CPUs (None on the first
-    /// scan, or one at the same instant: nothing to compare with).
+    /// scan, or one at the same instant: nothing to compare with). A process's threads'
+    /// waits for a CPU count, except for a process that read responses meanwhile: a
+    /// client's threads queue each time the server's answers wake them, and on a busy
+    /// host a load generator's hundreds of threads add up to far more CPUs than the host
+    /// has (256 `sysbench` threads showed 162 on 2) while it uses a fraction of one.
     fn demand(&mut self, now: Nanos, procs: &[ProcSample]) -> Option<HashMap<u32, f64>> {
-        let dt = self.prev_at.map(|t| now.saturating_sub(t) as f64);
+        let prev_at = self.prev_at;
+        let dt = prev_at.map(|t| now.saturating_sub(t) as f64);
         let rate = dt.filter(|&dt| dt > 0.0).map(|dt| {
             procs
                 .iter()
                 .map(|p| {
-                    let busy = p.cpu_ns + p.wait_ns;
-                    let used = match self.prev.get(&p.pid) {
-                        Some(&(start, before)) if start == p.start => busy.saturating_sub(before),
-                        _ => busy, // born since the last scan
+                    let (cpu, wait) = match self.prev.get(&p.pid) {
+                        Some(&(start, cpu, wait)) if start == p.start => (
+                            p.cpu_ns.saturating_sub(cpu),
+                            p.wait_ns.saturating_sub(wait),
+                        ),
+                        _ => (p.cpu_ns, p.wait_ns), // born since the last scan
                     };
+                    let reads_responses = p
+                        .last_response
+                        .is_some_and(|t| prev_at.is_some_and(|at| t >= at));
+                    let used = if reads_responses { cpu } else { cpu + wait };
                     (p.pid, used as f64 / dt)
                 })
                 .collect()
         });
         self.prev = procs
             .iter()
-            .map(|p| (p.pid, (p.start, p.cpu_ns + p.wait_ns)))
+            .map(|p| (p.pid, (p.start, p.cpu_ns, p.wait_ns)))
             .collect();
         self.prev_at = Some(now);
         rate

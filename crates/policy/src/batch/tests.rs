@@ -317,6 +317,34 @@ fn demand_counts_waiting_so_crowded_soakers_still_qualify() {
 }
 
 #[test]
+fn a_load_generators_queued_threads_are_not_demand() {
+    // 256 client threads woken by responses on a busy host: together they wait for a CPU
+    // 160 s a second while the process runs 0.3 CPUs. Reading responses, it is judged by
+    // its CPU; the same waits without responses are a crowd of soakers.
+    let generator = |reads: bool| {
+        move |t: u64| {
+            vec![
+                p(1, 0, "systemd", 0.0),
+                ProcSample {
+                    wait_ns: 160 * t * S,
+                    last_response: reads.then(|| t * S - S / 10),
+                    ..p(300, 1, "sysbench", 0.3 * t as f64)
+                },
+            ]
+        }
+    };
+    let mut c = BatchClassifier::new(params());
+    let d = run(&mut c, 10, generator(true), none);
+    assert!(d.is_empty(), "{d:?}");
+    let mut c = BatchClassifier::new(params());
+    let d = run(&mut c, 10, generator(false), none);
+    assert!(
+        matches!(&d[..], [(_, BatchDecision::Demote { root: 300, .. })]),
+        "{d:?}"
+    );
+}
+
+#[test]
 fn a_supervisor_of_an_idle_server_and_a_soaker_is_not_the_root() {
     let mut c = BatchClassifier::new(params());
     // An unattended supervisor (no terminal) runs a server that listens but has had
