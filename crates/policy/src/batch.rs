@@ -247,10 +247,9 @@ impl BatchClassifier {
                 .iter()
                 .map(|p| {
                     let (cpu, wait) = match self.prev.get(&p.pid) {
-                        Some(&(start, cpu, wait)) if start == p.start => (
-                            p.cpu_ns.saturating_sub(cpu),
-                            p.wait_ns.saturating_sub(wait),
-                        ),
+                        Some(&(start, cpu, wait)) if start == p.start => {
+                            (p.cpu_ns.saturating_sub(cpu), p.wait_ns.saturating_sub(wait))
+                        }
                         _ => (p.cpu_ns, p.wait_ns), // born since the last scan
                     };
                     let reads_responses = p
