@@ -42,6 +42,13 @@ pub struct ProcSample {
     pub last_response: Option<Nanos>,
 }
 
+impl ProcSample {
+    /// A thread of it read a response at or after `t`.
+    fn read_response_since(&self, t: Nanos) -> bool {
+        self.last_response.is_some_and(|r| r >= t)
+    }
+}
+
 /// A class forced by a rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -240,9 +247,9 @@ impl BatchClassifier {
     /// host a load generator's hundreds of threads add up to far more CPUs than the host
     /// has (256 `sysbench` threads showed 162 on 2) while it uses a fraction of one.
     fn demand(&mut self, now: Nanos, procs: &[ProcSample]) -> Option<HashMap<u32, f64>> {
-        let prev_at = self.prev_at;
-        let dt = prev_at.map(|t| now.saturating_sub(t) as f64);
-        let rate = dt.filter(|&dt| dt > 0.0).map(|dt| {
+        let since = self.prev_at.filter(|&at| at < now);
+        let rate = since.map(|at| {
+            let dt = (now - at) as f64;
             procs
                 .iter()
                 .map(|p| {
@@ -252,10 +259,11 @@ impl BatchClassifier {
                         }
                         _ => (p.cpu_ns, p.wait_ns), // born since the last scan
                     };
-                    let reads_responses = p
-                        .last_response
-                        .is_some_and(|t| prev_at.is_some_and(|at| t >= at));
-                    let used = if reads_responses { cpu } else { cpu + wait };
+                    let used = if p.read_response_since(at) {
+                        cpu
+                    } else {
+                        cpu + wait
+                    };
                     (p.pid, used as f64 / dt)
                 })
                 .collect()
@@ -399,11 +407,9 @@ impl BatchClassifier {
             let since = before.iter().map(|h| h.since).min().unwrap_or(scan.now);
             // Reads since the previous scan count on the tree's first heavy scan too.
             let feeds = before.iter().any(|h| h.feeds)
-                || tree.iter().any(|pid| {
-                    scan.by_pid[pid]
-                        .last_response
-                        .is_some_and(|t| t >= since.min(scan.prev_at))
-                });
+                || tree
+                    .iter()
+                    .any(|pid| scan.by_pid[pid].read_response_since(since.min(scan.prev_at)));
             if why != "rule" && scan.now.saturating_sub(since) < after {
                 still_heavy.insert(
                     root,
