@@ -10,7 +10,7 @@ use appease_config::Config;
 use appease_policy::floor::FloorDecision;
 use appease_policy::group_mode::{GroupMode, GroupModeKeeper};
 use appease_policy::spread::BusyThread;
-use appease_policy::LiftBudget;
+use appease_policy::{GroupLift, LiftChange};
 use serde::{Deserialize, Serialize};
 
 use crate::cadence::Cadence;
@@ -28,10 +28,9 @@ pub struct BatchManager {
     demoted: HashSet<u32>,
     /// The applications with a process in a demoted tree.
     demoted_apps: HashSet<u32>,
-    /// Lifted while a serving thread of this application waits on a lock.
-    lifted_for: Option<u32>,
-    /// How long lifts may last, and until when the one under way does.
-    lift: LiftBudget,
+    /// Lifted while a serving thread of an application waits on a lock: for which, how
+    /// long lifts may last, and the waits to lift once they may.
+    lift: GroupLift,
     /// Trees to forget at the next scan (the actuator could not move them).
     forget: Vec<u32>,
     forget_demoted: bool,
@@ -87,8 +86,7 @@ impl BatchManager {
             last_request: HashMap::new(),
             demoted: HashSet::new(),
             demoted_apps: HashSet::new(),
-            lifted_for: None,
-            lift: LiftBudget::full(cfg.elevation.sink.lift_ms * 1_000_000, now),
+            lift: GroupLift::full(cfg.elevation.sink.lift_ms * 1_000_000, now),
             forget: Vec::new(),
             forget_demoted: false,
             next_scan: 0,
@@ -156,9 +154,10 @@ impl BatchManager {
         }
     }
 
-    /// The idle group is lifted for a lock wait now (its end is timed by ticks).
-    pub fn lifted(&self) -> bool {
-        self.lifted_for.is_some()
+    /// The idle group is lifted for a lock wait now, or a wait is to be once it may:
+    /// ticks time both.
+    pub fn lift_needs_ticks(&self) -> bool {
+        self.lift.needs_ticks()
     }
 
     /// The applications with a process in a demoted tree, as the last scan found them.
@@ -169,46 +168,50 @@ impl BatchManager {
     /// A thread serving a request of `app` waits on a lock, and a demoted tree of `app`
     /// may hold it: the idle group is lifted to a normal group's weight (moving processes per
     /// wait would cost more than it saves) until the wait ends, for at most `lift_ms` at
-    /// a stretch and that much a second over time.
+    /// a stretch and that much a second over time (a wait that finds that time spent is
+    /// lifted at a tick once it has refilled).
     pub fn on_wait(&mut self, now: u64, app: u32, cfg: &Config, actuator: &mut KernelActuator) {
         let per_second = cfg.elevation.sink.lift_ms * 1_000_000;
-        if per_second == 0
-            || !self.demoted_apps.contains(&app)
-            || self.lift.start(now, per_second).is_none()
-        {
+        if per_second == 0 || !self.demoted_apps.contains(&app) {
             return;
         }
-        self.lifted_for = Some(app);
-        self.sync_mode(now, cfg, actuator);
+        if self.lift.on_wait(now, app, per_second) {
+            self.sync_mode(now, cfg, actuator);
+        }
     }
 
     /// The last wait of `app` ended: the idle group is idle again.
     pub fn on_wait_end(&mut self, now: u64, app: u32, cfg: &Config, actuator: &mut KernelActuator) {
-        if self.lifted_for == Some(app) {
-            self.end_lift(now, cfg, actuator);
+        if self.lift.on_wait_end(now, app) {
+            self.sync_mode(now, cfg, actuator);
         }
     }
 
-    /// Ends a lift whose time ran out; returns its application (whose waiters the probe
-    /// is to forget: one may have died waiting).
-    pub fn end_spent_lift(
+    /// At a tick: ends a lift whose time ran out, returning its application (whose
+    /// waiters the probe is to forget: one may have died waiting), or lifts a wait that
+    /// found the lifting time spent, once it has refilled.
+    pub fn lift_tick(
         &mut self,
         now: u64,
         cfg: &Config,
         actuator: &mut KernelActuator,
     ) -> Option<u32> {
-        let app = self.lifted_for?;
-        if self.lift.until().is_some_and(|until| now < until) {
+        let per_second = cfg.elevation.sink.lift_ms * 1_000_000;
+        if per_second == 0 {
+            if self.lift.clear(now) {
+                self.sync_mode(now, cfg, actuator);
+            }
             return None;
         }
-        self.end_lift(now, cfg, actuator);
-        Some(app)
-    }
-
-    fn end_lift(&mut self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
-        self.lifted_for = None;
-        self.lift.end(now);
+        let demoted_apps = &self.demoted_apps;
+        let change = self
+            .lift
+            .on_tick(now, per_second, |app| demoted_apps.contains(&app))?;
         self.sync_mode(now, cfg, actuator);
+        match change {
+            LiftChange::Spent(app) => Some(app),
+            LiftChange::Started(_) => None,
+        }
     }
 
     /// Gives the batch group the mode it should have now, if it has not got it yet.
@@ -217,7 +220,7 @@ impl BatchManager {
             self.applied = GroupMode::Idle;
         }
         let mut want = self.mode.mode(now);
-        let lifted = want == GroupMode::Idle && self.lifted_for.is_some();
+        let lifted = want == GroupMode::Idle && self.lift.lifted_for().is_some();
         if lifted {
             // A normal group's weight while lifted: the holder shares it with the rest
             // of the batch.

@@ -212,7 +212,7 @@ impl<'obj> Daemon<'obj> {
                 self.on_tick(now);
             }
             // Decay needs fine ticks only while something is elevated.
-            let lifted = self.batch.as_ref().is_some_and(|b| b.lifted());
+            let lifted = self.batch.as_ref().is_some_and(|b| b.lift_needs_ticks());
             let tick = if self.policy.any_elevated() || lifted {
                 self.tick.as_nanos() as u64
             } else {
@@ -509,7 +509,7 @@ impl<'obj> Daemon<'obj> {
         let spent = self
             .batch
             .as_mut()
-            .and_then(|b| b.end_spent_lift(now, &self.opts.config, &mut self.actuator));
+            .and_then(|b| b.lift_tick(now, &self.opts.config, &mut self.actuator));
         if let Some(app) = spent {
             // Its waiters are forgotten: one may have died waiting.
             if let Err(e) = self.probe.reset_waits(app) {

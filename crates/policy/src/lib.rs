@@ -17,7 +17,7 @@ pub use elevation::{
     SlotIndex, Source,
 };
 pub use ladder::{Ladder, LadderError, Step};
-pub use lift::LiftBudget;
+pub use lift::{GroupLift, LiftBudget, LiftChange};
 pub use load::{Load, LoadTracker};
 
 /// Nanoseconds on the monotonic clock (the BPF events' clock).

@@ -61,6 +61,99 @@ impl LiftBudget {
     }
 }
 
+/// The idle group's lift, for one application's lock waits at a time. A wait the bucket
+/// cannot lift when it starts is remembered and lifted once the bucket can: the probe
+/// reports only an application's first waiter, so a refused wait would otherwise silence
+/// every later one until the last ended, and an idle-class holder may not run for seconds.
+#[derive(Clone, Debug)]
+pub struct GroupLift {
+    budget: LiftBudget,
+    lifted_for: Option<u32>,
+    /// Applications whose waits the bucket refused to lift, oldest first.
+    refused: Vec<u32>,
+}
+
+/// What a tick changed about a `GroupLift`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LiftChange {
+    /// A refused wait is lifted now.
+    Started(u32),
+    /// The lift for this application ran out: its waiters are to be forgotten (one may
+    /// have died waiting).
+    Spent(u32),
+}
+
+impl GroupLift {
+    pub fn full(per_second_ns: u64, now: Nanos) -> Self {
+        GroupLift {
+            budget: LiftBudget::full(per_second_ns, now),
+            lifted_for: None,
+            refused: Vec::new(),
+        }
+    }
+
+    /// The application the group is lifted for now.
+    pub fn lifted_for(&self) -> Option<u32> {
+        self.lifted_for
+    }
+
+    /// Lifted, or a refused wait waits for the bucket: ticks are to time either.
+    pub fn needs_ticks(&self) -> bool {
+        self.lifted_for.is_some() || !self.refused.is_empty()
+    }
+
+    /// A serving thread of `app` began to wait: true if the group is lifted for it now.
+    pub fn on_wait(&mut self, now: Nanos, app: u32, per_second_ns: u64) -> bool {
+        if self.budget.start(now, per_second_ns).is_none() {
+            if !self.refused.contains(&app) {
+                self.refused.push(app);
+            }
+            return false;
+        }
+        self.lifted_for = Some(app);
+        self.refused.retain(|&a| a != app);
+        true
+    }
+
+    /// The last wait of `app` ended: true if that ended a lift.
+    pub fn on_wait_end(&mut self, now: Nanos, app: u32) -> bool {
+        self.refused.retain(|&a| a != app);
+        if self.lifted_for != Some(app) {
+            return false;
+        }
+        self.lifted_for = None;
+        self.budget.end(now)
+    }
+
+    /// Ends a lift whose time ran out, or lifts the oldest refused wait once the bucket
+    /// allows; `still_waiting` says whether a refused wait's application still counts.
+    pub fn on_tick(
+        &mut self,
+        now: Nanos,
+        per_second_ns: u64,
+        still_waiting: impl Fn(u32) -> bool,
+    ) -> Option<LiftChange> {
+        if let Some(app) = self.lifted_for {
+            if self.budget.until().is_some_and(|until| now < until) {
+                return None;
+            }
+            self.lifted_for = None;
+            self.budget.end(now);
+            return Some(LiftChange::Spent(app));
+        }
+        self.refused.retain(|&app| still_waiting(app));
+        let app = *self.refused.first()?;
+        self.on_wait(now, app, per_second_ns)
+            .then_some(LiftChange::Started(app))
+    }
+
+    /// Drops the lift and any refused wait (lifting was turned off); true if a lift ended.
+    pub fn clear(&mut self, now: Nanos) -> bool {
+        self.refused.clear();
+        self.lifted_for.take().is_some() && self.budget.end(now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,5 +178,60 @@ mod tests {
         assert_eq!(b.start(262 * MS, 200 * MS), None);
         assert_eq!(b.start(270 * MS, 200 * MS), Some(270 * MS + 2 * MS));
         assert_eq!(b.until(), Some(272 * MS));
+    }
+
+    #[test]
+    fn a_wait_the_bucket_refused_is_lifted_once_it_has_refilled() {
+        let mut g = GroupLift::full(200 * MS, 0);
+        assert!(g.on_wait(0, 7, 200 * MS));
+        assert_eq!(g.lifted_for(), Some(7));
+        // The holder never lets go: the lift runs out, its waiters are forgotten.
+        assert_eq!(g.on_tick(100 * MS, 200 * MS, |_| true), None);
+        assert_eq!(
+            g.on_tick(200 * MS, 200 * MS, |_| true),
+            Some(LiftChange::Spent(7))
+        );
+        // The next wait finds the bucket empty: refused, but remembered.
+        assert!(!g.on_wait(201 * MS, 7, 200 * MS));
+        assert!(g.needs_ticks(), "a refused wait is retried on ticks");
+        assert_eq!(
+            g.on_tick(202 * MS, 200 * MS, |_| true),
+            None,
+            "0.4 ms refilled"
+        );
+        assert_eq!(
+            g.on_tick(206 * MS, 200 * MS, |_| true),
+            Some(LiftChange::Started(7)),
+            "a millisecond refilled: lifted"
+        );
+        assert!(g.on_wait_end(207 * MS, 7));
+        assert!(!g.needs_ticks());
+    }
+
+    #[test]
+    fn refused_waits_are_lifted_oldest_first_unless_they_ended_or_their_application_went() {
+        let mut g = GroupLift::full(2 * MS, 0);
+        assert!(g.on_wait(0, 1, 2 * MS));
+        assert!(!g.on_wait(0, 2, 2 * MS), "one lift at a time");
+        assert!(!g.on_wait(0, 3, 2 * MS));
+        assert!(g.on_wait_end(MS, 1));
+        // 2 ends its wait before the bucket allows: 3 is lifted next.
+        assert!(!g.on_wait_end(MS, 2));
+        assert_eq!(
+            g.on_tick(10 * MS, 2 * MS, |_| true),
+            Some(LiftChange::Started(3))
+        );
+        assert!(g.on_wait_end(11 * MS, 3));
+        assert!(!g.needs_ticks());
+        // 4 is refused, then its application has no demoted tree any more.
+        let mut g = GroupLift::full(2 * MS, 0);
+        assert!(g.on_wait(0, 5, 2 * MS));
+        assert!(!g.on_wait(0, 4, 2 * MS));
+        assert_eq!(
+            g.on_tick(2 * MS, 2 * MS, |_| true),
+            Some(LiftChange::Spent(5))
+        );
+        assert_eq!(g.on_tick(900 * MS, 2 * MS, |app| app != 4), None);
+        assert!(!g.needs_ticks());
     }
 }
