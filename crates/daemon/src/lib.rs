@@ -211,9 +211,10 @@ impl<'obj> Daemon<'obj> {
             if now >= next_tick {
                 self.on_tick(now);
             }
-            // Decay needs fine ticks only while something is elevated.
-            let lifted = self.batch.as_ref().is_some_and(|b| b.lift_needs_ticks());
-            let tick = if self.policy.any_elevated() || lifted {
+            // Decay needs fine ticks only while something is elevated; the idle group's
+            // lift, while it lasts or waits to start.
+            let lift_ticks = self.batch.as_ref().is_some_and(|b| b.lift_needs_ticks());
+            let tick = if self.policy.any_elevated() || lift_ticks {
                 self.tick.as_nanos() as u64
             } else {
                 IDLE_TICK_NS
