@@ -133,6 +133,11 @@ pub struct ElevationPolicy<I = FxHashMap<u32, u32>> {
     apps: Apps<I>,
     /// Applications lifted now.
     lifted: Vec<u32>,
+    /// Applications whose serving threads wait but whose lift the bucket refused, oldest
+    /// first: lifted at a tick once it has refilled. The probe reports only an
+    /// application's first waiter, so a refused wait would otherwise leave every later
+    /// one unheard until the last ended.
+    refused: Vec<u32>,
     /// Changes for the probe, taken by `take_app_changes`.
     app_changes: Vec<AppChange>,
     /// `params`' bucket size, forget_after and sink threshold in ns, converted once,
@@ -166,6 +171,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 slots: I::default(),
             },
             lifted: Vec::new(),
+            refused: Vec::new(),
             app_changes: Vec::new(),
         }
     }
@@ -182,6 +188,9 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let lifted_before = self.lift_ns.is_some();
         self.lift_ns = lift_ns(&params);
         let lifts = self.lift_ns.is_some();
+        if !lifts {
+            self.refused.clear();
+        }
         if lifts != lifted_before {
             // The probe is told of the applications with sunk threads only while lifting.
             for a in self.apps.list.iter().filter(|a| a.sunk > 0) {
@@ -327,6 +336,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let slice = self.params.slice;
         let mut out = Vec::new();
         self.end_spent_lifts(now, &mut out);
+        self.lift_refused(now, &mut out);
         let mut i = 0;
         // Below this, the slots of a block that holds a due thread: looked at one by one,
         // without reading the block's minimum again at each.
@@ -439,6 +449,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             if a.threads == 0 {
                 self.apps.remove(gone.app);
                 self.lifted.retain(|&l| l != gone.app);
+                self.refused.retain(|&r| r != gone.app);
             }
         }
         if let Some(moved) = self.threads.get(slot) {
@@ -472,26 +483,47 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         v
     }
 
-    /// True while some thread is elevated (decay needs ticks) or lifted (its lift ends
-    /// on time).
+    /// True while some thread is elevated (decay needs ticks), lifted (its lift ends
+    /// on time) or waiting to be (its bucket refills).
     pub fn any_elevated(&self) -> bool {
-        !self.lifted.is_empty() || self.threads.iter().any(|t| t.levels > 0)
+        !self.lifted.is_empty()
+            || !self.refused.is_empty()
+            || self.threads.iter().any(|t| t.levels > 0)
     }
 
     /// A thread serving a request of `app` waits on a lock: its sunk threads are lifted
-    /// back to their own nice, while its lifting time lasts.
+    /// back to their own nice, while its lifting time lasts. A wait the bucket cannot lift
+    /// now is lifted at a tick once it can, unless it ended first.
     pub fn on_wait(&mut self, now: Nanos, app: u32) -> Vec<Decision> {
+        let mut out = Vec::new();
+        if !self.lift(now, app, &mut out) {
+            self.refuse(app);
+        }
+        out
+    }
+
+    /// Remembers a wait of `app` its bucket could not lift, if there is something to lift
+    /// and it is not lifted already.
+    fn refuse(&mut self, app: u32) {
+        if self.has_sunk(app) && !self.lifted.contains(&app) && !self.refused.contains(&app) {
+            self.refused.push(app);
+        }
+    }
+
+    /// Lifts `app`'s sunk threads if its bucket allows; false if it does not (or nothing
+    /// is sunk, or it is lifted already).
+    fn lift(&mut self, now: Nanos, app: u32, out: &mut Vec<Decision>) -> bool {
         let Some(per_second) = self.lift_ns else {
-            return Vec::new();
+            return false;
         };
         let Some(a) = self.apps.get_mut(app) else {
-            return Vec::new();
+            return false;
         };
         if a.sunk == 0 || a.lift.start(now, per_second).is_none() {
-            return Vec::new();
+            return false;
         }
+        self.refused.retain(|&r| r != app);
         self.lifted.push(app);
-        let mut out = Vec::new();
         for t in self.threads.iter_mut().filter(|t| t.app == app && t.sunk) {
             t.lifted = true;
             out.push(Decision::Restore {
@@ -500,11 +532,25 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 reason: Reason::Lifted,
             });
         }
-        out
+        true
+    }
+
+    /// Lifts the refused waits whose buckets have refilled; forgets those of applications
+    /// with nothing sunk any more.
+    fn lift_refused(&mut self, now: Nanos, out: &mut Vec<Decision>) {
+        if self.refused.is_empty() {
+            return;
+        }
+        for app in std::mem::take(&mut self.refused) {
+            if !self.lift(now, app, out) {
+                self.refuse(app);
+            }
+        }
     }
 
     /// The last wait of `app` on a lock ended: its lifted threads sink again.
     pub fn on_wait_end(&mut self, now: Nanos, app: u32) -> Vec<Decision> {
+        self.refused.retain(|&r| r != app);
         let mut out = Vec::new();
         self.end_lift(now, app, Reason::WaitOver, &mut out);
         out

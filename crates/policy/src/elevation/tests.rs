@@ -145,6 +145,53 @@ fn a_lift_lasts_at_most_its_time_per_second_so_a_cheater_cannot_stay_lifted() {
 }
 
 #[test]
+fn a_wait_the_bucket_refused_is_lifted_once_it_has_refilled_unless_it_ended() {
+    let mut p = one_sunk();
+    let cpu = |_: u32, tid: u32| Some(if tid == 7 { 60 * MS } else { MS });
+    let lifts = |d: &[Decision]| tids(d).into_iter().filter(|d| d.0 == 7).collect::<Vec<_>>();
+    // The bucket spent by a wait that outlasts it.
+    assert_eq!(lifts(&p.on_wait(1000 * MS, 1)), [(7, Reason::Lifted)]);
+    assert_eq!(lifts(&p.on_tick(1201 * MS, cpu)), [(7, Reason::LiftSpent)]);
+    // The next wait finds 0.2 ms: refused, but remembered, and ticks keep running; the
+    // probe reports no later waiter of this application while one waits.
+    assert!(p.on_wait(1202 * MS, 1).is_empty());
+    assert!(p.any_elevated(), "ticks run while a refused wait waits");
+    assert!(
+        lifts(&p.on_tick(1204 * MS, cpu)).is_empty(),
+        "0.6 ms: not yet"
+    );
+    assert_eq!(
+        lifts(&p.on_tick(1207 * MS, cpu)),
+        [(7, Reason::Lifted)],
+        "a millisecond refilled: lifted without another report"
+    );
+    assert_eq!(lifts(&p.on_wait_end(1208 * MS, 1)), [(7, Reason::WaitOver)]);
+    // A refused wait that ends before the refill is forgotten.
+    assert!(p.on_wait(1209 * MS, 1).is_empty());
+    assert!(p.on_wait_end(1210 * MS, 1).is_empty());
+    assert!(lifts(&p.on_tick(1300 * MS, cpu)).is_empty());
+    assert!(!p.any_elevated());
+    // So is one whose sunk thread surfaced (a new request) meanwhile.
+    let mut p = one_sunk();
+    p.on_wait(1000 * MS, 1);
+    p.on_tick(1201 * MS, cpu);
+    assert!(p.on_wait(1202 * MS, 1).is_empty());
+    p.on_request(1203 * MS, 1, 1, 7, Source::Unix, 60 * MS, load(2.0));
+    assert!(lifts(&p.on_tick(1300 * MS, cpu))
+        .iter()
+        .all(|d| d.1 != Reason::Lifted));
+    // And one of an application that went.
+    let mut p = one_sunk();
+    p.on_wait(1000 * MS, 1);
+    p.on_tick(1201 * MS, cpu);
+    assert!(p.on_wait(1202 * MS, 1).is_empty());
+    p.forget(7);
+    p.forget(8);
+    assert!(p.on_tick(1300 * MS, cpu).is_empty());
+    assert!(!p.any_elevated());
+}
+
+#[test]
 fn without_lifting_a_wait_changes_nothing_and_the_probe_is_told_nothing() {
     let mut params = sinking();
     params.sink.as_mut().unwrap().lift = None;
