@@ -203,6 +203,10 @@ fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
 
 /// Runs a bench scenario and prints (and with `--out`, writes) its results.
 pub(crate) fn run(args: BenchArgs) -> Result<()> {
+    if let Some(code) = crate::own_group::rerun_in_own_group()? {
+        // The child said what there was to say.
+        std::process::exit(code);
+    }
     let (json, out) = (args.json, args.out.clone());
     let opts = options(args)?;
     let output = Output::of(appease_bench::run(&opts)?, out.is_some())?;

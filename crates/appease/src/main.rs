@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod bench_cmd;
 mod model_cmd;
+mod own_group;
 mod roles_cmd;
 mod sim_cmd;
 mod status_cmd;
@@ -81,6 +82,9 @@ enum Command {
     /// Print the man page (roff), as `make install` installs it.
     Manpage,
     /// Run a real server under real batch load in every mode, side by side (root).
+    ///
+    /// Ctrl-C (or SIGTERM) stops it early: it puts back everything it changed and reports
+    /// what it measured.
     Bench(Box<bench_cmd::BenchArgs>),
     /// Redraw the SVG plots of a bench run from the result.json in DIR (no root).
     BenchPlot { dir: PathBuf },

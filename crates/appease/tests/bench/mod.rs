@@ -551,3 +551,60 @@ root_test! {
         );
     }
 }
+
+root_test! {
+    fn ctrl_c_in_a_terminal_stops_the_bench_which_reports_and_leaves_nothing() {
+        // A terminal's Ctrl-C signals its whole foreground group: the bench's server, client
+        // and daemon must not be in it, or they die mid-round and the bench fails.
+        let dir = TempDir::new("bench-ctrl-c");
+        let (out, rc) = (dir.0.join("table.txt"), dir.0.join("rc"));
+        let tmux = Tmux(format!("appease-e2e-bench{}", std::process::id()));
+        let started = tmux.run(&[
+            "new-session",
+            "-d",
+            "-x",
+            "200",
+            "-y",
+            "50",
+            &format!(
+                "{BIN} bench synthetic --quick --modes appease --seconds 20 > {}; echo $? > {}",
+                out.display(),
+                rc.display()
+            ),
+        ]);
+        assert!(started.status.success(), "{started:?}");
+        let mut screen = String::new();
+        let measuring = wait_for(Duration::from_secs(40), || {
+            screen = tmux.screen();
+            screen.contains("demoted by the daemon")
+        });
+        assert!(measuring.is_some(), "the appease mode never measured:\n{screen}");
+        // The bench's own process, in a group of its own, and what it started.
+        let bench = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .find_map(|e| {
+                let env = std::fs::read(e.path().join("environ")).ok()?;
+                let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+                let ours = env.split(|&b| b == 0).any(|v| v == b"APPEASE_BENCH_OWN_GROUP=1")
+                    && String::from_utf8_lossy(&cmd).contains("bench\0synthetic");
+                ours.then(|| e.file_name().to_str()?.parse::<u32>().ok()).flatten()
+            })
+            .expect("the bench in a process group of its own");
+        std::thread::sleep(Duration::from_secs(2));
+        assert!(tmux.run(&["send-keys", "C-c"]).status.success());
+        let ended = wait_for(Duration::from_secs(30), || {
+            std::fs::read_to_string(&rc).is_ok_and(|s| !s.trim().is_empty())
+        });
+        screen = tmux.screen();
+        assert!(ended.is_some(), "the bench did not end on Ctrl-C:\n{screen}");
+        assert_eq!(
+            std::fs::read_to_string(&rc).unwrap().trim(),
+            "0",
+            "an interrupted bench reports what it measured:\n{screen}"
+        );
+        let table = std::fs::read_to_string(&out).unwrap();
+        assert!(table.contains("appease"), "no report:\n{table}\n{screen}");
+        assert_eq!(bench_processes_left(bench), vec![], "{screen}");
+    }
+}
