@@ -34,7 +34,7 @@ db-analytic|db-analytic --modes $vs --repeat 3$peer_bin
 frames|frames --modes $vs --repeat 3$peer_bin
 pipeline|pipeline --modes $vs --repeat 3$peer_bin
 utilization|utilization
-utilization-peers|utilization --modes ananicy,system76-scheduler --repeat 5$peer_bin
+utilization-peers|utilization --modes ananicy,system76-scheduler --repeat 3$peer_bin
 web-clients|web --clients 2,4,8,16,32,64,128,256
 db-clients|db --clients 2,4,8,16,32,64,128,256
 nested-redis|nested --server redis --repeat 8 --seconds 10
