@@ -25,6 +25,7 @@
 
 use rustc_hash::FxHashMap;
 
+use crate::lift::RefusedWaits;
 use crate::{LiftBudget, Load, Nanos};
 
 mod params;
@@ -133,11 +134,9 @@ pub struct ElevationPolicy<I = FxHashMap<u32, u32>> {
     apps: Apps<I>,
     /// Applications lifted now.
     lifted: Vec<u32>,
-    /// Applications whose serving threads wait but whose lift the bucket refused, oldest
-    /// first: lifted at a tick once it has refilled. The probe reports only an
-    /// application's first waiter, so a refused wait would otherwise leave every later
-    /// one unheard until the last ended.
-    refused: Vec<u32>,
+    /// Applications whose serving threads wait but whose lift their bucket refused: lifted
+    /// at a tick once it has refilled.
+    refused: RefusedWaits,
     /// Changes for the probe, taken by `take_app_changes`.
     app_changes: Vec<AppChange>,
     /// `params`' bucket size, forget_after and sink threshold in ns, converted once,
@@ -171,7 +170,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 slots: I::default(),
             },
             lifted: Vec::new(),
-            refused: Vec::new(),
+            refused: RefusedWaits::default(),
             app_changes: Vec::new(),
         }
     }
@@ -449,7 +448,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             if a.threads == 0 {
                 self.apps.remove(gone.app);
                 self.lifted.retain(|&l| l != gone.app);
-                self.refused.retain(|&r| r != gone.app);
+                self.refused.forget(gone.app);
             }
         }
         if let Some(moved) = self.threads.get(slot) {
@@ -505,8 +504,8 @@ impl<I: SlotIndex> ElevationPolicy<I> {
     /// Remembers a wait of `app` its bucket could not lift, if there is something to lift
     /// and it is not lifted already.
     fn refuse(&mut self, app: u32) {
-        if self.has_sunk(app) && !self.lifted.contains(&app) && !self.refused.contains(&app) {
-            self.refused.push(app);
+        if self.has_sunk(app) && !self.lifted.contains(&app) {
+            self.refused.remember(app);
         }
     }
 
@@ -522,7 +521,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         if a.sunk == 0 || a.lift.start(now, per_second).is_none() {
             return false;
         }
-        self.refused.retain(|&r| r != app);
+        self.refused.forget(app);
         self.lifted.push(app);
         for t in self.threads.iter_mut().filter(|t| t.app == app && t.sunk) {
             t.lifted = true;
@@ -541,7 +540,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         if self.refused.is_empty() {
             return;
         }
-        for app in std::mem::take(&mut self.refused) {
+        for app in self.refused.take() {
             if !self.lift(now, app, out) {
                 self.refuse(app);
             }
@@ -550,7 +549,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
 
     /// The last wait of `app` on a lock ended: its lifted threads sink again.
     pub fn on_wait_end(&mut self, now: Nanos, app: u32) -> Vec<Decision> {
-        self.refused.retain(|&r| r != app);
+        self.refused.forget(app);
         let mut out = Vec::new();
         self.end_lift(now, app, Reason::WaitOver, &mut out);
         out

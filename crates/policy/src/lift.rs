@@ -61,6 +61,49 @@ impl LiftBudget {
     }
 }
 
+/// Applications whose lock waits a bucket refused to lift, oldest first, to be lifted once
+/// it has refilled: the probe reports only an application's first waiter, so a refused wait
+/// would otherwise silence every later one until the last ended. Used by the idle group's
+/// lift and by the elevation policy's per-application lifts.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RefusedWaits(Vec<u32>);
+
+impl RefusedWaits {
+    /// Remembers a refused wait of `app` (once).
+    pub(crate) fn remember(&mut self, app: u32) {
+        if !self.0.contains(&app) {
+            self.0.push(app);
+        }
+    }
+
+    /// Forgets `app`'s wait: it ended, was lifted, or its application went.
+    pub(crate) fn forget(&mut self, app: u32) {
+        self.0.retain(|&a| a != app);
+    }
+
+    /// Keeps only the waits `keep` says still count.
+    pub(crate) fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        self.0.retain(|&a| keep(a));
+    }
+
+    pub(crate) fn oldest(&self) -> Option<u32> {
+        self.0.first().copied()
+    }
+
+    /// Every remembered wait, oldest first, forgotten here.
+    pub(crate) fn take(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.0)
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// The idle group's lift, for one application's lock waits at a time. A wait the bucket
 /// cannot lift when it starts is remembered and lifted once the bucket can: the probe
 /// reports only an application's first waiter, so a refused wait would otherwise silence
@@ -69,8 +112,7 @@ impl LiftBudget {
 pub struct GroupLift {
     budget: LiftBudget,
     lifted_for: Option<u32>,
-    /// Applications whose waits the bucket refused to lift, oldest first.
-    refused: Vec<u32>,
+    refused: RefusedWaits,
 }
 
 /// What a tick changed about a `GroupLift`.
@@ -88,7 +130,7 @@ impl GroupLift {
         GroupLift {
             budget: LiftBudget::full(per_second_ns, now),
             lifted_for: None,
-            refused: Vec::new(),
+            refused: RefusedWaits::default(),
         }
     }
 
@@ -105,19 +147,17 @@ impl GroupLift {
     /// A serving thread of `app` began to wait: true if the group is lifted for it now.
     pub fn on_wait(&mut self, now: Nanos, app: u32, per_second_ns: u64) -> bool {
         if self.budget.start(now, per_second_ns).is_none() {
-            if !self.refused.contains(&app) {
-                self.refused.push(app);
-            }
+            self.refused.remember(app);
             return false;
         }
         self.lifted_for = Some(app);
-        self.refused.retain(|&a| a != app);
+        self.refused.forget(app);
         true
     }
 
     /// The last wait of `app` ended: true if that ended a lift.
     pub fn on_wait_end(&mut self, now: Nanos, app: u32) -> bool {
-        self.refused.retain(|&a| a != app);
+        self.refused.forget(app);
         if self.lifted_for != Some(app) {
             return false;
         }
@@ -141,8 +181,8 @@ impl GroupLift {
             self.budget.end(now);
             return Some(LiftChange::Spent(app));
         }
-        self.refused.retain(|&app| still_waiting(app));
-        let app = *self.refused.first()?;
+        self.refused.retain(still_waiting);
+        let app = self.refused.oldest()?;
         self.on_wait(now, app, per_second_ns)
             .then_some(LiftChange::Started(app))
     }
