@@ -226,8 +226,10 @@ static __always_inline int connected_side(struct sock *sk, u16 family)
 		struct unix_sock *u = bpf_skc_to_unix_sock(sk);
 		if (!u || u->addr)
 			return 0;
-		struct unix_sock *peer = u->peer ? bpf_skc_to_unix_sock(u->peer) : NULL;
-		return peer && peer->addr;
+		/* The peer is read, not converted: a pointer walked from u is untrusted
+		 * to the verifier of newer kernels, which refuse it to bpf_skc_to_unix_sock. */
+		struct unix_sock *peer = (struct unix_sock *)BPF_CORE_READ(u, peer);
+		return peer && BPF_CORE_READ(peer, addr);
 	}
 	if (sk->sk_protocol != IPPROTO_TCP)
 		return 0;
