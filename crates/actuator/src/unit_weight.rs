@@ -394,7 +394,7 @@ mod tests {
             views.iter().any(|v| v.group == "/system.slice"
                 && v.class == "weighted"
                 && v.placement
-                    .contains("unit system.slice CPUWeight=1000 through systemd")),
+                    .contains("unit system.slice CPUWeight=10000 through systemd")),
             "{views:?}"
         );
 
@@ -460,7 +460,7 @@ mod tests {
         m.weights
             .lock()
             .unwrap()
-            .insert("system.slice".into(), 5000);
+            .insert("system.slice".into(), 10_000);
         assert!(!a
             .set_branch_unit("/system.slice", raise, SERVES_BESIDE_BATCH)
             .unwrap());

@@ -301,7 +301,7 @@ root_test! {
         let (unmanaged, by_hand) = with_traffic(dev, || {
             let unmanaged = p99_ms(port);
             // By hand: system.slice weighted up as appease does it.
-            shape.cg.set_weight(&system, 1000).unwrap();
+            shape.cg.set_weight(&system, 10_000).unwrap();
             thread::sleep(Duration::from_millis(500));
             let by_hand = p99_ms(port);
             shape.cg.set_weight_raw(&system, &shares).unwrap();
@@ -313,10 +313,10 @@ root_test! {
             "weigh.toml",
             &batch_config(&format!("appease-e2e-weighb{}", std::process::id())),
         );
-        // Ten times the default, in cgroup v2 units (10240 shares on v1).
+        // v2's highest weight, a hundred times the default (102400 shares on v1).
         let raised = || {
             let raw = shape.cg.weight_raw(&system).unwrap();
-            shape.cg.weight_from_raw(&raw) == Some(1000)
+            shape.cg.weight_from_raw(&raw) == Some(10_000)
         };
         let mut daemon = Daemon::start(&dir.0, &cfg);
         let with_appease = with_traffic(dev, || {

@@ -128,19 +128,19 @@ DEV=$!
 wait_until 10 sh -c "bash -c ': < /dev/tcp/127.0.0.1/7002' 2>/dev/null"
 client 7002
 DEV_CLIENT=$!
-check "serve.slice, the server's side, is weighted up through systemd" wait_until 60 weighted 1000 ||
+check "serve.slice, the server's side, is weighted up through systemd" wait_until 60 weighted 10000 ||
   { $A status; tail -40 /tmp/daemon.log; }
 check "user.slice stays non-idle: a server serves in it" unit_not_idle /user.slice
 check "init.scope is not weighted up (PID 1 answering systemctl is no server)" [ "$(systemctl show -P CPUWeight init.scope)" = "[not set]" ]
-check "status lists serve.slice weighted" wait_until 5 sh -c "$A status --json | grep -q 'unit serve.slice CPUWeight=1000 through systemd'"
+check "status lists serve.slice weighted" wait_until 5 sh -c "$A status --json | grep -q 'unit serve.slice CPUWeight=10000 through systemd'"
 stop_daemon
 check "on exit serve.slice's CPUWeight is unset again" wait_until 10 weighted "[not set]"
 check "on exit appease's drop-in for serve.slice is gone" sh -c "! ls /run/systemd/*/serve.slice.d/50-CPUWeight.conf 2>/dev/null"
 check "on exit no journal is left" [ ! -e $APPEASE_RUN_DIR/journal.jsonl ]
 start_daemon $CONFIG
-check "weighted up again by a new daemon" wait_until 60 weighted 1000
+check "weighted up again by a new daemon" wait_until 60 weighted 10000
 kill -KILL "$DAEMON"; wait "$DAEMON" 2>/dev/null
-check "still weighted up after kill -9" weighted 1000
+check "still weighted up after kill -9" weighted 10000
 check "appease restore succeeds" $A restore
 check "after restore serve.slice's CPUWeight is unset" wait_until 10 weighted "[not set]"
 check "after restore no journal is left" [ ! -e $APPEASE_RUN_DIR/journal.jsonl ]
