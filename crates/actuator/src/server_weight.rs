@@ -6,9 +6,10 @@
 //! has someone typing), its threads in `SCHED_IDLE` compete only among their group's
 //! tasks, and its branch keeps full weight at the meeting level. So the server's side is
 //! given the highest weight cgroup v2 allows there (a hundred times the default) while it
-//! serves beside such batch: a server's wake-up then preempts the batch's branch and its
-//! share under contention is a hundred to one, while the batch keeps whatever the server leaves (weight only matters when
-//! both want the CPU). Nothing moves; the weight goes back when no such batch is left,
+//! serves beside such batch: its share under contention is then a hundred to one, while
+//! the batch keeps whatever the server leaves (weight only matters when both want the
+//! CPU); a weight does not make its wake-ups preempt the batch's branch as an idle one
+//! would (docs/hosts.md). Nothing moves; the weight goes back when no such batch is left,
 //! when the servers stop serving, at exit and at restore (journaled first, as for a group
 //! made idle: its flag and weight).
 
