@@ -255,7 +255,9 @@ root_test! {
 root_test! {
     fn bench_fetch_quick_runs_a_dump_loop_beside_postgresql_in_every_mode_and_cleans_up() {
         // The appease mode fails unless the daemon demotes the dump's loop within 30 s.
-        let v = bench_json(&["fetch", "--quick", "--server", "db", "--job", "dump"]);
+        let v = bench_json(&[
+            "fetch", "--quick", "--seconds", "3", "--server", "db", "--job", "dump",
+        ]);
         assert_eq!(v["scenario"], "fetch");
         let case = &v["cases"][0];
         assert_eq!(case["server"], "db");
