@@ -191,6 +191,16 @@ fn redis_benchmark(g: &Groups, port: u16) -> Result<(f64, f64, f64)> {
     parse_redis_csv(&text).with_context(|| format!("reading redis-benchmark's output: {text:?}"))
 }
 
+/// A client run's result, or None when it failed because the bench is stopping: a
+/// terminal's Ctrl-C reaches redis-benchmark too, which then prints only its header, and
+/// the bench reports what it measured rather than that run's error.
+fn unless_stopped<T>(run: Result<T>, stopping: bool) -> Result<Option<T>> {
+    match run {
+        Err(_) if stopping => Ok(None),
+        run => run.map(Some),
+    }
+}
+
 /// redis-benchmark's `--csv` answer: a header, then `"GET","rps","avg",…` with the
 /// columns it names.
 fn parse_redis_csv(text: &str) -> Option<(f64, f64, f64)> {
@@ -251,7 +261,10 @@ pub(super) fn measure(
             let t = Instant::now();
             let (mut rps, mut p50, mut p99) = (Vec::new(), Vec::new(), Vec::new());
             while t.elapsed() < duration && !stop.load(Ordering::Relaxed) {
-                let (a, b, c) = redis_benchmark(g, *port)?;
+                let run = redis_benchmark(g, *port);
+                let Some((a, b, c)) = unless_stopped(run, stop.load(Ordering::Relaxed))? else {
+                    break;
+                };
                 rps.push(a);
                 p50.push(b);
                 p99.push(c);
@@ -268,6 +281,15 @@ pub(super) fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_cut_short_by_ctrl_c_ends_the_mode_and_any_other_failure_is_an_error() {
+        let failed = || Err::<u8, _>(anyhow::anyhow!("reading redis-benchmark's output"));
+        assert_eq!(unless_stopped(failed(), true).unwrap(), None);
+        assert!(unless_stopped(failed(), false).is_err());
+        assert_eq!(unless_stopped(Ok(7), false).unwrap(), Some(7));
+        assert_eq!(unless_stopped(Ok(7), true).unwrap(), Some(7));
+    }
 
     #[test]
     fn redis_benchmark_csv_is_read_by_its_column_names() {
