@@ -100,7 +100,7 @@ test: test-deps
 
 # The chaos harness at length (root; about 8 minutes): the daemon killed 300 times at
 # random moments and at its crash points, each time restored and checked. `make test`
-# runs 12 rounds. CHAOS_ROUNDS and CHAOS_SEED override.
+# runs 6 (each kind of kill with each way of putting back). CHAOS_ROUNDS and CHAOS_SEED override.
 CHAOS_ROUNDS ?= 300
 chaos: test-deps
 	CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(CARGO) test --locked --release -p appease --test e2e -- \
