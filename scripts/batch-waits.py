@@ -10,7 +10,7 @@ idle when the wait began, and by which task took its CPU.
 
 Run it once per mode (unmanaged, then batch-cgroup-idle) and compare. Where tasks share a
 name (the nested bench's two `bench-server`s), name the thread instead: `--pid TID`. It also
-prints each kind of wait's p50 and p99 and who was running when the wait began. The figures are per
+prints each kind of wait's p99 and, for every wait, who was running when it began. The figures are per
 second of the job's own CPU time, so runs of different lengths compare. A CPU running only
 idle-class work counts as idle when the kernel places a waking task (sched_idle_cpu() in
 select_idle_sibling()), so under the idle class a pipeline's members and the server side
@@ -46,20 +46,15 @@ def main():
 
     label = f"threads {args.pid}" if pids else args.comm
 
-    running = {}  # cpu -> pid running there (0: the CPU is idle)
-    running_comm = {}  # cpu -> its name
+    running = {}  # cpu -> (pid, name) running there (pid 0: the CPU is idle)
     since = {}  # job pid -> when it last went on a CPU
-    waiting = {}  # job pid -> (since, kind, another CPU idle, who took its CPU)
+    waiting = {}  # job pid -> (since, kind, another CPU idle, who ran when the wait began)
     on_cpu = 0.0
-    total = collections.Counter()
-    count = collections.Counter()
-    taken_by = collections.Counter()
-    taken_by_s = collections.Counter()
-    held_by = collections.Counter()  # who held the CPU the job's task waited for, s
-    longest = collections.defaultdict(list)  # kind -> every wait, s
+    waits = collections.defaultdict(list)  # (kind, another CPU idle) -> every wait, s
+    by = collections.defaultdict(list)  # (who ran when a wait began, kind, another CPU idle) -> waits, s
 
     def another_idle(cpu):
-        return any(pid == 0 for c, pid in running.items() if c != cpu)
+        return any(pid == 0 for c, (pid, _) in running.items() if c != cpu)
 
     for line in sys.stdin:
         m = SWITCH.search(line)
@@ -70,47 +65,50 @@ def main():
                 on_cpu += t - since.pop(prev_pid)
             if job(prev, prev_pid) and state.startswith("R"):
                 waiting[prev_pid] = (t, "preempted", another_idle(cpu), name(nxt))
-            running[cpu] = next_pid
-            running_comm[cpu] = name(nxt)
+            running[cpu] = (next_pid, name(nxt))
             if job(nxt, next_pid):
                 since[next_pid] = t
                 if next_pid in waiting:
-                    began, kind, idle, by = waiting.pop(next_pid)
-                    key = (kind, idle)
-                    total[key] += t - began
-                    count[key] += 1
-                    longest[kind].append(t - began)
-                    if kind == "preempted" and idle:
-                        taken_by[by] += 1
-                        taken_by_s[by] += t - began
-                    held_by[by] += t - began
+                    began, kind, idle, who = waiting.pop(next_pid)
+                    waits[kind, idle].append(t - began)
+                    by[who, kind, idle].append(t - began)
             continue
         m = WAKEUP.search(line)
         if m and job(m[3], int(m[4])) and int(m[4]) not in waiting:
             t, pid, target = float(m[2]), int(m[4]), int(m[5])
-            if running.get(target, 0) != 0:
-                waiting[pid] = (t, "woken onto a busy CPU", another_idle(target), running_comm[target])
+            busy, who = running.get(target, (0, ""))
+            if busy != 0:
+                waiting[pid] = (t, "woken onto a busy CPU", another_idle(target), who)
 
     if on_cpu == 0:
         sys.exit(f"no task of {label} ran in this trace")
+    per_s = lambda n: n / on_cpu
     print(f"the job's tasks ({label}) on a CPU: {on_cpu:.3f} s; waits per second of that:")
-    print(f"{'wait':<24} {'another CPU idle':>17} {'waits/s':>9} {'ms/s':>8} {'mean us':>8}")
-    for key in sorted(total):
-        kind, idle = key
+    print(f"{'wait':<24} {'another CPU idle':>17} {'waits/s':>9} {'ms/s':>8} {'mean us':>8} {'p99 us':>8}")
+    for (kind, idle), w in sorted(waits.items()):
+        w.sort()
+        p99 = w[min(len(w) - 1, int(0.99 * len(w)))]
         print(
-            f"{kind:<24} {'yes' if idle else 'no':>17} {count[key] / on_cpu:>9.0f} "
-            f"{total[key] * 1000 / on_cpu:>8.1f} {total[key] / count[key] * 1e6:>8.1f}"
+            f"{kind:<24} {'yes' if idle else 'no':>17} {per_s(len(w)):>9.0f} "
+            f"{per_s(sum(w)) * 1000:>8.1f} {sum(w) / len(w) * 1e6:>8.1f} {p99 * 1e6:>8.0f}"
         )
-    for kind, waits in sorted(longest.items()):
-        waits.sort()
-        q = lambda f: waits[min(len(waits) - 1, int(f * len(waits)))] * 1e6
-        print(f"{kind}: wait p50 {q(0.5):.0f} us, p99 {q(0.99):.0f} us, longest {waits[-1] * 1e6:.0f} us")
-    print("every wait, by the task running when it began (ms/s):")
-    for by, secs in held_by.most_common(6):
-        print(f"  {by:<20} {secs * 1000 / on_cpu:>7.1f}")
-    print("preempted while another CPU was idle, by (waits/s, ms/s):")
-    for by, n in taken_by.most_common(6):
-        print(f"  {by:<20} {n / on_cpu:>7.0f} {taken_by_s[by] * 1000 / on_cpu:>7.1f}")
+    everyone = [x for w in waits.values() for x in w]
+    tables = (
+        ("every wait", lambda kind, idle: True),
+        ("preempted while another CPU was idle", lambda kind, idle: kind == "preempted" and idle),
+    )
+    for title, keep in tables:
+        rows = collections.defaultdict(list)
+        for (who, kind, idle), w in by.items():
+            if keep(kind, idle):
+                rows[who] += w
+        print(f"{title}, by the task running when it began (waits/s, ms/s, over 1 ms /s):")
+        top = sorted(rows.items(), key=lambda r: -sum(r[1]))[:6]
+        if title == "every wait":
+            top.append(("(all)", everyone))
+        for who, w in top:
+            long = sum(1 for x in w if x > 0.001)
+            print(f"  {who or '?':<20} {per_s(len(w)):>7.0f} {per_s(sum(w)) * 1000:>7.1f} {per_s(long):>7.1f}")
 
 
 if __name__ == "__main__":
