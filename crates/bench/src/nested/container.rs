@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use super::Groups;
 use crate::client;
 use crate::docker::{Container, Engine};
 
@@ -97,11 +98,14 @@ impl Running<'_> {
     }
 
     /// Load on the container's own server until `SideLoad::finish` (or its drop).
-    pub(super) fn serve(&self) -> SideLoad {
+    /// Its client runs in the shape's `client.service`, as the host's server's does.
+    pub(super) fn serve(&self, g: &Groups) -> SideLoad {
         let target = client::Target::Tcp(([127, 0, 0, 1], self.port).into());
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let tasks = g.thread_tasks(&g.client);
         let handle = std::thread::spawn(move || {
+            super::enter_thread(&tasks)?;
             client::open_loop(
                 &target,
                 &client::Protocol::Synthetic,

@@ -284,6 +284,14 @@ pub(super) struct Groups {
 }
 
 impl Groups {
+    /// The `tasks` file of `group` in the `cpu` hierarchy, which takes threads by id.
+    pub(super) fn thread_tasks(&self, group: &str) -> PathBuf {
+        self.cg
+            .root()
+            .join(group.trim_start_matches('/'))
+            .join("tasks")
+    }
+
     fn build(run: &mut Run, shape: Shape) -> Result<Self> {
         if units::wanted() {
             return units::build(run, shape);
@@ -372,6 +380,34 @@ fn spawn_in_groups(roots: &[&Path], group: &str, cmd: &mut Command) -> Result<Ch
     }
     cmd.spawn()
         .with_context(|| format!("starting {:?} in {group}", cmd.get_program()))
+}
+
+/// Runs `f` on a thread of its own inside `group` of the `cpu` hierarchy, so that the
+/// threads it starts are born there too: the bench's own client then meets the server
+/// where a client unit would, not in the bench's group.
+pub(super) fn run_in_group<T: Send>(
+    g: &Groups,
+    group: &str,
+    f: impl FnOnce() -> Result<T> + Send,
+) -> Result<T> {
+    let tasks = g.thread_tasks(group);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter_thread(&tasks)?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| bail!("the client's thread panicked"))
+    })
+}
+
+/// Moves the calling thread (v1 moves threads one by one, by id) to the group whose
+/// `tasks` file this is.
+pub(super) fn enter_thread(tasks: &Path) -> Result<()> {
+    // SAFETY: a plain syscall returning the calling thread's id.
+    let tid = unsafe { libc::gettid() };
+    std::fs::write(tasks, tid.to_string())
+        .with_context(|| format!("moving the client's thread to {}", tasks.display()))
 }
 
 pub(super) fn spawn_in(g: &Groups, group: &str, cmd: &mut Command) -> Result<Child> {
@@ -563,7 +599,7 @@ fn run_mode(
             None
         }
     };
-    let side_load = docker.as_ref().map(container::Running::serve);
+    let side_load = docker.as_ref().map(|d| d.serve(&g));
     let go = start_host_batch(&mut run, opts, &g, shape, n, &tmp, &mut roots)?;
     apply_mode(&mut run, opts, &g, mode, &roots)?;
     if let Some(mut go) = go {
