@@ -96,7 +96,14 @@ test: test-deps
 	# chaos harness's crash points, and a build without them would compile the daemon twice.
 	# Root-only tests are #[ignore]d with their reason, so a plain `cargo test` lists
 	# them as ignored; here (root) they run.
-	$(CARGO) test --workspace --locked --release -- --include-ignored
+	# The VM tests' base image (debootstrap: mostly downloads and unpacking, once per
+	# machine) is built beside the compile; the VM test waits for it (image.sh's lock).
+	# Its own process group, ended with the tests if they are interrupted.
+	mkdir -p target; setsid scripts/vm/image.sh > target/vm-image.log 2>&1 & image=$$!; \
+	trap 'kill -- -$$image 2>/dev/null' INT TERM; \
+	$(CARGO) test --workspace --locked --release -- --include-ignored; rc=$$?; \
+	wait $$image || echo "the VM's image was not built beside the compile: target/vm-image.log"; \
+	exit $$rc
 
 # The chaos harness at length (root; about 8 minutes): the daemon killed 300 times at
 # random moments and at its crash points, each time restored and checked. `make test`

@@ -19,12 +19,17 @@ die() { echo "vm-image: $*" >&2; exit 1; }
 command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get install debootstrap (make test installs it)"
 command -v mkfs.ext4 >/dev/null || die "mkfs.ext4 is missing: apt-get install e2fsprogs"
 
+mkdir -p "$DIR"
+# One builder at a time: `make test` starts one beside the compile, and the VM test's own
+# call waits here for it, then finds the image built.
+exec 9> "$DIR/lock"
+flock 9
+
 if [ -f "$DIR/base.img" ] && [ "$(cat "$DIR/version" 2>/dev/null)" = "$VERSION" ]; then
   echo "$DIR/base.img"
   exit 0
 fi
 
-mkdir -p "$DIR"
 root="$DIR/root"
 # A killed debootstrap may have left /proc or /sys mounted inside: never follow them.
 umount -R "$root/proc" "$root/sys" "$root/dev" 2>/dev/null || true
