@@ -38,7 +38,7 @@ utilization-peers|utilization --modes ananicy,system76-scheduler --repeat 3$peer
 web-clients|web --clients 2,4,8,16,32,64,128,256
 db-clients|db --clients 2,4,8,16,32,64,128,256
 nested-redis|nested --server redis --repeat 8 --seconds 10
-nested-limited|nested --server synthetic --shape systemd-limited,session-limited,cron-limited --modes unmanaged,batch-branch-idle,batch-cgroup-idle,appease --repeat 8 --seconds 10
+nested-limited|nested --server synthetic --shape systemd-limited,session-limited,cron-limited --modes unloaded,unmanaged,batch-group-idle,batch-branch-idle,batch-cgroup-idle,appease --repeat 8 --seconds 10
 nested-container|nested --server synthetic --shape container,container-limited --modes unmanaged,batch-group-idle,batch-branch-idle,batch-cgroup-idle,appease --repeat 8 --seconds 10
 nested-container-redis|nested --server redis --shape container --modes unmanaged,batch-branch-idle,batch-cgroup-idle,appease --repeat 8 --seconds 10
 nested-container-postgresql|nested --server postgresql --shape container --modes unmanaged,batch-branch-idle,batch-cgroup-idle,appease --repeat 8 --seconds 10
