@@ -105,7 +105,7 @@ impl Running<'_> {
         let flag = stop.clone();
         let tasks = g.thread_tasks(&g.client);
         let handle = std::thread::spawn(move || {
-            super::enter_thread(&tasks)?;
+            super::enter_thread(tasks.as_deref())?;
             client::open_loop(
                 &target,
                 &client::Protocol::Synthetic,

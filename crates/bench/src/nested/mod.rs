@@ -284,12 +284,23 @@ pub(super) struct Groups {
 }
 
 impl Groups {
-    /// The `tasks` file of `group` in the `cpu` hierarchy, which takes threads by id.
-    pub(super) fn thread_tasks(&self, group: &str) -> PathBuf {
-        self.cg
-            .root()
-            .join(group.trim_start_matches('/'))
-            .join("tasks")
+    /// The `tasks` file of `group` in the `cpu` hierarchy, which takes threads by id (v1
+    /// only: cgroup v2 moves a thread alone only within a threaded subtree, so there the
+    /// bench's client threads stay in the bench's group, said once per run).
+    pub(super) fn thread_tasks(&self, group: &str) -> Option<PathBuf> {
+        if self.cg.version() == appease_cgroup::Version::V2 {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!("note: on cgroup v2 the bench's own client threads stay in its group, not {group}")
+            });
+            return None;
+        }
+        Some(
+            self.cg
+                .root()
+                .join(group.trim_start_matches('/'))
+                .join("tasks"),
+        )
     }
 
     fn build(run: &mut Run, shape: Shape) -> Result<Self> {
@@ -393,7 +404,7 @@ pub(super) fn run_in_group<T: Send>(
     let tasks = g.thread_tasks(group);
     std::thread::scope(|s| {
         s.spawn(|| {
-            enter_thread(&tasks)?;
+            enter_thread(tasks.as_deref())?;
             f()
         })
         .join()
@@ -402,8 +413,11 @@ pub(super) fn run_in_group<T: Send>(
 }
 
 /// Moves the calling thread (v1 moves threads one by one, by id) to the group whose
-/// `tasks` file this is.
-pub(super) fn enter_thread(tasks: &Path) -> Result<()> {
+/// `tasks` file this is, if any.
+pub(super) fn enter_thread(tasks: Option<&Path>) -> Result<()> {
+    let Some(tasks) = tasks else {
+        return Ok(());
+    };
     // SAFETY: a plain syscall returning the calling thread's id.
     let tid = unsafe { libc::gettid() };
     std::fs::write(tasks, tid.to_string())
