@@ -103,9 +103,7 @@ impl Running<'_> {
         let target = client::Target::Tcp(([127, 0, 0, 1], self.port).into());
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let tasks = g.thread_tasks(&g.client);
-        let handle = std::thread::spawn(move || {
-            super::enter_thread(tasks.as_deref())?;
+        let handle = super::spawn_client(g, move || {
             client::open_loop(
                 &target,
                 &client::Protocol::Synthetic,

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -284,25 +285,6 @@ pub(super) struct Groups {
 }
 
 impl Groups {
-    /// The `tasks` file of `group` in the `cpu` hierarchy, which takes threads by id (v1
-    /// only: cgroup v2 moves a thread alone only within a threaded subtree, so there the
-    /// bench's client threads stay in the bench's group, said once per run).
-    pub(super) fn thread_tasks(&self, group: &str) -> Option<PathBuf> {
-        if self.cg.version() == appease_cgroup::Version::V2 {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                eprintln!("note: on cgroup v2 the bench's own client threads stay in its group, not {group}")
-            });
-            return None;
-        }
-        Some(
-            self.cg
-                .root()
-                .join(group.trim_start_matches('/'))
-                .join("tasks"),
-        )
-    }
-
     fn build(run: &mut Run, shape: Shape) -> Result<Self> {
         if units::wanted() {
             return units::build(run, shape);
@@ -393,35 +375,34 @@ fn spawn_in_groups(roots: &[&Path], group: &str, cmd: &mut Command) -> Result<Ch
         .with_context(|| format!("starting {:?} in {group}", cmd.get_program()))
 }
 
-/// Runs `f` on a thread of its own inside `group` of the `cpu` hierarchy, so that the
-/// threads it starts are born there too: the bench's own client then meets the server
-/// where a client unit would, not in the bench's group.
-pub(super) fn run_in_group<T: Send>(
+/// Starts `f` on a thread of its own in the shape's `client.service`, where the threads it
+/// starts are born too: the bench's own clients then meet the servers where a client unit
+/// would, not in the bench's group. The thread enters by its id through v1's `tasks`; cgroup
+/// v2 moves a thread alone only within a threaded subtree, so there it stays (said once).
+pub(super) fn spawn_client<T: Send + 'static>(
     g: &Groups,
-    group: &str,
-    f: impl FnOnce() -> Result<T> + Send,
-) -> Result<T> {
-    let tasks = g.thread_tasks(group);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            enter_thread(tasks.as_deref())?;
-            f()
-        })
-        .join()
-        .unwrap_or_else(|_| bail!("the client's thread panicked"))
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> JoinHandle<Result<T>> {
+    let tasks = (g.cg.version() == appease_cgroup::Version::V1).then(|| {
+        g.cg.root()
+            .join(g.client.trim_start_matches('/'))
+            .join("tasks")
+    });
+    if tasks.is_none() {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            eprintln!("note: on cgroup v2 the bench's own client threads stay in its group")
+        });
+    }
+    std::thread::spawn(move || {
+        if let Some(tasks) = tasks {
+            // SAFETY: a plain syscall returning the calling thread's id.
+            let tid = unsafe { libc::gettid() };
+            std::fs::write(&tasks, tid.to_string())
+                .with_context(|| format!("moving the client's thread to {}", tasks.display()))?;
+        }
+        f()
     })
-}
-
-/// Moves the calling thread (v1 moves threads one by one, by id) to the group whose
-/// `tasks` file this is, if any.
-pub(super) fn enter_thread(tasks: Option<&Path>) -> Result<()> {
-    let Some(tasks) = tasks else {
-        return Ok(());
-    };
-    // SAFETY: a plain syscall returning the calling thread's id.
-    let tid = unsafe { libc::gettid() };
-    std::fs::write(tasks, tid.to_string())
-        .with_context(|| format!("moving the client's thread to {}", tasks.display()))
 }
 
 pub(super) fn spawn_in(g: &Groups, group: &str, cmd: &mut Command) -> Result<Child> {

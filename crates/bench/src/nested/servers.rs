@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{run_in_group, spawn_in, Groups};
+use super::{spawn_client, spawn_in, Groups};
 use crate::{client, Options, Run};
 
 /// The server measured, with its own client.
@@ -242,17 +242,24 @@ pub(super) fn measure(
     stop: &Arc<AtomicBool>,
 ) -> Result<(f64, f64, f64)> {
     match target {
-        Target::Synthetic(t) => run_in_group(g, &g.client, || {
-            Ok(figures(&client::open_loop(
-                t,
-                &client::Protocol::Synthetic,
-                client::Arrivals::Fixed,
-                SYNTHETIC_RATE,
-                duration,
-                drain,
-                stop,
-            )?))
-        }),
+        Target::Synthetic(t) => {
+            let (t, stop) = (t.clone(), stop.clone());
+            let client = spawn_client(g, move || {
+                client::open_loop(
+                    &t,
+                    &client::Protocol::Synthetic,
+                    client::Arrivals::Fixed,
+                    SYNTHETIC_RATE,
+                    duration,
+                    drain,
+                    &stop,
+                )
+            });
+            let r = client
+                .join()
+                .map_err(|_| anyhow::anyhow!("the client's thread panicked"))??;
+            Ok(figures(&r))
+        }
         Target::Postgres(pg) => Ok(figures(&pg.run_with(
             PGBENCH_RATE,
             duration,
