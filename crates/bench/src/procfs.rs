@@ -44,16 +44,27 @@ pub(crate) fn process_cpu_ns(pid: u32) -> u64 {
 
 /// Busy and total jiffies from the first line of /proc/stat.
 pub(crate) fn cpu_jiffies() -> (u64, u64) {
+    let v = host_jiffies();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// Jiffies the hypervisor gave to others while this machine's CPUs wanted to run
+/// ("steal"), and all jiffies, from the first line of /proc/stat.
+pub(crate) fn steal_jiffies() -> (u64, u64) {
+    let v = host_jiffies();
+    (v.get(7).copied().unwrap_or(0), v.iter().take(8).sum())
+}
+
+/// The host's jiffies by kind: user, nice, system, idle, iowait, irq, softirq, steal, ….
+fn host_jiffies() -> Vec<u64> {
     let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let v: Vec<u64> = text
-        .lines()
+    text.lines()
         .next()
         .unwrap_or("")
         .split_whitespace()
         .skip(1)
         .filter_map(|x| x.parse().ok())
-        .collect();
-    let total: u64 = v.iter().take(8).sum();
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (total - idle, total)
+        .collect()
 }

@@ -96,9 +96,11 @@ pub(crate) fn interleaved<R>(
     mut run: impl FnMut(Slot) -> Result<R>,
 ) -> Result<Vec<Vec<R>>> {
     let mut runs: Vec<Vec<R>> = modes.iter().map(|_| Vec::new()).collect();
+    let mut steal = Steal::default();
     for round in 0..rounds {
         for (place, i) in rotated(modes.len(), round).enumerate() {
             if stop.load(Ordering::Relaxed) {
+                steal.report();
                 return Ok(runs);
             }
             let slot = Slot {
@@ -108,10 +110,68 @@ pub(crate) fn interleaved<R>(
                 place,
                 modes: modes.len(),
             };
+            let before = crate::procfs::steal_jiffies();
             runs[i].push(run(slot)?);
+            steal.add(before, crate::procfs::steal_jiffies());
         }
     }
+    steal.report();
     Ok(runs)
+}
+
+/// A share of the CPUs taken by the hypervisor (steal) above which a run is said to be
+/// disturbed: a 4 ms wait of the server is then as likely the hypervisor's as the kernel's.
+const DISTURBED_STEAL: f64 = 0.02;
+
+/// The CPU time a virtual machine's hypervisor gave to others during the runs: the
+/// bench cannot tell those waits from the scheduler's, so it says when they were there.
+#[derive(Default)]
+struct Steal {
+    runs: usize,
+    disturbed: usize,
+    stolen: u64,
+    total: u64,
+}
+
+impl Steal {
+    fn add(&mut self, (stolen0, total0): (u64, u64), (stolen1, total1): (u64, u64)) {
+        let (stolen, total) = (
+            stolen1.saturating_sub(stolen0),
+            total1.saturating_sub(total0),
+        );
+        self.runs += 1;
+        self.stolen += stolen;
+        self.total += total;
+        let share = stolen as f64 / total.max(1) as f64;
+        if share > DISTURBED_STEAL {
+            self.disturbed += 1;
+            eprintln!(
+                "    the hypervisor took {:.0} % of the CPUs during this run (steal)",
+                share * 100.0
+            );
+        }
+    }
+
+    /// One line when any run was disturbed: such rounds are not a quiet machine's.
+    fn report(&self) {
+        if let Some(line) = self.summary() {
+            eprintln!("{line}");
+        }
+    }
+
+    fn summary(&self) -> Option<String> {
+        (self.disturbed > 0).then(|| {
+            format!(
+                "note: the hypervisor took over {:.0} % of the CPUs (steal in /proc/stat) in {} of \
+                 {} runs, {:.1} % over all: these figures hold the waits of a shared host; \
+                 compare them with each other, and rerun on a quiet host before quoting them",
+                DISTURBED_STEAL * 100.0,
+                self.disturbed,
+                self.runs,
+                self.stolen as f64 / self.total.max(1) as f64 * 100.0
+            )
+        })
+    }
 }
 
 /// The order of `n` modes in round `round` (0-based): the list turned by one place
@@ -139,6 +199,17 @@ mod tests {
             at.sort();
             assert_eq!(at, [0, 1, 2, 3], "place {place}");
         }
+    }
+
+    #[test]
+    fn a_run_is_disturbed_when_the_hypervisor_took_over_a_fiftieth_of_the_cpus() {
+        let mut steal = Steal::default();
+        steal.add((0, 0), (10, 1000)); // 1 %: quiet
+        assert_eq!(steal.summary(), None);
+        steal.add((10, 1000), (60, 2000)); // 5 %
+        steal.add((60, 2000), (60, 2000)); // no jiffies at all: quiet, no division by zero
+        let line = steal.summary().expect("a disturbed run is reported");
+        assert!(line.contains("in 1 of 3 runs, 3.0 % over all"), "{line}");
     }
 
     #[test]

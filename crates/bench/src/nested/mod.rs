@@ -589,7 +589,9 @@ fn run_mode(
             sleeper
                 .args(["-c", "sleep 100000; :"])
                 .stdin(Stdio::null())
-                .stdout(Stdio::null());
+                .stdout(Stdio::null())
+                // Ended with its sleep at the round's end, it would say "Killed".
+                .stderr(Stdio::null());
             run.children.push(spawn_in(&g, &g.batch, &mut sleeper)?);
             None
         }
