@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cadence::Cadence;
 use crate::configured::Configured;
-use crate::scanner::{FloorSample, Promotion, Release, ScanCost, ScanRequest, Snapshot};
+use crate::scanner::{FloorSample, Follow, Promotion, Release, ScanCost, ScanRequest, Snapshot};
 
 /// A process: its pid and its start (clock ticks after boot), so a pid reused by another
 /// process is not taken for it.
@@ -302,6 +302,11 @@ impl BatchManager {
                     log_failure(&e, d.root, "demote");
                     self.forget.push(d.root);
                 }
+            }
+        }
+        for Follow { root, members } in snap.follows {
+            if let Err(e) = actuator.follow(root, &members) {
+                log_failure(&e, root, "move the newcomers of");
             }
         }
         for Release { root, pid } in snap.releases {

@@ -43,6 +43,9 @@ pub struct Snapshot {
     pub taken_at: u64,
     /// Trees to move to the idle group: (pid, start) of each member as the scan saw it.
     pub demotions: Vec<Demotion>,
+    /// Processes found in demoted trees since, to move where their tree went: (pid,
+    /// start) as the scan saw them.
+    pub follows: Vec<Follow>,
     /// Demoted trees to move back.
     pub promotions: Vec<Promotion>,
     /// Processes of demoted trees the config now exempts.
@@ -80,6 +83,13 @@ pub struct Snapshot {
 pub struct Promotion {
     pub root: u32,
     pub members: Vec<u32>,
+}
+
+/// Processes found in the demoted tree under `root` since the last scan.
+#[derive(Debug, PartialEq)]
+pub struct Follow {
+    pub root: u32,
+    pub members: Vec<(u32, u64)>,
 }
 
 /// A process of a demoted tree (`root`) that the config now exempts.
@@ -821,6 +831,13 @@ fn record_decisions(
                     if feeds { ", reads responses" } else { "" }
                 ),
                 feeds,
+            }),
+            BatchDecision::Follow { root, members } => snap.follows.push(Follow {
+                root,
+                members: members
+                    .iter()
+                    .filter_map(|pid| Some((*pid, started.get(pid).copied()?)))
+                    .collect(),
             }),
             BatchDecision::Promote { root, members } => {
                 snap.promotions.push(Promotion { root, members })

@@ -84,6 +84,10 @@ pub enum BatchDecision {
         /// hand-off from the server, which the idle class delays (`[batch] feeders`).
         feeds: bool,
     },
+    /// Move these processes, found in the demoted tree under `root` since its last scan,
+    /// where the tree went: one forked between the scan that demoted the tree and its
+    /// parent's move was born outside the group (a loop's next download and compressor).
+    Follow { root: u32, members: Vec<u32> },
     /// Move the tree under `root` back where its processes came from.
     Promote { root: u32, members: Vec<u32> },
     /// Move one process of the demoted tree under `root` back: the config now exempts it
@@ -276,15 +280,20 @@ impl BatchClassifier {
         rate
     }
 
-    /// Keeps each demoted tree's membership current (processes forked in it since, gone
-    /// ones out, exempted ones released once) and promotes the trees in which a process
-    /// received a request since (or that have no member left).
+    /// Keeps each demoted tree's membership current (processes forked in it since, to
+    /// follow it, gone ones out, exempted ones released once) and promotes the trees in
+    /// which a process received a request since (or that have no member left).
     fn follow_demoted(&mut self, scan: &Scan) -> Vec<BatchDecision> {
         let mut out = Vec::new();
         let mut promote = Vec::new();
         for (&root, d) in &mut self.demoted {
+            let mut fresh = Vec::new();
             if scan.by_pid.get(&root).is_some_and(|p| p.start == d.start) {
-                d.members.extend(scan.subtree(root));
+                for pid in scan.subtree(root) {
+                    if !d.released.contains(&pid) && d.members.insert(pid) {
+                        fresh.push(pid);
+                    }
+                }
             }
             d.members.retain(|pid| scan.by_pid.contains_key(pid));
             d.released.retain(|pid| scan.by_pid.contains_key(pid));
@@ -308,6 +317,15 @@ impl BatchClassifier {
                 .any(|&pid| (scan.last_request)(pid).is_some_and(|t| t > d.at));
             if asked || d.members.is_empty() {
                 promote.push(root);
+                continue;
+            }
+            fresh.retain(|pid| d.members.contains(pid));
+            if !fresh.is_empty() {
+                fresh.sort_unstable();
+                out.push(BatchDecision::Follow {
+                    root,
+                    members: fresh,
+                });
             }
         }
         for root in promote {

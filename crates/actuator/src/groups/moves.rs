@@ -92,6 +92,35 @@ impl KernelActuator {
         Ok(moved + idled)
     }
 
+    /// Moves processes found in a demoted tree since its demotion into the group its
+    /// moved members went to (a process forked before its parent moved was born
+    /// outside). Those born inside, and trees that stayed in place, are left as they are.
+    /// `members` are (PID, start time) as the scan saw them. Returns how many moved.
+    pub fn follow(&mut self, root: u32, members: &[(u32, u64)]) -> Result<usize, ActError> {
+        let Some(g) = self.groups.as_mut() else {
+            return Ok(0); // no cgroups: nothing was moved
+        };
+        let Some((group, why)) = g
+            .moved
+            .values()
+            .find(|m| m.root == root && m.class == "batch")
+            .map(|m| (m.to.clone(), m.why.clone()))
+        else {
+            return Ok(0);
+        };
+        let same: Vec<u32> = members
+            .iter()
+            .filter(|&&(pid, start)| sys::task_stat(pid, pid).is_ok_and(|s| s.start == start))
+            .map(|&(pid, _)| pid)
+            .collect();
+        let moved = self.move_into(&group, "batch", root, &same, &why)?;
+        if moved > 0 {
+            tracing::info!(root, moved, group, "followed its tree into the batch group");
+            self.counters.demotions += moved as u64;
+        }
+        Ok(moved)
+    }
+
     /// Moves processes of a latency service into its group (see ensure_service_group).
     pub fn place_in_service(
         &mut self,

@@ -128,3 +128,53 @@ fn a_feeding_tree_goes_to_the_feeders_group_which_follows_the_batch_mode() {
     assert_eq!(quiet, ["100", "100", "0"]);
     assert_eq!(idle, ["1", "1"]);
 }
+
+/// A process the scan finds in a demoted tree after the demotion (forked before its parent
+/// moved, so born outside) follows the tree into its job's group, in the feeders' group
+/// too; a tree that was never moved has nothing to follow.
+#[test]
+fn a_process_found_in_a_demoted_tree_later_follows_it_into_its_group() {
+    let dir = std::env::temp_dir().join(format!("appease-follow-{}", std::process::id()));
+    let _fresh = std::fs::remove_dir_all(&dir);
+    let root = dir.join("cgroup");
+    std::fs::create_dir_all(root.join("appease-feeders")).unwrap();
+    std::fs::write(root.join("appease-feeders/cpu.idle"), "0").unwrap();
+    let mut children: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let (loop_pid, late) = (children[0].id(), children[1].id());
+    let cg = Cgroups::at(Version::V2, &root).unwrap();
+    let mut act = KernelActuator::new(Some(Journal::open(&dir.join("run")).unwrap()), vec![])
+        .unwrap()
+        .with_groups(Groups::new(cg, "appease"));
+    let start = |pid| sys::task_stat(pid, pid).unwrap().start;
+    let never_moved = act.follow(late, &[(late, start(late))]).unwrap();
+    act.demote(loop_pid, &[(loop_pid, start(loop_pid))], "cpu-soaker", true)
+        .unwrap();
+    let stale = act.follow(loop_pid, &[(late, start(late) + 1)]).unwrap();
+    let followed = act.follow(loop_pid, &[(late, start(late))]).unwrap();
+    let again = act.follow(loop_pid, &[(late, start(late))]).unwrap();
+    let procs =
+        std::fs::read_to_string(root.join(format!("appease-feeders/job-{loop_pid}/cgroup.procs")))
+            .unwrap();
+    let in_journal = Journal::open(&dir.join("run")).unwrap().state().moves.len();
+    act.restore_all();
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        (never_moved, stale, followed, again),
+        (0, 0, 1, 0),
+        "moved once, and only the process the scan saw"
+    );
+    // A fake group's cgroup.procs holds the last write.
+    assert_eq!(procs.trim(), late.to_string());
+    assert_eq!(in_journal, 2, "each move journaled before it is made");
+}

@@ -58,6 +58,13 @@ fn none(_: u32) -> Option<Nanos> {
     None
 }
 
+/// The decisions but the moves of processes found in demoted trees later.
+fn demotions(d: Vec<(u64, BatchDecision)>) -> Vec<(u64, BatchDecision)> {
+    d.into_iter()
+        .filter(|(_, x)| !matches!(x, BatchDecision::Follow { .. }))
+        .collect()
+}
+
 #[test]
 fn make_and_its_compilers_are_one_tree_under_the_shell() {
     let mut c = BatchClassifier::new(params());
@@ -206,11 +213,18 @@ fn children_forked_after_demotion_join_the_tree() {
         }
         v
     };
-    let d = run(&mut c, 7, procs, none);
-    assert_eq!(
-        d.len(),
-        1,
-        "the child joins silently (born in the group): {d:?}"
+    let d = run(&mut c, 8, procs, none);
+    // Followed once, by the scan that first sees it: born in the group it stays there; one
+    // forked before its parent moved (the demoting scan's snapshot missed it) is moved.
+    assert!(
+        matches!(
+            &d[..],
+            [
+                (4, BatchDecision::Demote { root: 70, .. }),
+                (6, BatchDecision::Follow { root: 70, members }),
+            ] if members == &vec![71]
+        ),
+        "{d:?}"
     );
     assert_eq!(c.tree_of(71), Some(70));
 }
@@ -486,7 +500,8 @@ fn a_loop_whose_children_each_live_less_than_a_scan_is_judged_by_what_it_reaped(
             p(n + 1, 100, "gzip", 0.02),
         ]
     };
-    let d = run(&mut c, 5, procs, none);
+    // Each scan after the demotion follows the new dump and compressor.
+    let d = demotions(run(&mut c, 5, procs, none));
     let [(at, BatchDecision::Demote { root, .. })] = &d[..] else {
         panic!("one tree: {d:?}")
     };
@@ -532,10 +547,10 @@ fn a_loop_whose_short_lived_children_read_responses_feeds_on_a_server() {
         _ => panic!("one tree: {d:?}"),
     };
     let mut c = BatchClassifier::new(params());
-    let d = run(&mut c, 5, loop_of(true), none);
+    let d = demotions(run(&mut c, 5, loop_of(true), none));
     assert!(feeds_of(&d));
     let mut c = BatchClassifier::new(params());
-    assert!(!feeds_of(&run(&mut c, 5, loop_of(false), none)));
+    assert!(!feeds_of(&demotions(run(&mut c, 5, loop_of(false), none))));
 }
 
 #[test]
