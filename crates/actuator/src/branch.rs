@@ -36,6 +36,11 @@ pub(crate) const ONLY_BATCH_BUSY: &str =
 
 /// CPU over one scan above which a process counts as busy, ns.
 const BUSY_NS: u64 = 50_000_000;
+/// A process first seen is judged by its CPU over its life once it has lived this long, ns
+/// (younger ones are busy until a scan has measured them) ...
+const SETTLED_NS: u64 = 2_000_000_000;
+/// ... and is busy from 1/LIFE_SHARE_DEN of a CPU on average (BUSY_NS over a 1 s scan).
+const LIFE_SHARE_DEN: u64 = 20;
 
 /// A process as a scan read it: what the branch rule needs to tell batch from other work.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,6 +52,8 @@ pub struct ProcFacts {
     pub cpu_ns: u64,
     /// Its main thread is of the `SCHED_IDLE` policy.
     pub sched_idle: bool,
+    /// How long it has lived, ns (0: not known).
+    pub age_ns: u64,
 }
 
 impl ProcFacts {
@@ -59,7 +66,17 @@ impl ProcFacts {
             start: s.start,
             cpu_ns: s.cpu_ticks * appease_cgroup::clock_tick_ns(),
             sched_idle: s.policy == libc::SCHED_IDLE as u32,
+            age_ns: 0,
         })
+    }
+
+    /// Whether a process the rule has not measured yet counts as busy: one that has lived
+    /// a few scans is judged by its CPU over its life (a shell or a `sleep` beside the
+    /// batch is not, so the branch is made idle by the scan that demotes the batch, not
+    /// a scan later, a scan in which its threads are `SCHED_IDLE` within it, which serves
+    /// a server outside worse than no change); a young one, or one of unknown age, is.
+    fn busy_at_first_sight(&self) -> bool {
+        self.age_ns < SETTLED_NS || self.cpu_ns.saturating_mul(LIFE_SHARE_DEN) >= self.age_ns
     }
 }
 
@@ -244,8 +261,8 @@ impl KernelActuator {
 
     /// Whether every process below `branch` is demoted batch (in `SCHED_IDLE`, descended
     /// from a process demoted in place, or in a group made idle for a tree) or used less
-    /// than `BUSY_NS` since the last scan. A process seen for the first time is busy until
-    /// a scan has measured it. Records the CPU of what it read in `seen`, and the processes
+    /// than `BUSY_NS` since the last scan. A process seen for the first time is judged by its
+    /// life (`ProcFacts::busy_at_first_sight`). Records the CPU of what it read in `seen`, and the processes
     /// that are not batch in `members`.
     fn only_batch_busy(
         &self,
@@ -295,7 +312,7 @@ impl KernelActuator {
             members.insert(pid, branch.to_string());
             let busy = match self.branches.cpu.get(&pid) {
                 Some(&(start, cpu)) if start == f.start => f.cpu_ns.saturating_sub(cpu) >= BUSY_NS,
-                _ => true,
+                _ => f.busy_at_first_sight(),
             };
             if busy {
                 tracing::debug!(pid, branch, "busy beside the batch in its branch");
@@ -621,6 +638,23 @@ mod tests {
         assert_eq!((report.failed, report.left_alone), (0, 0));
         assert_eq!(k.changes(), changes);
         assert!(crate::journal::read_pending(&dir.0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_process_first_seen_is_busy_when_young_or_busy_over_its_life() {
+        let f = |age_s: f64, cpu_s: f64| ProcFacts {
+            ppid: 1,
+            start: 1,
+            cpu_ns: (cpu_s * 1e9) as u64,
+            sched_idle: false,
+            age_ns: (age_s * 1e9) as u64,
+        };
+        // The session's sleeping shell beside the soakers, and a command it runs.
+        assert!(!f(8.0, 0.004).busy_at_first_sight());
+        assert!(!f(3600.0, 60.0).busy_at_first_sight());
+        assert!(f(8.0, 0.5).busy_at_first_sight());
+        assert!(f(1.0, 0.0).busy_at_first_sight(), "too young to tell");
+        assert!(f(0.0, 0.0).busy_at_first_sight(), "of unknown age");
     }
 
     #[test]

@@ -799,6 +799,7 @@ fn facts_of(batch_enabled: bool, procs: &[ProcSample]) -> HashMap<u32, ProcFacts
                 start: p.start,
                 cpu_ns: p.cpu_ns,
                 sched_idle: p.sched_idle,
+                age_ns: p.age_ns,
             };
             (p.pid, facts)
         })
