@@ -59,18 +59,24 @@ fn a_pid_whose_start_time_is_not_the_one_the_scan_saw_is_not_moved() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A tree that feeds on a server's responses goes to the feeders' group, of the least
-/// weight while the idle group is idle, of the batch groups' weight when they have one.
-#[test]
-fn a_feeding_tree_goes_to_the_feeders_group_which_follows_the_batch_mode() {
-    let dir = std::env::temp_dir().join(format!("appease-feeders-{}", std::process::id()));
+/// A fake v2 tree in a directory of its own (`name`) with the batch groups made (a fake
+/// tree has no kernel to make their files), two `sleep`s to move, and an actuator on it.
+fn two_sleepers_in_a_fake_tree(
+    name: &str,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    Vec<std::process::Child>,
+    KernelActuator,
+) {
+    let dir = std::env::temp_dir().join(format!("appease-{name}-{}", std::process::id()));
     let _fresh = std::fs::remove_dir_all(&dir);
     let root = dir.join("cgroup");
     for g in ["appease", "appease-feeders"] {
         std::fs::create_dir_all(root.join(g)).unwrap();
         std::fs::write(root.join(g).join("cpu.idle"), "0").unwrap();
     }
-    let mut children: Vec<_> = (0..2)
+    let children: Vec<_> = (0..2)
         .map(|_| {
             std::process::Command::new("sleep")
                 .arg("30")
@@ -78,11 +84,19 @@ fn a_feeding_tree_goes_to_the_feeders_group_which_follows_the_batch_mode() {
                 .unwrap()
         })
         .collect();
-    let (feeder, soaker) = (children[0].id(), children[1].id());
     let cg = Cgroups::at(Version::V2, &root).unwrap();
-    let mut act = KernelActuator::new(Some(Journal::open(&dir.join("run")).unwrap()), vec![])
+    let act = KernelActuator::new(Some(Journal::open(&dir.join("run")).unwrap()), vec![])
         .unwrap()
         .with_groups(Groups::new(cg, "appease"));
+    (dir, root, children, act)
+}
+
+/// A tree that feeds on a server's responses goes to the feeders' group, of the least
+/// weight while the idle group is idle, of the batch groups' weight when they have one.
+#[test]
+fn a_feeding_tree_goes_to_the_feeders_group_which_follows_the_batch_mode() {
+    let (dir, root, mut children, mut act) = two_sleepers_in_a_fake_tree("feeders");
+    let (feeder, soaker) = (children[0].id(), children[1].id());
     let start = |pid| sys::task_stat(pid, pid).unwrap().start;
     let read = |f: &str| {
         std::fs::read_to_string(root.join(f))
@@ -134,24 +148,8 @@ fn a_feeding_tree_goes_to_the_feeders_group_which_follows_the_batch_mode() {
 /// too; a tree that was never moved has nothing to follow.
 #[test]
 fn a_process_found_in_a_demoted_tree_later_follows_it_into_its_group() {
-    let dir = std::env::temp_dir().join(format!("appease-follow-{}", std::process::id()));
-    let _fresh = std::fs::remove_dir_all(&dir);
-    let root = dir.join("cgroup");
-    std::fs::create_dir_all(root.join("appease-feeders")).unwrap();
-    std::fs::write(root.join("appease-feeders/cpu.idle"), "0").unwrap();
-    let mut children: Vec<_> = (0..2)
-        .map(|_| {
-            std::process::Command::new("sleep")
-                .arg("30")
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let (dir, root, mut children, mut act) = two_sleepers_in_a_fake_tree("follow");
     let (loop_pid, late) = (children[0].id(), children[1].id());
-    let cg = Cgroups::at(Version::V2, &root).unwrap();
-    let mut act = KernelActuator::new(Some(Journal::open(&dir.join("run")).unwrap()), vec![])
-        .unwrap()
-        .with_groups(Groups::new(cg, "appease"));
     let start = |pid| sys::task_stat(pid, pid).unwrap().start;
     let never_moved = act.follow(late, &[(late, start(late))]).unwrap();
     act.demote(loop_pid, &[(loop_pid, start(loop_pid))], "cpu-soaker", true)
