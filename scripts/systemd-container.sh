@@ -96,23 +96,18 @@ rt_budget() {
   [ "$(cat "$g/system.slice/cpu.rt_runtime_us")" -gt 0 ] || echo 400000 > "$g/system.slice/cpu.rt_runtime_us"
 }
 
-# Run inside the command's scope: gives the scope its real-time share, 50 ms a second (eight
-# commands at once fit; a ninth runs without, and appease there says in its log that it runs at
-# nice -20), then runs the command.
-# shellcheck disable=SC2016
-SCOPE_RT='g=$(awk -F: '"'"'$2 ~ /(^|,)cpu(,|$)/ {print $3}'"'"' /proc/self/cgroup)
-f=/sys/fs/cgroup/cpu$g/cpu.rt_runtime_us
-[ "$g" = / ] || [ ! -e "$f" ] || echo 50000 2>/dev/null > "$f" || true
-exec "$@"'
-
 # A command in a scope of its own in system.slice: inside the container's cgroup root, as
-# systemd tracks it, and gone with it.
+# systemd tracks it, and gone with it. Inside, the scope first takes its real-time share, 50
+# ms a second (eight commands at once fit; a ninth runs without, and appease there says in its
+# log that it runs at nice -20).
 run_scoped() {
   [ -e "$PIDFILE" ] || die "not running: scripts/systemd-container.sh start"
   for h in $HIERARCHIES; do echo $$ > "/sys/fs/cgroup/$h/$NAME/cgroup.procs"; done
   rt_budget
-  run systemd-run --scope --quiet --collect --slice=system.slice --unit="exec-$$.scope" \
-    /bin/sh -c "$SCOPE_RT" systemd-container-exec "$@"
+  local unit=exec-$$.scope
+  run systemd-run --scope --quiet --collect --slice=system.slice --unit="$unit" /bin/sh -c \
+    "echo 50000 2>/dev/null > /sys/fs/cgroup/cpu/system.slice/$unit/cpu.rt_runtime_us; exec \"\$@\"" \
+    systemd-container-exec "$@"
 }
 
 stop() {

@@ -70,11 +70,11 @@ impl ProcFacts {
         })
     }
 
-    /// Whether a process the rule has not measured yet counts as busy: one that has lived
-    /// a few scans is judged by its CPU over its life (a shell or a `sleep` beside the
-    /// batch is not, so the branch is made idle by the scan that demotes the batch, not
-    /// a scan later, a scan in which its threads are `SCHED_IDLE` within it, which serves
-    /// a server outside worse than no change); a young one, or one of unknown age, is.
+    /// Whether a process the rule has not measured yet counts as busy: by its CPU over its
+    /// life once it has lived a few scans, so that a sleeping shell beside the batch does
+    /// not hold the branch back for the scan that demotes the batch (its threads would sit
+    /// in `SCHED_IDLE` inside the branch meanwhile, worse for the server than no change);
+    /// always while young, or of unknown age.
     fn busy_at_first_sight(&self) -> bool {
         self.age_ns < SETTLED_NS || self.cpu_ns.saturating_mul(LIFE_SHARE_DEN) >= self.age_ns
     }
@@ -261,9 +261,9 @@ impl KernelActuator {
 
     /// Whether every process below `branch` is demoted batch (in `SCHED_IDLE`, descended
     /// from a process demoted in place, or in a group made idle for a tree) or used less
-    /// than `BUSY_NS` since the last scan. A process seen for the first time is judged by its
-    /// life (`ProcFacts::busy_at_first_sight`). Records the CPU of what it read in `seen`, and the processes
-    /// that are not batch in `members`.
+    /// than `BUSY_NS` since the last scan; one seen for the first time, by its life
+    /// (`ProcFacts::busy_at_first_sight`). Records the CPU of what it read in `seen`, and
+    /// the processes that are not batch in `members`.
     fn only_batch_busy(
         &self,
         cg: &Cgroups,

@@ -20,21 +20,7 @@ impl KernelActuator {
         why: &str,
         feeders: bool,
     ) -> Result<usize, ActError> {
-        let members: Vec<u32> = members
-            .iter()
-            .filter(|&&(pid, start)| {
-                let same = sys::task_stat(pid, pid).is_ok_and(|s| s.start == start);
-                if !same {
-                    tracing::debug!(
-                        pid,
-                        "not the process the scan saw (ended, or its PID reused): skipped"
-                    );
-                }
-                same
-            })
-            .map(|&(pid, _)| pid)
-            .collect();
-        let members = &members[..];
+        let members = &as_the_scan_saw(members)[..];
         let (mut to_move, mut in_place) = (Vec::new(), Vec::new());
         for &pid in members {
             let g = self.groups_mut()?;
@@ -108,12 +94,7 @@ impl KernelActuator {
         else {
             return Ok(0);
         };
-        let same: Vec<u32> = members
-            .iter()
-            .filter(|&&(pid, start)| sys::task_stat(pid, pid).is_ok_and(|s| s.start == start))
-            .map(|&(pid, _)| pid)
-            .collect();
-        let moved = self.move_into(&group, "batch", root, &same, &why)?;
+        let moved = self.move_into(&group, "batch", root, &as_the_scan_saw(members), &why)?;
         if moved > 0 {
             tracing::info!(root, moved, group, "followed its tree into the batch group");
             self.counters.demotions += moved as u64;
@@ -420,4 +401,23 @@ impl KernelActuator {
         v.sort_by_key(|m| m.pid);
         v
     }
+}
+
+/// The PIDs of `members` (PID, start time) that are still the processes the scan saw: one
+/// that ended since, its PID reused by another, is left out.
+fn as_the_scan_saw(members: &[(u32, u64)]) -> Vec<u32> {
+    members
+        .iter()
+        .filter(|&&(pid, start)| {
+            let same = sys::task_stat(pid, pid).is_ok_and(|s| s.start == start);
+            if !same {
+                tracing::debug!(
+                    pid,
+                    "not the process the scan saw (ended, or its PID reused): skipped"
+                );
+            }
+            same
+        })
+        .map(|&(pid, _)| pid)
+        .collect()
 }
