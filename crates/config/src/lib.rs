@@ -96,7 +96,8 @@ impl Default for RolesSection {
 }
 
 /// Declares a kind of latency work: its own fields, then the keys that pick its processes
-/// (`comm`, `cgroup`, `user`, `unit`, every one given must match), and its matching rule.
+/// (`comm`, `exe`, `cgroup`, `user`, `unit`, every one given must match; `trust_comm` as
+/// for [`Rule`]), and its matching rule.
 /// A macro rather than a shared struct: serde's `flatten` would cost a misspelt key's
 /// line and the list of keys expected there.
 macro_rules! latency_work {
@@ -107,9 +108,12 @@ macro_rules! latency_work {
         pub struct $name {
             $($(#[$fattr])* pub $field: $ty,)*
             pub comm: Option<String>,
+            pub exe: Option<PathBuf>,
             pub cgroup: Option<String>,
             pub user: Option<String>,
             pub unit: Option<String>,
+            #[serde(default)]
+            pub trust_comm: bool,
             /// `user` as a uid, looked up once.
             #[serde(skip)]
             pub uid: OnceLock<Option<u32>>,
@@ -120,9 +124,11 @@ macro_rules! latency_work {
             pub fn matcher(&self) -> Rule {
                 Rule {
                     comm: self.comm.clone(),
+                    exe: self.exe.clone(),
                     cgroup: self.cgroup.clone(),
                     user: self.user.clone(),
                     unit: self.unit.clone(),
+                    trust_comm: self.trust_comm,
                     class: Class::Latency,
                     uid: cached_uid(&self.uid, self.user.as_deref()),
                 }
@@ -239,14 +245,22 @@ pub enum Feeders {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
-    /// Process name as in /proc/PID/comm (the executable's name, at most 15 bytes).
+    /// Process name as in /proc/PID/comm (the executable's name, at most 15 bytes). Any
+    /// user sets it for their own processes (prctl), so it proves nothing.
     pub comm: Option<String>,
+    /// The process's executable, as /proc/PID/exe links to it (an absolute path).
+    pub exe: Option<PathBuf>,
     /// The process's CPU cgroup path starts with this (e.g. "/system.slice/backup").
     pub cgroup: Option<String>,
     /// User name or numeric uid.
     pub user: Option<String>,
-    /// systemd unit, e.g. "postgresql.service" (matched against the cgroup path).
+    /// A system's systemd unit, e.g. "postgresql.service": a component of the cgroup path,
+    /// never one under a user's manager (user@UID.service), whose units users name.
     pub unit: Option<String>,
+    /// Accept a matcher that grants something (latency, a service's group, a role) by
+    /// `comm` alone, which any user can take for their own process.
+    #[serde(default)]
+    pub trust_comm: bool,
     pub class: Class,
     /// `user` as a uid, looked up once (not /etc/passwd on every match).
     #[serde(skip)]
@@ -459,7 +473,7 @@ fn services<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Service>, D::Error> {
         }
         s.matcher()
             .check()
-            .map_err(|e| D::Error::custom(format!("service {i}: {e}")))?;
+            .map_err(|e| D::Error::custom(format!("service {i} ({}): {e}", s.name)))?;
     }
     Ok(services)
 }
@@ -486,19 +500,99 @@ fn id_in(file: &str, name: &str) -> Option<u32> {
     })
 }
 
+/// What a process is known by, for matching it against rules, services and roles: its
+/// name, its executable (/proc/PID/exe), its CPU cgroup and its owner, the last three
+/// when read (see [`Config::matching_needs`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessFacts<'a> {
+    pub comm: &'a str,
+    pub exe: Option<&'a Path>,
+    pub cgroup: Option<&'a str>,
+    pub uid: Option<u32>,
+}
+
+/// What matching needs to know of each process besides its name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatchingNeeds {
+    pub cgroup: bool,
+    pub uid: bool,
+    pub exe: bool,
+}
+
+/// The dot-suffixes of systemd's unit types.
+const UNIT_SUFFIXES: &[&str] = &[
+    ".service",
+    ".socket",
+    ".device",
+    ".mount",
+    ".automount",
+    ".swap",
+    ".target",
+    ".path",
+    ".timer",
+    ".slice",
+    ".scope",
+];
+
+/// Whether `name` is a systemd unit's full name: at most 255 bytes of `[A-Za-z0-9:_.\@-]`,
+/// a name before one of the unit types' suffixes (`.service`, `.scope`, `.slice`, ...).
+pub fn valid_unit_name(name: &str) -> bool {
+    name.len() <= 255
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ":_.\\@-".contains(c))
+        && UNIT_SUFFIXES
+            .iter()
+            .any(|s| name.len() > s.len() && name.ends_with(s))
+}
+
+/// Whether a cgroup path component is a user's service manager (`user@UID.service`), under
+/// which the units are the user's to name.
+fn is_user_manager(part: &str) -> bool {
+    part.starts_with("user@") && part.ends_with(".service")
+}
+
+/// Whether the CPU cgroup `path` is in the system's unit `unit` (or below it): a component
+/// equal to it, with no user's manager above it.
+fn in_system_unit(path: &str, unit: &str) -> bool {
+    for part in path.split('/') {
+        if part == unit {
+            return true;
+        }
+        if is_user_manager(part) {
+            return false;
+        }
+    }
+    false
+}
+
 impl Rule {
     /// The checks every matcher (rule, service, role) must pass.
     fn check(&self) -> Result<(), String> {
         if self.comm.is_none()
+            && self.exe.is_none()
             && self.cgroup.is_none()
             && self.user.is_none()
             && self.unit.is_none()
         {
-            return Err("give at least one of comm, cgroup, user, unit to match".into());
+            return Err("give at least one of comm, exe, cgroup, user, unit to match".into());
         }
         if let Some(c) = &self.comm {
             if c.is_empty() || c.len() > 15 {
                 return Err(format!("comm {c:?} must be 1 to 15 bytes"));
+            }
+        }
+        if let Some(e) = &self.exe {
+            let normal: PathBuf = e.components().collect();
+            let ok = e.is_absolute()
+                && normal.as_os_str() == e.as_os_str()
+                && !e.components().any(|c| c == std::path::Component::ParentDir)
+                && !e.as_os_str().as_encoded_bytes().ends_with(b" (deleted)");
+            if !ok {
+                return Err(format!(
+                    "exe {e:?} must be an executable's absolute path as /proc/PID/exe gives it, \
+                     like /usr/sbin/nginx (no '..', '.', '//', trailing '/' or \" (deleted)\")"
+                ));
             }
         }
         if let Some(c) = &self.cgroup {
@@ -509,31 +603,73 @@ impl Rule {
                 ));
             }
         }
+        if let Some(u) = &self.unit {
+            if !valid_unit_name(u) {
+                return Err(format!(
+                    "unit {u:?} must be a systemd unit's full name, like postgresql.service \
+                     (letters, digits, ':', '_', '.', '\\', '@', '-', a suffix such as \
+                     .service, .scope or .slice, at most 255 bytes)"
+                ));
+            }
+        }
         if let Some(u) = &self.user {
             if u.parse::<u32>().is_err() && uid_of(u).is_none() {
                 return Err(format!("unknown user {u:?}"));
             }
         }
+        if self.grants() && self.by_comm_alone() && !self.trust_comm {
+            return Err(format!(
+                "matches by comm {:?} alone, a name any user can give their own process \
+                 to be granted it: add exe = \"/path/to/binary\" and/or user, or set \
+                 trust_comm = true on this entry",
+                self.comm.as_deref().unwrap_or_default()
+            ));
+        }
         Ok(())
     }
 
-    /// Whether a process with these attributes matches every field the rule gives.
-    pub fn matches(&self, comm: &str, cgroup: Option<&str>, uid: Option<u32>) -> bool {
+    /// Whether the processes it matches get more than a user could give themselves
+    /// (latency: never demoted; a service's group and a role's nice are latency too).
+    fn grants(&self) -> bool {
+        self.class == Class::Latency
+    }
+
+    /// Whether it picks its processes by name only.
+    fn by_comm_alone(&self) -> bool {
+        self.comm.is_some()
+            && self.exe.is_none()
+            && self.cgroup.is_none()
+            && self.user.is_none()
+            && self.unit.is_none()
+    }
+
+    /// Whether it is accepted only because `trust_comm` is set.
+    fn trusted_by_comm(&self) -> bool {
+        self.trust_comm && self.grants() && self.by_comm_alone()
+    }
+
+    /// Whether a process with these facts matches every field the rule gives.
+    pub fn matches(&self, p: &ProcessFacts) -> bool {
         let user_ok = self.user.as_ref().is_none_or(|u| {
             let want = *self
                 .uid
                 .get_or_init(|| u.parse::<u32>().ok().or_else(|| uid_of(u)));
-            want.is_some() && want == uid
+            want.is_some() && want == p.uid
         });
         let cgroup_ok = self.cgroup.as_ref().is_none_or(|c| {
             let c = c.trim_end_matches('/');
-            cgroup.is_some_and(|g| g == c || g.starts_with(&format!("{c}/")))
+            p.cgroup
+                .is_some_and(|g| g == c || g.starts_with(&format!("{c}/")))
         });
         let unit_ok = self
             .unit
             .as_ref()
-            .is_none_or(|u| cgroup.is_some_and(|g| g.split('/').any(|part| part == u)));
-        self.comm.as_ref().is_none_or(|c| c == comm) && user_ok && cgroup_ok && unit_ok
+            .is_none_or(|u| p.cgroup.is_some_and(|g| in_system_unit(g, u)));
+        let exe_ok = self
+            .exe
+            .as_ref()
+            .is_none_or(|e| p.exe.is_some_and(|x| x.as_os_str() == e.as_os_str()));
+        self.comm.as_ref().is_none_or(|c| c == p.comm) && exe_ok && user_ok && cgroup_ok && unit_ok
     }
 
     /// True when matching needs the process's cgroup.
@@ -544,6 +680,11 @@ impl Rule {
     /// True when matching needs the process's owner.
     pub fn needs_uid(&self) -> bool {
         self.user.is_some()
+    }
+
+    /// True when matching needs the process's executable.
+    pub fn needs_exe(&self) -> bool {
+        self.exe.is_some()
     }
 }
 
@@ -673,32 +814,18 @@ impl Config {
     }
 
     /// The class the first matching rule forces, if any; a service's processes are latency.
-    pub fn forced_class(
-        &self,
-        comm: &str,
-        cgroup: Option<&str>,
-        uid: Option<u32>,
-    ) -> Option<Class> {
-        if self.service_of(comm, cgroup, uid).is_some() || self.role_of(comm, cgroup, uid).is_some()
-        {
+    pub fn forced_class(&self, p: &ProcessFacts) -> Option<Class> {
+        if self.service_of(p).is_some() || self.role_of(p).is_some() {
             return Some(Class::Latency);
         }
-        self.rules
-            .iter()
-            .find(|r| r.matches(comm, cgroup, uid))
-            .map(|r| r.class)
+        self.rules.iter().find(|r| r.matches(p)).map(|r| r.class)
     }
 
     /// The role (and its fixed nice) a process has, if any.
-    pub fn role_of(
-        &self,
-        comm: &str,
-        cgroup: Option<&str>,
-        uid: Option<u32>,
-    ) -> Option<(&Role, i32)> {
+    pub fn role_of(&self, p: &ProcessFacts) -> Option<(&Role, i32)> {
         self.role
             .iter()
-            .find(|r| r.matcher().matches(comm, cgroup, uid))
+            .find(|r| r.matcher().matches(p))
             .map(|r| (r, self.roles.top_nice + r.rank as i32))
     }
 
@@ -721,25 +848,57 @@ impl Config {
     }
 
     /// The configured service a process belongs to, if any.
-    pub fn service_of(
-        &self,
-        comm: &str,
-        cgroup: Option<&str>,
-        uid: Option<u32>,
-    ) -> Option<&Service> {
-        self.services
-            .iter()
-            .find(|s| s.matcher().matches(comm, cgroup, uid))
+    pub fn service_of(&self, p: &ProcessFacts) -> Option<&Service> {
+        self.services.iter().find(|s| s.matcher().matches(p))
     }
 
-    /// Whether matching processes against rules and services needs their cgroup / owner.
-    pub fn matching_needs(&self) -> (bool, bool) {
+    /// What matching processes against rules, services and roles needs besides their name.
+    pub fn matching_needs(&self) -> MatchingNeeds {
         let services = self.services.iter().map(|s| s.matcher());
         let roles = self.role.iter().map(|r| r.matcher());
         let rules = self.rules.iter().cloned().chain(services).chain(roles);
-        rules.fold((false, false), |(c, u), r| {
-            (c || r.needs_cgroup(), u || r.needs_uid())
+        rules.fold(MatchingNeeds::default(), |n, r| MatchingNeeds {
+            cgroup: n.cgroup || r.needs_cgroup(),
+            uid: n.uid || r.needs_uid(),
+            exe: n.exe || r.needs_exe(),
         })
+    }
+
+    /// One line for each entry accepted only because of `trust_comm = true`: it grants
+    /// something to any process of that name, whoever runs it.
+    pub fn comm_trust_warnings(&self) -> Vec<String> {
+        let line = |entry: String, r: &Rule, what: &str| {
+            format!(
+                "{entry} matches comm {:?} alone (trust_comm = true): any user's process of                  that name gets {what}; name its exe = \"/path/to/binary\" and/or user instead",
+                r.comm.as_deref().unwrap_or_default()
+            )
+        };
+        let rules = self.rules.iter().enumerate().filter_map(|(i, r)| {
+            r.trusted_by_comm()
+                .then(|| line(format!("rule {i}"), r, "the latency class"))
+        });
+        let services = self.services.iter().enumerate().filter_map(|(i, s)| {
+            let r = s.matcher();
+            r.trusted_by_comm().then(|| {
+                line(
+                    format!("service {i} ({})", s.name),
+                    &r,
+                    &format!("the group {}", s.group_name()),
+                )
+            })
+        });
+        let roles = self.role.iter().enumerate().filter_map(|(i, role)| {
+            let r = role.matcher();
+            r.trusted_by_comm().then(|| {
+                let nice = self.roles.top_nice + role.rank as i32;
+                line(
+                    format!("role {i} ({})", role.app),
+                    &r,
+                    &format!("nice {nice}"),
+                )
+            })
+        });
+        rules.chain(services).chain(roles).collect()
     }
 
     pub fn elevation_params(&self) -> ElevationParams {

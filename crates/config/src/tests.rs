@@ -26,6 +26,16 @@ fn a_partial_file_overrides_only_its_keys() {
     assert_eq!(c.elevation.ladder, Config::default().elevation.ladder);
 }
 
+/// A process known by its name, cgroup and owner (its exe unread).
+fn facts<'a>(comm: &'a str, cgroup: Option<&'a str>, uid: Option<u32>) -> ProcessFacts<'a> {
+    ProcessFacts {
+        comm,
+        exe: None,
+        cgroup,
+        uid,
+    }
+}
+
 fn err(text: &str) -> String {
     Config::parse(text, "test.toml").unwrap_err().to_string()
 }
@@ -92,36 +102,42 @@ class = "batch"
 "#;
     let c = Config::parse(text, "r.toml").unwrap();
     let pg = Some("/system.slice/postgresql.service");
-    assert_eq!(c.forced_class("ffmpeg", None, None), Some(Class::Batch));
     assert_eq!(
-        c.forced_class("postgres", pg, Some(108)),
-        Some(Class::Latency)
-    );
-    assert_eq!(
-        c.forced_class("tar", Some("/backup/nightly"), Some(0)),
+        c.forced_class(&facts("ffmpeg", None, None)),
         Some(Class::Batch)
     );
     assert_eq!(
-        c.forced_class("tar", Some("/backups"), Some(0)),
+        c.forced_class(&facts("postgres", pg, Some(108))),
+        Some(Class::Latency)
+    );
+    assert_eq!(
+        c.forced_class(&facts("tar", Some("/backup/nightly"), Some(0))),
+        Some(Class::Batch)
+    );
+    assert_eq!(
+        c.forced_class(&facts("tar", Some("/backups"), Some(0))),
         None,
         "a path prefix"
     );
     assert_eq!(
-        c.forced_class("tar", Some("/backup"), Some(1000)),
+        c.forced_class(&facts("tar", Some("/backup"), Some(1000))),
         None,
         "all fields match"
     );
-    assert_eq!(c.forced_class("nginx", None, None), None);
+    assert_eq!(c.forced_class(&facts("nginx", None, None)), None);
 }
 
 #[test]
 fn services_are_latency_and_bad_services_are_errors() {
-    let text = "[[service]]\nname = \"web\"\ncomm = \"nginx\"\nweight = 200\n";
+    let text = "[[service]]\nname = \"web\"\ncomm = \"nginx\"\ntrust_comm = true\nweight = 200\n";
     let c = Config::parse(text, "s.toml").unwrap();
     assert_eq!(c.services[0].group_name(), "appease.svc.web");
-    assert_eq!(c.forced_class("nginx", None, None), Some(Class::Latency));
     assert_eq!(
-        c.service_of("nginx", None, None).map(|s| s.weight),
+        c.forced_class(&facts("nginx", None, None)),
+        Some(Class::Latency)
+    );
+    assert_eq!(
+        c.service_of(&facts("nginx", None, None)).map(|s| s.weight),
         Some(200)
     );
     let e = err("[[service]]\nname = \"a/b\"\ncomm = \"x\"\n");
@@ -129,9 +145,9 @@ fn services_are_latency_and_bad_services_are_errors() {
     let e = err("[[service]]\nname = \"w\"\n");
     assert!(e.contains("at least one of"), "{e}");
     let e =
-        err("[[service]]\nname = \"w\"\ncomm = \"x\"\n[[service]]\nname = \"w\"\ncomm = \"y\"\n");
+        err("[[service]]\nname = \"w\"\nexe = \"/x\"\n[[service]]\nname = \"w\"\nexe = \"/y\"\n");
     assert!(e.contains("used twice"), "{e}");
-    let e = err("[[service]]\nname = \"w\"\ncomm = \"x\"\nweight = 0\n");
+    let e = err("[[service]]\nname = \"w\"\nexe = \"/x\"\nweight = 0\n");
     assert!(e.contains("1..=10000"), "{e}");
 }
 
@@ -170,13 +186,22 @@ fn feeders_go_to_the_idle_group_unless_the_least_weight_is_asked_for() {
 
 #[test]
 fn roles_are_staggered_fixed_nice_values_above_normal() {
-    let text = "[[role]]\napp = \"search\"\ncomm = \"proc_a\"\nrank = 0\n\n\
-                    [[role]]\napp = \"search\"\ncomm = \"proc_b\"\nrank = 1\n";
+    let text = "[[role]]\napp = \"search\"\ncomm = \"proc_a\"\ntrust_comm = true\nrank = 0\n\n\
+                    [[role]]\napp = \"search\"\ncomm = \"proc_b\"\ntrust_comm = true\nrank = 1\n";
     let c = Config::parse(text, "r.toml").unwrap();
-    assert_eq!(c.role_of("proc_a", None, None).map(|r| r.1), Some(-5));
-    assert_eq!(c.role_of("proc_b", None, None).map(|r| r.1), Some(-4));
-    assert_eq!(c.forced_class("proc_b", None, None), Some(Class::Latency));
-    let e = err("[[role]]\napp = \"s\"\ncomm = \"x\"\nrank = 5\n");
+    assert_eq!(
+        c.role_of(&facts("proc_a", None, None)).map(|r| r.1),
+        Some(-5)
+    );
+    assert_eq!(
+        c.role_of(&facts("proc_b", None, None)).map(|r| r.1),
+        Some(-4)
+    );
+    assert_eq!(
+        c.forced_class(&facts("proc_b", None, None)),
+        Some(Class::Latency)
+    );
+    let e = err("[[role]]\napp = \"s\"\nexe = \"/x\"\nrank = 5\n");
     assert!(e.contains("nice 0") && e.contains("top_nice"), "{e}");
     let e = err("[roles]\ntop_nice = -40\n");
     assert!(e.contains("-20..=19"), "{e}");
@@ -225,12 +250,232 @@ fn a_rule_by_user_name_looks_the_name_up_once() {
     .unwrap();
     let rule = &cfg.rules[0];
     assert!(rule.uid.get().is_none(), "not before the first match");
-    assert!(rule.matches("x", None, Some(0)));
+    assert!(rule.matches(&facts("x", None, Some(0))));
     assert_eq!(rule.uid.get(), Some(&Some(0)), "kept for the next matches");
-    assert!(!rule.matches("x", None, Some(1000)));
+    assert!(!rule.matches(&facts("x", None, Some(1000))));
     let svc = &cfg.services[0];
-    assert!(svc.matcher().matches("x", None, Some(0)));
+    assert!(svc.matcher().matches(&facts("x", None, Some(0))));
     assert_eq!(svc.uid.get(), Some(&Some(0)), "a service's too");
+}
+
+#[test]
+fn a_unit_matches_the_systems_unit_and_never_a_users_of_that_name() {
+    let c = Config::parse(
+        "[[role]]\napp = \"db\"\nunit = \"postgresql.service\"\nrank = 0\n",
+        "u.toml",
+    )
+    .unwrap();
+    let system = "/system.slice/postgresql.service";
+    let user = "/user.slice/user-1000.slice/user@1000.service/app.slice/postgresql.service";
+    assert!(c.role_of(&facts("postgres", Some(system), None)).is_some());
+    assert!(
+        c.role_of(&facts("postgres", Some(&format!("{system}/worker")), None))
+            .is_some(),
+        "below the unit's group"
+    );
+    assert_eq!(c.role_of(&facts("postgres", Some(user), None)), None);
+    assert_eq!(c.forced_class(&facts("postgres", Some(user), None)), None);
+    assert_eq!(
+        c.role_of(&facts(
+            "postgres",
+            Some("/system.slice/postgresql.service.d"),
+            None
+        )),
+        None,
+        "the whole name"
+    );
+    assert_eq!(c.role_of(&facts("postgres", None, None)), None);
+    assert_eq!(
+        c.matching_needs(),
+        MatchingNeeds {
+            cgroup: true,
+            uid: false,
+            exe: false
+        }
+    );
+}
+
+#[test]
+fn granting_by_comm_alone_is_refused_unless_trusted() {
+    let entries = [
+        (
+            "[[service]]\nname = \"web\"\ncomm = \"nginx\"\n",
+            "service 0 (web)",
+        ),
+        (
+            "[[role]]\napp = \"search\"\ncomm = \"nginx\"\nrank = 0\n",
+            "role 0 (search)",
+        ),
+        (
+            "[[rule]]\ncomm = \"nginx\"\nclass = \"latency\"\n",
+            "rule 0",
+        ),
+    ];
+    for (entry, name) in entries {
+        let e = err(entry);
+        assert!(
+            e.contains(name)
+                && e.contains("comm \"nginx\" alone")
+                && e.contains("exe = \"/path/to/binary\"")
+                && e.contains("trust_comm = true"),
+            "{e}"
+        );
+        let trusted = entry.replace(
+            "comm = \"nginx\"\n",
+            "comm = \"nginx\"\ntrust_comm = true\n",
+        );
+        let c = Config::parse(&trusted, "t.toml").unwrap();
+        assert_eq!(
+            c.forced_class(&facts("nginx", None, None)),
+            Some(Class::Latency)
+        );
+        let warnings = c.comm_trust_warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with(name) && warnings[0].contains("\"nginx\""),
+            "{warnings:?}"
+        );
+        // With anything besides the name, neither refused nor warned about.
+        for more in ["exe = \"/usr/sbin/nginx\"\n", "user = \"root\"\n"] {
+            let named = entry.replace("comm = \"nginx\"\n", &format!("comm = \"nginx\"\n{more}"));
+            let c = Config::parse(&named, "n.toml").unwrap();
+            assert!(c.comm_trust_warnings().is_empty());
+            let with_trust = named.replace(
+                "comm = \"nginx\"\n",
+                "comm = \"nginx\"\ntrust_comm = true\n",
+            );
+            let c = Config::parse(&with_trust, "n.toml").unwrap();
+            assert!(c.comm_trust_warnings().is_empty(), "not only by trust");
+        }
+    }
+    // Demoting or leaving alone by name gives nobody anything.
+    for class in ["batch", "normal"] {
+        let c = Config::parse(
+            &format!("[[rule]]\ncomm = \"ffmpeg\"\nclass = \"{class}\"\n"),
+            "b.toml",
+        )
+        .unwrap();
+        assert!(c.comm_trust_warnings().is_empty());
+    }
+    assert!(Config::embedded().comm_trust_warnings().is_empty());
+}
+
+#[test]
+fn an_exe_matches_exactly_that_path() {
+    let c = Config::parse(
+        "[[service]]\nname = \"web\"\nexe = \"/usr/sbin/nginx\"\n",
+        "e.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        c.matching_needs(),
+        MatchingNeeds {
+            cgroup: false,
+            uid: false,
+            exe: true
+        }
+    );
+    let with_exe = |comm, exe: Option<&'static str>| ProcessFacts {
+        comm,
+        exe: exe.map(Path::new),
+        cgroup: None,
+        uid: Some(1000),
+    };
+    assert!(c
+        .service_of(&with_exe("nginx", Some("/usr/sbin/nginx")))
+        .is_some());
+    assert!(
+        c.service_of(&with_exe("anything", Some("/usr/sbin/nginx")))
+            .is_some(),
+        "whatever its name"
+    );
+    for other in [
+        "/home/u/usr/sbin/nginx",
+        "/usr/sbin/nginx2",
+        "/usr/sbin/ngin",
+        "/usr/sbin/nginx (deleted)",
+        "/usr/local/sbin/nginx",
+    ] {
+        assert!(
+            c.service_of(&with_exe("nginx", Some(other))).is_none(),
+            "{other}"
+        );
+    }
+    assert!(
+        c.service_of(&with_exe("nginx", None)).is_none(),
+        "an exe unread matches nothing"
+    );
+}
+
+#[test]
+fn bad_exe_and_unit_values_are_refused() {
+    for exe in [
+        "nginx",
+        "usr/sbin/nginx",
+        "/usr/sbin/../bin/sh",
+        "/usr/sbin/nginx (deleted)",
+        "/usr/sbin//nginx",
+        "/usr/./sbin/nginx",
+        "/usr/sbin/nginx/",
+        "",
+    ] {
+        let e = err(&format!("[[rule]]\nexe = \"{exe}\"\nclass = \"batch\"\n"));
+        assert!(
+            e.contains("rule 0") && e.contains("absolute path"),
+            "{exe}: {e}"
+        );
+    }
+    for unit in [
+        "postgresql",
+        "../postgresql.service",
+        "system.slice/postgresql.service",
+        ".service",
+        "pg sql.service",
+        "postgresql.servic",
+        "",
+    ] {
+        let e = err(&format!("[[rule]]\nunit = \"{unit}\"\nclass = \"batch\"\n"));
+        assert!(
+            e.contains("rule 0") && e.contains("unit's full name"),
+            "{unit}: {e}"
+        );
+    }
+    let e = err("[[service]]\nname = \"db\"\nunit = \"postgresql\"\n");
+    assert!(e.contains("service 0 (db)") && e.contains("unit"), "{e}");
+}
+
+#[test]
+fn unit_names_are_systemds() {
+    for ok in [
+        "postgresql.service",
+        "user@1000.service",
+        "getty@tty1.service",
+        "system-getty.slice",
+        "session-3.scope",
+        "dev-disk-by\\x2duuid-1234.mount",
+        "a:b_c.timer",
+        "sshd.socket",
+        "-.slice",
+        "multi-user.target",
+    ] {
+        assert!(valid_unit_name(ok), "{ok}");
+    }
+    let long = format!("{}.service", "a".repeat(248));
+    assert_eq!(long.len(), 256);
+    for bad in [
+        "",
+        "postgresql",
+        ".service",
+        "a/b.service",
+        "a b.service",
+        "é.service",
+        "postgresql.service ",
+        "postgresql.unknown",
+        long.as_str(),
+    ] {
+        assert!(!valid_unit_name(bad), "{bad}");
+    }
+    assert!(valid_unit_name(&long[1..]), "255 bytes");
 }
 
 #[test]

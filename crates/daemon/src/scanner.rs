@@ -7,13 +7,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use appease_actuator::ProcFacts;
-use appease_config::Config;
+use appease_config::{Config, ProcessFacts};
 use appease_policy::batch::{BatchClassifier, BatchDecision, Class, ProcSample};
 use appease_policy::spread::BusyThread;
 use appease_probe::{TaskIter, TaskRecord};
@@ -146,6 +147,8 @@ struct Reading {
     runnable: HashSet<u32>,
     cgroups: HashMap<u32, String>,
     uids: HashMap<u32, u32>,
+    /// Executables (/proc/PID/exe), read only when a matcher names one.
+    exes: HashMap<u32, PathBuf>,
     /// Processes that belong to another's application (a server's forks): pid -> app.
     apps: HashMap<u32, u32>,
     /// Threads running or waiting in an idle cgroup (none counted when reading /proc).
@@ -375,16 +378,21 @@ impl Source {
             },
             Source::Proc(seen) => from_proc(seen, in_group),
         };
-        let (cgroups, uids) = req.cfg.matching_needs();
+        let needs = req.cfg.matching_needs();
         for p in reading.procs.iter().filter(|p| !p.kernel_thread) {
-            if cgroups {
+            if needs.cgroup {
                 if let Some(c) = host::cpu_cgroup_of(p.pid) {
                     reading.cgroups.insert(p.pid, c);
                 }
             }
-            if uids {
+            if needs.uid {
                 if let Some(u) = host::uid_of_process(p.pid) {
                     reading.uids.insert(p.pid, u);
+                }
+            }
+            if needs.exe {
+                if let Ok(e) = std::fs::read_link(format!("/proc/{}/exe", p.pid)) {
+                    reading.exes.insert(p.pid, e);
                 }
             }
         }
@@ -456,7 +464,7 @@ impl Worker {
         self.last_scan = Some(taken_at);
 
         let (mut forced, services, roles) =
-            classify_by_config(cfg, procs, &reading.cgroups, &reading.uids);
+            classify_by_config(cfg, procs, &reading.cgroups, &reading.uids, &reading.exes);
         // The processes this daemon runs under supervise it: never part of a batch tree
         // (else a soaker started by the script that started appease takes the script,
         // and everything else it runs, into the idle group).
@@ -623,6 +631,7 @@ fn classify_by_config(
     procs: &[ProcSample],
     cgroups: &HashMap<u32, String>,
     uids: &HashMap<u32, u32>,
+    exes: &HashMap<u32, PathBuf>,
 ) -> (HashMap<u32, Class>, HashMap<u32, String>, Roles) {
     let (mut forced, mut services, mut roles) = (HashMap::new(), HashMap::new(), HashMap::new());
     if cfg.rules.is_empty()
@@ -638,15 +647,19 @@ fn classify_by_config(
             forced.insert(p.pid, Class::Normal);
             continue;
         }
-        let cgroup = cgroups.get(&p.pid).map(String::as_str);
-        let uid = uids.get(&p.pid).copied();
-        if let Some(c) = cfg.forced_class(&p.comm, cgroup, uid) {
+        let facts = ProcessFacts {
+            comm: &p.comm,
+            exe: exes.get(&p.pid).map(PathBuf::as_path),
+            cgroup: cgroups.get(&p.pid).map(String::as_str),
+            uid: uids.get(&p.pid).copied(),
+        };
+        if let Some(c) = cfg.forced_class(&facts) {
             forced.insert(p.pid, c);
         }
-        if let Some(svc) = cfg.service_of(&p.comm, cgroup, uid) {
+        if let Some(svc) = cfg.service_of(&facts) {
             services.insert(p.pid, format!("/{}", svc.group_name()));
         }
-        if let Some((role, nice)) = cfg.role_of(&p.comm, cgroup, uid) {
+        if let Some((role, nice)) = cfg.role_of(&facts) {
             roles.insert(
                 p.pid,
                 (nice, format!("role {} rank {}", role.app, role.rank)),

@@ -147,9 +147,9 @@ root_test! {
             &format!(
                 "[batch]\ngroup = \"{group}\"\nafter_ms = 300\nscan_ms = 100\n\
                  [roles]\ntop_nice = -6\n\n\
-                 [[role]]\napp = \"chaos\"\ncomm = \"chaos-ra{tag}\"\nrank = 0\n\n\
-                 [[role]]\napp = \"chaos\"\ncomm = \"chaos-rb{tag}\"\nrank = 1\n\n\
-                 [[service]]\nname = \"chaos{tag}\"\ncomm = \"chaos-sv{tag}\"\n\n{elevation}"
+                 [[role]]\napp = \"chaos\"\ncomm = \"chaos-ra{tag}\"\ntrust_comm = true\nrank = 0\n\n\
+                 [[role]]\napp = \"chaos\"\ncomm = \"chaos-rb{tag}\"\ntrust_comm = true\nrank = 1\n\n\
+                 [[service]]\nname = \"chaos{tag}\"\ncomm = \"chaos-sv{tag}\"\ntrust_comm = true\n\n{elevation}"
             ),
         );
         // The mix: two soakers (one forks), two processes with roles, one in a service, and

@@ -13,7 +13,7 @@ root_test! {
             .unwrap();
         let cfg = dir.file(
             "refused.toml",
-            &format!("[[service]]\nname = \"{name}\"\ncomm = \"no-such-comm\"\nweight = 200\n"),
+            &format!("[[service]]\nname = \"{name}\"\ncomm = \"no-such-comm\"\ntrust_comm = true\nweight = 200\n"),
         );
         let shares = cg.root().join(&gpath[1..]).join("cpu.shares");
         let before = std::fs::read_to_string(&shares).ok();
@@ -45,8 +45,8 @@ root_test! {
             "svc.toml",
             &format!(
                 "[batch]\nenabled = false\nscan_ms = 200\n\n\
-                 [[service]]\nname = \"a{tag}\"\ncomm = \"{a}\"\n\n\
-                 [[service]]\nname = \"b{tag}\"\ncomm = \"{b}\"\n"
+                 [[service]]\nname = \"a{tag}\"\ncomm = \"{a}\"\ntrust_comm = true\n\n\
+                 [[service]]\nname = \"b{tag}\"\ncomm = \"{b}\"\ntrust_comm = true\n"
             ),
         );
         let home = cpu_cgroup(std::process::id()).unwrap();
@@ -114,8 +114,8 @@ root_test! {
             "roles.toml",
             &format!(
                 "[batch]\nenabled = false\nscan_ms = 200\n[roles]\ntop_nice = -6\n\n\
-                 [[role]]\napp = \"search\"\ncomm = \"{a}\"\nrank = 0\n\n\
-                 [[role]]\napp = \"search\"\ncomm = \"{b}\"\nrank = 1\n"
+                 [[role]]\napp = \"search\"\ncomm = \"{a}\"\ntrust_comm = true\nrank = 0\n\n\
+                 [[role]]\napp = \"search\"\ncomm = \"{b}\"\ntrust_comm = true\nrank = 1\n"
             ),
         );
         let procs = Soakers(vec![named_soaker(&a), named_soaker(&b)]);
@@ -149,9 +149,9 @@ root_test! {
         let common = format!(
             "[batch]\ngroup = \"appease.t{tag}\"\nafter_ms = 1000\nscan_ms = 200\n\
              [roles]\ntop_nice = -6\n\
-             [[role]]\napp = \"a\"\ncomm = \"{role_a}\"\nrank = 0\n"
+             [[role]]\napp = \"a\"\ncomm = \"{role_a}\"\ntrust_comm = true\nrank = 0\n"
         );
-        let before = format!("{common}[[role]]\napp = \"a\"\ncomm = \"{role_b}\"\nrank = 1\n");
+        let before = format!("{common}[[role]]\napp = \"a\"\ncomm = \"{role_b}\"\ntrust_comm = true\nrank = 1\n");
         let cfg = dir.file("reload.toml", &before);
         let home = cpu_cgroup(std::process::id()).unwrap();
         let procs = Soakers(vec![
@@ -182,7 +182,7 @@ root_test! {
             &cfg,
             format!(
                 "{common}[hands_off]\ncomms = [\"{ex}\", \"{role_a}\"]\n\
-                 [[service]]\nname = \"{service}\"\ncomm = \"{sv}\"\n"
+                 [[service]]\nname = \"{service}\"\ncomm = \"{sv}\"\ntrust_comm = true\n"
             ),
         )
         .unwrap();
@@ -233,7 +233,7 @@ root_test! {
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         assert!(!out.status.success(), "a bad reload fails");
         assert!(
-            err.contains("keeps its last good config") && err.contains("line 12, column 11"),
+            err.contains("keeps its last good config") && err.contains("line 13, column 11"),
             "{err}"
         );
         assert_eq!(err.trim().lines().count(), 1, "one error: {err}");

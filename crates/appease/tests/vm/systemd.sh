@@ -86,7 +86,7 @@ check "after restore the soakers are still in their units" sh -c "[ \"\$(sed -n 
 cat > /tmp/svc.toml <<'TOML'
 [[service]]
 name = "web"
-comm = "nginx"
+exe = "/usr/sbin/nginx"
 TOML
 $A daemon --config /tmp/svc.toml > /tmp/svc.log 2>&1
 rc=$?
