@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use appease_cgroup::{Cgroups, ProcStat};
+use appease_cgroup::Cgroups;
 
 use crate::group_idle::is_below;
 use crate::in_place::{put_back_inherited, Idled};
@@ -59,8 +59,7 @@ pub struct ProcFacts {
 impl ProcFacts {
     /// Read from /proc: for a process the last scan did not see.
     fn read(pid: u32) -> Option<Self> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let s = ProcStat::parse(&text)?;
+        let s = appease_cgroup::read_stat(format!("/proc/{pid}/stat"))?;
         Some(ProcFacts {
             ppid: s.ppid,
             start: s.start,

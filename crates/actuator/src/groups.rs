@@ -158,7 +158,7 @@ fn cg_err(e: CgroupError) -> ActError {
 }
 
 fn ppid_of(pid: u32) -> Option<u32> {
-    appease_cgroup::stat_ppid(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    appease_cgroup::read_ppid(pid)
 }
 
 /// Where a process found in the group goes back to: its own recorded origin if it

@@ -3,16 +3,19 @@
 //! One JSON object per line; live entries are rewritten compactly when it grows.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::private::{self, Access};
 use crate::sys::Sched;
 
 const FILE: &str = "journal.jsonl";
+/// The journal is compacted when it passes this size and twice its live entries' size
+/// after the last compaction: however much is live, an append costs one write, and a
+/// compaction comes only after as many bytes appended as it rewrites.
 const COMPACT_AT_BYTES: u64 = 1 << 20;
 
 /// A thread's identity: a tid is only the same thread while its start time matches.
@@ -195,23 +198,19 @@ pub struct Journal {
     dir: PathBuf,
     file: File,
     bytes: u64,
+    /// The size after the last compaction (or at open).
+    compacted_bytes: u64,
     live: JournalState,
 }
 
 impl Journal {
-    /// Opens (creating) the journal in `dir`, keeping what it already holds.
+    /// Opens (creating) the journal in `dir`, keeping what it already holds. `dir` must
+    /// be appease's own (see `private`).
     pub fn open(dir: &Path) -> io::Result<Self> {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
+        private::private_dir(dir)?;
         let live = read_pending(dir)?;
         let path = dir.join(FILE);
-        let mut file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&path)?;
+        let mut file = private::open_private(&path, Access::Append)?;
         let mut bytes = file.metadata()?.len();
         // A torn last line (a crash mid-write) is ended, so that the next record starts
         // a line of its own instead of merging into it.
@@ -223,6 +222,7 @@ impl Journal {
             dir: dir.to_path_buf(),
             file,
             bytes,
+            compacted_bytes: bytes,
             live,
         })
     }
@@ -250,7 +250,7 @@ impl Journal {
         for rec in recs {
             apply(&mut self.live, rec.clone());
         }
-        if self.bytes > COMPACT_AT_BYTES {
+        if self.bytes > COMPACT_AT_BYTES.max(2 * self.compacted_bytes) {
             self.compact()?;
         }
         Ok(())
@@ -262,7 +262,6 @@ impl Journal {
 
     /// Rewrites the journal with only the live entries (atomic rename).
     fn compact(&mut self) -> io::Result<()> {
-        let tmp = self.dir.join(format!("{FILE}.tmp"));
         let mut out = String::new();
         let mut line = |rec: &Record| -> io::Result<()> {
             out.push_str(&serde_json::to_string(rec).map_err(io::Error::other)?);
@@ -330,10 +329,10 @@ impl Journal {
                 line(&rec)?;
             }
         }
-        fs::write(&tmp, &out)?;
-        fs::rename(&tmp, self.path())?;
-        self.file = OpenOptions::new().append(true).open(self.path())?;
+        private::replace_private(&self.path(), out.as_bytes())?;
+        self.file = private::open_private(&self.path(), Access::Append)?;
         self.bytes = out.len() as u64;
+        self.compacted_bytes = self.bytes;
         Ok(())
     }
 
@@ -353,7 +352,7 @@ impl Journal {
 pub fn keep_a_copy(dir: &Path) -> io::Result<PathBuf> {
     let secs = crate::now_secs();
     let to = dir.join(format!("{FILE}.corrupt-{secs}"));
-    fs::copy(dir.join(FILE), &to)?;
+    private::replace_private(&to, &fs::read(dir.join(FILE))?)?;
     Ok(to)
 }
 
@@ -438,10 +437,58 @@ fn applied(live: &mut JournalState, key: TaskKey, ours: [i32; 2], orig: Option<S
     }
 }
 
+/// A record whose cgroup paths, unit names and weights are ones appease could have
+/// written: a forged or damaged one (`..` in a path, a unit that is no unit name) is
+/// refused, never acted on.
+fn well_formed(rec: &Record) -> Result<(), String> {
+    use appease_cgroup::names::{valid_cgroup_path, valid_unit_name};
+    let unit_name = |u: &str| match valid_unit_name(u) {
+        true => Ok(()),
+        false => Err(format!("not a unit name: {u:?}")),
+    };
+    let paths: &[&str] = match rec {
+        Record::Group { path } | Record::GroupRemoved { path } | Record::GroupUnidle { path } => {
+            &[path]
+        }
+        Record::GroupIdle { path, weight, .. } => {
+            if weight.is_empty() || weight.len() > 10 || !weight.bytes().all(|b| b.is_ascii_digit())
+            {
+                return Err(format!("not a weight: {weight:?}"));
+            }
+            &[path]
+        }
+        Record::Move { from, to, .. } => &[from, to],
+        Record::UnitIdle { unit, dropin, .. } => {
+            // The drop-in's old text goes back into systemd's runtime directory: only what
+            // a CPUWeight drop-in holds (comments, a section, the property).
+            let property_only = |l: &str| {
+                l.is_empty()
+                    || l.starts_with('#')
+                    || (l.starts_with('[') && l.ends_with(']'))
+                    || l.starts_with("CPUWeight=")
+            };
+            if dropin
+                .as_deref()
+                .is_some_and(|d| !d.lines().all(property_only))
+            {
+                return Err(format!("not a CPUWeight drop-in for {unit:?}"));
+            }
+            return unit_name(unit);
+        }
+        Record::UnitRestored { unit } => return unit_name(unit),
+        _ => &[],
+    };
+    match paths.iter().find(|p| !valid_cgroup_path(p)) {
+        Some(p) => Err(format!("not a cgroup path: {p:?}")),
+        None => Ok(()),
+    }
+}
+
 /// Reads what a journal in `dir` says must be undone. A torn last line (a crash while
 /// writing it: no newline after it) is ignored; it described a change not yet made. Any
 /// other line that is not a record (not UTF-8, not JSON: a damaged disk, an edit) is
-/// skipped, and its number kept in `corrupt`: the rest is still undone.
+/// skipped, and its number kept in `corrupt`: the rest is still undone. So is a record
+/// that names a cgroup path or unit appease could not have written.
 pub fn read_pending(dir: &Path) -> io::Result<JournalState> {
     let bytes = match fs::read(dir.join(FILE)) {
         Ok(b) => b,
@@ -458,7 +505,7 @@ pub fn read_pending(dir: &Path) -> io::Result<JournalState> {
         let rec = std::str::from_utf8(line)
             .map_err(|e| e.to_string())
             .and_then(|l| serde_json::from_str::<Record>(l).map_err(|e| e.to_string()));
-        match rec {
+        match rec.and_then(|r| well_formed(&r).map(|()| r)) {
             Ok(rec) => apply(&mut live, rec),
             Err(_) if torn_tail && n + 1 == lines.len() => {
                 tracing::debug!(
@@ -476,384 +523,4 @@ pub fn read_pending(dir: &Path) -> io::Result<JournalState> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(tid: u32) -> TaskKey {
-        TaskKey {
-            pid: 1,
-            tid,
-            start: 42,
-        }
-    }
-
-    fn sched(nice: i32) -> Sched {
-        Sched {
-            policy: 0,
-            nice,
-            slice_ns: 0,
-            reset_on_fork: false,
-        }
-    }
-
-    fn tmpdir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("appease-journal-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        d
-    }
-
-    #[test]
-    fn replays_live_entries_across_reopen() {
-        let dir = tmpdir("replay");
-        let mut j = Journal::open(&dir).unwrap();
-        j.append(&Record::Manage {
-            key: key(1),
-            comm: "a".into(),
-            orig: sched(0),
-        })
-        .unwrap();
-        j.append(&Record::Apply {
-            key: key(1),
-            prev: 0,
-            next: -5,
-            slice_ns: 500_000,
-            orig: None,
-        })
-        .unwrap();
-        j.append(&Record::Manage {
-            key: key(2),
-            comm: "b".into(),
-            orig: sched(3),
-        })
-        .unwrap();
-        j.append(&Record::Apply {
-            key: key(2),
-            prev: 3,
-            next: -2,
-            slice_ns: 0,
-            orig: None,
-        })
-        .unwrap();
-        j.append(&Record::Apply {
-            key: key(2),
-            prev: -2,
-            next: 0,
-            slice_ns: 0,
-            orig: None,
-        })
-        .unwrap();
-        j.append(&Record::Release { key: key(1) }).unwrap();
-        drop(j);
-        // A torn line at the end is skipped.
-        let mut f = OpenOptions::new()
-            .append(true)
-            .open(dir.join(FILE))
-            .unwrap();
-        f.write_all(b"{\"op\":\"apply\",\"key\":{\"pi").unwrap();
-        let live = read_pending(&dir).unwrap().threads;
-        assert_eq!(live.len(), 1);
-        let p = &live[&key(2)];
-        assert_eq!((p.orig.nice, p.ours.clone()), (3, vec![-2, 0]));
-        let j = Journal::open(&dir).unwrap();
-        assert_eq!(j.state().threads.len(), 1);
-        j.remove_if_empty().unwrap();
-        assert!(dir.join(FILE).exists(), "kept while something is pending");
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn compaction_keeps_live_entries_only() {
-        let dir = tmpdir("compact");
-        let mut j = Journal::open(&dir).unwrap();
-        for tid in 0..8000 {
-            j.append(&Record::Manage {
-                key: key(tid),
-                comm: "x".into(),
-                orig: sched(0),
-            })
-            .unwrap();
-            j.append(&Record::Apply {
-                key: key(tid),
-                prev: 0,
-                next: -3,
-                slice_ns: 0,
-                orig: None,
-            })
-            .unwrap();
-            if tid != 7 {
-                j.append(&Record::Release { key: key(tid) }).unwrap();
-            }
-        }
-        assert!(fs::metadata(dir.join(FILE)).unwrap().len() < COMPACT_AT_BYTES);
-        let live = read_pending(&dir).unwrap().threads;
-        assert_eq!(live.keys().copied().collect::<Vec<_>>(), vec![key(7)]);
-        assert_eq!(live[&key(7)].ours, vec![0, -3]);
-        drop(j);
-        let mut j = Journal::open(&dir).unwrap();
-        j.append(&Record::Release { key: key(7) }).unwrap();
-        j.remove_if_empty().unwrap();
-        assert!(!dir.join(FILE).exists());
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn moves_and_groups_replay_and_compact() {
-        let dir = tmpdir("moves");
-        let mut j = Journal::open(&dir).unwrap();
-        j.append(&Record::Group {
-            path: "/appease.batch".into(),
-        })
-        .unwrap();
-        j.append(&Record::Move {
-            key: key(5),
-            from: "/".into(),
-            to: "/appease.batch".into(),
-        })
-        .unwrap();
-        // Moved again (say promoted then demoted): the first origin is what counts.
-        j.append(&Record::Move {
-            key: key(5),
-            from: "/appease.batch".into(),
-            to: "/appease.batch".into(),
-        })
-        .unwrap();
-        j.append(&Record::Move {
-            key: key(6),
-            from: "/a".into(),
-            to: "/appease.batch".into(),
-        })
-        .unwrap();
-        j.append(&Record::Return { key: key(6) }).unwrap();
-        drop(j);
-        let st = read_pending(&dir).unwrap();
-        assert_eq!(
-            st.groups.iter().cloned().collect::<Vec<_>>(),
-            vec!["/appease.batch".to_string()]
-        );
-        assert_eq!(st.moves.len(), 1);
-        assert_eq!(st.moves[&key(5)].from, "/");
-        let mut j = Journal::open(&dir).unwrap();
-        j.compact().unwrap();
-        assert_eq!(
-            read_pending(&dir).unwrap(),
-            st,
-            "compaction keeps moves and groups"
-        );
-        j.append(&Record::Return { key: key(5) }).unwrap();
-        j.append(&Record::GroupRemoved {
-            path: "/appease.batch".into(),
-        })
-        .unwrap();
-        assert!(j.state().is_empty());
-        j.remove_if_empty().unwrap();
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn raised_autogroups_replay_and_compact_keeping_the_first_original() {
-        let dir = tmpdir("autogroups");
-        let mut j = Journal::open(&dir).unwrap();
-        let raise = |id, prev, next| Record::AutogroupNice {
-            id,
-            key: key(5),
-            orig: prev,
-            prev,
-            next,
-        };
-        j.append(&raise(7, 0, -10)).unwrap();
-        // Raised again to a new nice (a reload): 0 is still what goes back.
-        j.append(&raise(7, -10, -5)).unwrap();
-        j.append(&raise(8, 2, -10)).unwrap();
-        j.append(&Record::AutogroupRestored { id: 8 }).unwrap();
-        drop(j);
-        let st = read_pending(&dir).unwrap();
-        assert_eq!(st.autogroups.keys().copied().collect::<Vec<_>>(), vec![7]);
-        let a = &st.autogroups[&7];
-        assert_eq!((a.orig, a.prev, a.nice, a.key), (0, -10, -5, key(5)));
-        let mut j = Journal::open(&dir).unwrap();
-        j.compact().unwrap();
-        assert_eq!(read_pending(&dir).unwrap(), st, "compaction keeps them");
-        j.append(&Record::AutogroupRestored { id: 7 }).unwrap();
-        assert!(j.state().is_empty());
-        j.remove_if_empty().unwrap();
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn threads_idled_in_place_and_idle_units_replay_and_compact() {
-        let dir = tmpdir("in-place");
-        let mut j = Journal::open(&dir).unwrap();
-        let idle = |nice| Sched {
-            policy: crate::sys::SCHED_IDLE,
-            ..sched(nice)
-        };
-        j.append(&Record::Idle {
-            key: key(7),
-            orig: sched(3),
-        })
-        .unwrap();
-        // Recorded again (a daemon that died between the record and the change, then a
-        // new one): the first original is what counts.
-        j.append(&Record::Idle {
-            key: key(7),
-            orig: idle(3),
-        })
-        .unwrap();
-        j.append(&Record::Idle {
-            key: key(8),
-            orig: sched(0),
-        })
-        .unwrap();
-        j.append(&Record::Unidle { key: key(8) }).unwrap();
-        j.append(&Record::UnitIdle {
-            unit: "backup.service".into(),
-            orig: crate::systemd::WEIGHT_UNSET,
-            transient: false,
-            dropin: None,
-        })
-        .unwrap();
-        j.append(&Record::UnitIdle {
-            unit: "run-r1.scope".into(),
-            orig: 50,
-            transient: true,
-            dropin: Some("[Scope]\nCPUWeight=50\n".into()),
-        })
-        .unwrap();
-        j.append(&Record::UnitRestored {
-            unit: "backup.service".into(),
-        })
-        .unwrap();
-        drop(j);
-        let st = read_pending(&dir).unwrap();
-        assert_eq!(st.idled.len(), 1);
-        assert_eq!(st.idled[&key(7)], sched(3));
-        assert_eq!(
-            st.units.get("run-r1.scope"),
-            Some(&(50, true, Some("[Scope]\nCPUWeight=50\n".to_string())))
-        );
-        assert_eq!(st.len(), 2);
-        let mut j = Journal::open(&dir).unwrap();
-        j.compact().unwrap();
-        assert_eq!(read_pending(&dir).unwrap(), st, "compaction keeps both");
-        j.append(&Record::Unidle { key: key(7) }).unwrap();
-        j.append(&Record::UnitRestored {
-            unit: "run-r1.scope".into(),
-        })
-        .unwrap();
-        assert!(j.state().is_empty());
-        j.remove_if_empty().unwrap();
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    fn manage(tid: u32, nice: i32) -> Record {
-        Record::Manage {
-            key: key(tid),
-            comm: "t".into(),
-            orig: sched(nice),
-        }
-    }
-
-    fn apply_rec(tid: u32, orig: i32, next: i32) -> Record {
-        Record::Apply {
-            key: key(tid),
-            prev: orig,
-            next,
-            slice_ns: 0,
-            orig: Some(sched(orig)),
-        }
-    }
-
-    fn lines_of(recs: &[Record]) -> Vec<Vec<u8>> {
-        recs.iter()
-            .map(|r| serde_json::to_vec(r).unwrap())
-            .collect()
-    }
-
-    fn write_lines(dir: &Path, lines: &[Vec<u8>]) {
-        fs::create_dir_all(dir).unwrap();
-        let mut text = Vec::new();
-        for l in lines {
-            text.extend_from_slice(l);
-            text.push(b'\n');
-        }
-        fs::write(dir.join(FILE), text).unwrap();
-    }
-
-    #[test]
-    fn a_line_that_is_not_utf8_costs_that_line_only() {
-        let dir = tmpdir("utf8");
-        let mut lines = lines_of(&[manage(1, 0), apply_rec(1, 0, -5), manage(2, 3)]);
-        lines.insert(1, b"{\"op\":\"release\",\xff}".to_vec());
-        write_lines(&dir, &lines);
-        let st = read_pending(&dir).expect("read, not aborted");
-        assert_eq!(st.threads.len(), 2, "every other line replayed");
-        assert_eq!(st.corrupt, vec![2]);
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_lost_manage_line_is_made_good_by_the_apply_record() {
-        let dir = tmpdir("lost-manage");
-        let mut lines = lines_of(&[manage(1, 4), apply_rec(1, 4, -5)]);
-        lines[0] = b"garbage".to_vec();
-        write_lines(&dir, &lines);
-        let st = read_pending(&dir).unwrap();
-        let p = &st.threads[&key(1)];
-        assert_eq!((p.orig, p.ours.clone()), (sched(4), vec![4, -5]));
-        assert_eq!(st.corrupt, vec![1]);
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_torn_last_line_is_ended_before_the_next_record() {
-        let dir = tmpdir("torn");
-        let mut lines = lines_of(&[manage(1, 0)]);
-        lines.push(br#"{"op":"manage","key":{"pi"#.to_vec());
-        write_lines(&dir, &lines);
-        // Remove the newline after the torn line: a crash mid-write leaves none.
-        let mut text = fs::read(dir.join(FILE)).unwrap();
-        text.pop();
-        fs::write(dir.join(FILE), text).unwrap();
-        let mut j = Journal::open(&dir).unwrap();
-        assert!(
-            j.state().corrupt.is_empty(),
-            "a torn tail is not corruption"
-        );
-        j.append(&manage(2, 0)).unwrap();
-        drop(j);
-        let st = read_pending(&dir).unwrap();
-        assert_eq!(
-            st.threads.len(),
-            2,
-            "the record after the torn line is read"
-        );
-        assert_eq!(
-            st.corrupt,
-            vec![2],
-            "the torn line, now ended, is one bad line"
-        );
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn restore_keeps_a_journal_with_unreadable_lines_and_counts_them_failed() {
-        let dir = tmpdir("restore-corrupt");
-        // A group that does not exist (gone) and one unreadable line.
-        let mut lines = lines_of(&[Record::GroupIdle {
-            path: "/appease-no-such-group".into(),
-            idle: false,
-            weight: "1024".into(),
-        }]);
-        lines.push(b"\x00\x01 not a record".to_vec());
-        write_lines(&dir, &lines);
-        let report = crate::restore_journal(&dir).unwrap();
-        assert_eq!(report.failed, 1, "{report:?}");
-        let kept: Vec<_> = fs::read_dir(&dir)
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
-            .collect();
-        assert_eq!(kept.len(), 1, "a copy kept for a look");
-        fs::remove_dir_all(&dir).unwrap();
-    }
-}
+mod tests;

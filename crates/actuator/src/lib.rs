@@ -9,6 +9,7 @@ mod group_idle;
 pub mod groups;
 mod in_place;
 pub mod journal;
+pub mod private;
 mod restore;
 mod server_weight;
 mod spread;

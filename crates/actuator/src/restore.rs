@@ -108,6 +108,8 @@ pub(crate) fn restore_journal_with(
     k: &dyn Kernel,
     parts: &[Part],
 ) -> io::Result<RestoreReport> {
+    // Whose directory it is first: a journal anyone else could have written is not read.
+    crate::private::private_dir(dir)?;
     let corrupt = journal::read_pending(dir)?.corrupt;
     if !corrupt.is_empty() {
         // What those lines recorded is lost: the journal is kept as it was for a look,

@@ -228,11 +228,13 @@ impl Kernel for Host {
         pidfd_open_thread(tid).ok()
     }
     fn comm(&self, pid: u32) -> Option<String> {
-        let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        Some(c.trim_end().to_string())
+        let c = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+        Some(appease_cgroup::names::escaped(
+            c.strip_suffix(b"\n").unwrap_or(&c),
+        ))
     }
     fn ppid(&self, pid: u32) -> Option<u32> {
-        appease_cgroup::stat_ppid(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+        appease_cgroup::read_ppid(pid)
     }
     fn affinity(&self, tid: u32) -> io::Result<Vec<usize>> {
         affinity(tid)
@@ -285,7 +287,7 @@ pub struct TaskStat {
     pub session: u32,
 }
 
-pub fn parse_stat(text: &str) -> Option<TaskStat> {
+pub fn parse_stat(text: &[u8]) -> Option<TaskStat> {
     let s = appease_cgroup::ProcStat::parse(text)?;
     Some(TaskStat {
         kernel_thread: s.kernel_thread(),
@@ -298,7 +300,7 @@ pub fn parse_stat(text: &str) -> Option<TaskStat> {
 }
 
 pub fn task_stat(pid: u32, tid: u32) -> io::Result<TaskStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))?;
+    let text = std::fs::read(format!("/proc/{pid}/task/{tid}/stat"))?;
     parse_stat(&text)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc stat"))
 }
@@ -383,7 +385,7 @@ mod tests {
     fn parses_stat_with_spaces_and_parens_in_comm() {
         let line = "1234 (my (odd) srv) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 6 0 0 20 -5 3 0 98765 1000 200 \
                     18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 3 0 0 0";
-        let s = parse_stat(line).unwrap();
+        let s = parse_stat(line.as_bytes()).unwrap();
         assert_eq!(s.comm, "my (odd) srv");
         assert_eq!(s.nice, -5);
         assert_eq!(s.start, 98765);

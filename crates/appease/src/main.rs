@@ -281,8 +281,18 @@ fn daemon(
 fn restore() -> Result<()> {
     appease_daemon::preflight()?;
     let dir = appease_daemon::run_dir();
-    let _lock = appease_daemon::RunLock::acquire(&dir)
-        .context("a running daemon restores by itself when stopped (SIGTERM); appease restore is for after a crash")?;
+    // A daemon killed a moment ago holds the lock until its exit ends (its probe is
+    // detached then): waited for, a few seconds at most.
+    let (_lock, waited) =
+        appease_daemon::RunLock::acquire_after_exit(&dir, std::time::Duration::from_secs(10))
+            .context("a running daemon restores by itself when stopped (SIGTERM); appease restore is for after a crash")?;
+    if waited >= std::time::Duration::from_millis(50) {
+        println!(
+            "waited {:.1} s for the daemon that held {} to finish exiting",
+            waited.as_secs_f64(),
+            dir.display()
+        );
+    }
     let r = appease_daemon::restore_leftovers(&dir)?;
     println!(
         "restored {} thread(s); {} gone, {} changed by someone else since (left alone), {} failed",

@@ -118,10 +118,11 @@ fn print_status(status: &Status) {
         l.runnable_per_cpu, status.cpus, l.psi_some_pct, l.ladder_step, l.unix_nice, l.inet_nice, l.decay_ms
     );
     println!(
-        "probe: {} socket reads, {} request events, {} lost; {} reads of responses (a client's side)",
+        "probe: {} socket reads, {} request events, {} lost, {} over users' bounds; {} reads of responses (a client's side)",
         status.probe.socket_reads,
         status.probe.request_events,
         status.probe.lost_events,
+        status.probe.throttled_events,
         status.probe.response_reads
     );
     let (lat, def) = (
@@ -227,14 +228,17 @@ fn print_processes(status: &Status, now: u64) {
         "{:>7} {:<16} {:<6} {:<16} {:<24} {:>7}  {:<32} {:<10} SINCE",
         "PID", "COMM", "CLASS", "GROUP", "FROM", "TREE", "WHY", "HOW"
     );
+    // Group paths are read raw (a delegated user names its groups): shown escaped, never
+    // as terminal control. Names are escaped where they are read.
+    let shown = appease_cgroup::names::escaped_str;
     for p in &status.processes {
         println!(
             "{:>7} {:<16} {:<6} {:<16} {:<24} {:>7}  {:<32} {:<10} {}s ago",
             p.pid,
             p.comm,
             p.class,
-            p.group,
-            p.original_group,
+            shown(&p.group),
+            shown(&p.original_group),
             p.tree,
             p.why,
             p.placement,

@@ -88,6 +88,9 @@ pub fn rows_of(
     status: &Status,
     read: impl Fn(u32, Option<u32>) -> Option<ProcStat>,
 ) -> Vec<TopRow> {
+    // Group paths are read raw (a delegated user names its groups): shown escaped, never
+    // as terminal control. Names are escaped where they are read.
+    let shown = appease_cgroup::names::escaped_str;
     let threads = status.threads.iter().map(|t| TopRow {
         pid: t.pid,
         tid: Some(t.tid),
@@ -113,7 +116,7 @@ pub fn rows_of(
             .then(|| read(p.pid, None))
             .flatten()
             .map(|s| s.nice),
-        group: p.group.clone(),
+        group: shown(&p.group),
         cpu_pct: None,
         why: p.why.clone(),
         since: p.since,
@@ -169,7 +172,7 @@ pub fn read_stat(pid: u32, tid: Option<u32>) -> Option<ProcStat> {
         Some(tid) => format!("/proc/{pid}/task/{tid}/stat"),
         None => format!("/proc/{pid}/stat"),
     };
-    ProcStat::parse(&std::fs::read_to_string(path).ok()?)
+    appease_cgroup::read_stat(path)
 }
 
 /// The cgroup a process is in (cpu controller on v1, the unified path on v2).

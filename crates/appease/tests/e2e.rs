@@ -52,5 +52,6 @@ mod nested;
 mod operating;
 mod pods;
 mod responses;
+mod security;
 mod services;
 mod vm;

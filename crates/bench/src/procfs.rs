@@ -7,8 +7,7 @@ pub(crate) fn tree_cpu_ns(roots: &[u32]) -> u64 {
     pids.extend(crate::descendants(roots));
     let ticks: u64 = pids
         .iter()
-        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
-        .filter_map(|t| appease_cgroup::ProcStat::parse(&t))
+        .filter_map(|p| appease_cgroup::read_stat(format!("/proc/{p}/stat")))
         .map(|s| s.cpu_ticks)
         .sum();
     ticks * appease_cgroup::clock_tick_ns()
@@ -22,7 +21,7 @@ pub(crate) fn descendants(roots: &[u32]) -> Vec<u32> {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let stat = std::fs::read(e.path().join("stat")).unwrap_or_default();
         if let Some(ppid) = appease_cgroup::stat_ppid(&stat) {
             pairs.push((pid, ppid));
         }

@@ -15,11 +15,14 @@ use std::path::{Path, PathBuf};
 
 pub mod boundary;
 pub mod layout;
+pub mod names;
 pub mod procstat;
 
 pub use boundary::{besteffort_pod_of, container_of, Boundary, Container};
 pub use layout::{HostLayout, LayoutKind};
-pub use procstat::{clock_tick_ns, stat_fields, stat_ppid, ProcStat};
+pub use procstat::{
+    clock_tick_ns, read_ppid, read_stat, stat_fields, stat_ppid, status_value, ProcStat,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {

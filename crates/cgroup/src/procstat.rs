@@ -1,5 +1,9 @@
 //! /proc/PID/stat (and /proc/PID/task/TID/stat): the one parser of every field appease
-//! reads there, and the clock tick its times are counted in.
+//! reads there, and the clock tick its times are counted in. The text is read as bytes:
+//! a process names itself what it likes (non-UTF-8 included), and such a name must not
+//! make its process look gone.
+
+use std::path::Path;
 
 /// The kernel's flag for a kernel thread (`PF_KTHREAD`, include/linux/sched.h).
 const PF_KTHREAD: u64 = 0x0020_0000;
@@ -28,15 +32,22 @@ pub struct ProcStat {
 }
 
 impl ProcStat {
-    pub fn parse(text: &str) -> Option<Self> {
-        let pid = text.get(..text.find('(')?)?.trim().parse().ok()?;
+    /// Parses a stat line (its name escaped as [`crate::names::escaped`]).
+    pub fn parse(text: impl AsRef<[u8]>) -> Option<Self> {
+        let text = text.as_ref();
+        let open = text.iter().position(|&b| b == b'(')?;
+        let pid = std::str::from_utf8(&text[..open])
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
         let (comm, f) = stat_fields(text)?;
         // f[0] is field 3 (state).
         let field = |n: usize| f.get(n - 3).copied();
         let num = |n: usize| field(n)?.parse::<u64>().ok();
         Some(ProcStat {
             pid,
-            comm: comm.to_string(),
+            comm,
             ppid: field(4)?.parse().ok()?,
             session: field(6)?.parse().ok()?,
             tty_nr: field(7)?.parse().ok()?,
@@ -57,18 +68,39 @@ impl ProcStat {
     }
 }
 
-/// The command name and the fields after it, from /proc/PID/stat text. The name may hold
-/// spaces and parentheses: it ends at the last ')'.
-pub fn stat_fields(text: &str) -> Option<(&str, Vec<&str>)> {
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let comm = text.get(open + 1..close)?;
-    Some((comm, text.get(close + 1..)?.split_whitespace().collect()))
+/// The command name (escaped) and the fields after it, from /proc/PID/stat bytes. The
+/// name may hold any byte but NUL, spaces and parentheses included: it ends at the last
+/// ')'; what follows is numbers and a state letter.
+pub fn stat_fields(text: &[u8]) -> Option<(String, Vec<&str>)> {
+    let open = text.iter().position(|&b| b == b'(')?;
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let comm = crate::names::escaped(text.get(open + 1..close)?);
+    let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
+    Some((comm, rest.split_whitespace().collect()))
 }
 
-/// The parent pid from /proc/PID/stat text (field 4).
-pub fn stat_ppid(text: &str) -> Option<u32> {
+/// The parent pid from /proc/PID/stat bytes (field 4).
+pub fn stat_ppid(text: &[u8]) -> Option<u32> {
     stat_fields(text)?.1.get(1)?.parse().ok()
+}
+
+/// The value of one `Key:` line of /proc/PID/status bytes (the `Name:` line may hold any
+/// byte; the others are text).
+pub fn status_value<'a>(text: &'a [u8], key: &str) -> Option<&'a str> {
+    text.split(|&b| b == b'\n').find_map(|line| {
+        let rest = line.strip_prefix(key.as_bytes())?.strip_prefix(b":")?;
+        std::str::from_utf8(rest).ok()
+    })
+}
+
+/// Reads and parses a stat file (`/proc/PID/stat`, `/proc/PID/task/TID/stat`).
+pub fn read_stat(path: impl AsRef<Path>) -> Option<ProcStat> {
+    ProcStat::parse(std::fs::read(path).ok()?)
+}
+
+/// A process's parent, from its stat file.
+pub fn read_ppid(pid: u32) -> Option<u32> {
+    stat_ppid(&std::fs::read(format!("/proc/{pid}/stat")).ok()?)
 }
 
 /// How long one clock tick of /proc's times is on this host (USER_HZ), ns.
@@ -84,12 +116,12 @@ mod tests {
 
     #[test]
     fn stat_fields_survive_a_command_name_with_spaces_and_parentheses() {
-        let text = "4242 (a (b) c) S 17 4242 4242 0 -1";
+        let text = b"4242 (a (b) c) S 17 4242 4242 0 -1";
         let (comm, f) = stat_fields(text).unwrap();
         assert_eq!(comm, "a (b) c");
         assert_eq!(f[0], "S");
         assert_eq!(stat_ppid(text), Some(17));
-        assert_eq!(stat_fields("garbage"), None);
+        assert_eq!(stat_fields(b"garbage"), None);
     }
 
     #[test]
@@ -103,6 +135,16 @@ mod tests {
         assert!(s.kernel_thread(), "69238880 has PF_KTHREAD");
         assert_eq!(s.tty_nr, 0);
         assert_eq!(ProcStat::parse(&line[..40]), None, "a cut line is no stat");
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_or_holds_escapes_is_a_process_like_any_other() {
+        let line = b"9 (\xff\x1b[2J\n) R 1 9 9 0 -1 4194560 0 0 0 0 3 4 5 6 20 0 1 0 \
+                     777 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 0 0 0 17 0 0 0 \
+                     0 0 0";
+        let s = ProcStat::parse(line).unwrap();
+        assert_eq!((s.pid, s.ppid, s.start), (9, 1, 777));
+        assert_eq!(s.comm, "\\xff\\x1b[2J\\x0a");
     }
 
     #[test]

@@ -57,9 +57,9 @@ fn the_proc_parsers_never_panic_on_damaged_proc_text() {
         "/proc/PID/stat (cgroup)",
         seed_from("/proc/self/stat"),
         |b| {
-            let t = text(b);
-            let _ = appease_cgroup::stat_ppid(&t);
-            let _ = appease_cgroup::ProcStat::parse(&t);
+            let _ = appease_cgroup::stat_ppid(b);
+            let _ = appease_cgroup::ProcStat::parse(b);
+            let _ = appease_cgroup::names::escaped(b);
         },
     );
     fuzz("/proc/PID/cgroup", seed_from("/proc/self/cgroup"), |b| {

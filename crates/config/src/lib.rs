@@ -11,6 +11,9 @@ use appease_policy::{Budget, ElevationParams, Ladder, Sink, Step};
 use serde::de::{Deserializer, Error as _};
 use serde::Deserialize;
 
+mod matching;
+pub use matching::{valid_unit_name, MatchingNeeds, ProcessFacts};
+
 /// The default configuration, as shipped in the repository.
 pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
 /// The 2010 paper's RBPE script settings (the 2010 customer-appeasement paper's Table 1).
@@ -45,6 +48,55 @@ pub struct Config {
     pub role: Vec<Role>,
     pub metrics: MetricsSection,
     pub control: ControlSection,
+    pub users: UsersSection,
+}
+
+/// What unprivileged users (not root, not a system account) may have from appease, all
+/// their processes and threads together: no more than this, however many they make.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UsersSection {
+    /// Uids from this one on are unprivileged users (None: UID_MIN of /etc/login.defs,
+    /// 1000 where it says none).
+    pub uid_min: Option<u32>,
+    /// Share of one CPU a user's threads may use elevated, over time, all together.
+    #[serde(deserialize_with = "share")]
+    pub elevated_cpu_share: f64,
+    /// Request events a second one user may cause (the probe drops the rest in the
+    /// kernel), and all users together; 0: no bound.
+    pub events_per_s: u32,
+    pub all_events_per_s: u32,
+}
+
+impl Default for UsersSection {
+    fn default() -> Self {
+        UsersSection {
+            uid_min: None,
+            elevated_cpu_share: 0.5,
+            events_per_s: 200,
+            all_events_per_s: 2000,
+        }
+    }
+}
+
+impl UsersSection {
+    /// The first unprivileged uid.
+    pub fn uid_min(&self) -> u32 {
+        self.uid_min.unwrap_or_else(|| {
+            std::fs::read_to_string("/etc/login.defs")
+                .ok()
+                .and_then(|t| login_defs_uid_min(&t))
+                .unwrap_or(1000)
+        })
+    }
+}
+
+/// UID_MIN from /etc/login.defs text.
+fn login_defs_uid_min(text: &str) -> Option<u32> {
+    text.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        (f.next()? == "UID_MIN").then(|| f.next()?.parse().ok())?
+    })
 }
 
 /// Prometheus metrics at `http://LISTEN/metrics`; off unless an address is given.
@@ -500,194 +552,6 @@ fn id_in(file: &str, name: &str) -> Option<u32> {
     })
 }
 
-/// What a process is known by, for matching it against rules, services and roles: its
-/// name, its executable (/proc/PID/exe), its CPU cgroup and its owner, the last three
-/// when read (see [`Config::matching_needs`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProcessFacts<'a> {
-    pub comm: &'a str,
-    pub exe: Option<&'a Path>,
-    pub cgroup: Option<&'a str>,
-    pub uid: Option<u32>,
-}
-
-/// What matching needs to know of each process besides its name.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MatchingNeeds {
-    pub cgroup: bool,
-    pub uid: bool,
-    pub exe: bool,
-}
-
-/// The dot-suffixes of systemd's unit types.
-const UNIT_SUFFIXES: &[&str] = &[
-    ".service",
-    ".socket",
-    ".device",
-    ".mount",
-    ".automount",
-    ".swap",
-    ".target",
-    ".path",
-    ".timer",
-    ".slice",
-    ".scope",
-];
-
-/// Whether `name` is a systemd unit's full name: at most 255 bytes of `[A-Za-z0-9:_.\@-]`,
-/// a name before one of the unit types' suffixes (`.service`, `.scope`, `.slice`, ...).
-pub fn valid_unit_name(name: &str) -> bool {
-    name.len() <= 255
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || ":_.\\@-".contains(c))
-        && UNIT_SUFFIXES
-            .iter()
-            .any(|s| name.len() > s.len() && name.ends_with(s))
-}
-
-/// Whether a cgroup path component is a user's service manager (`user@UID.service`), under
-/// which the units are the user's to name.
-fn is_user_manager(part: &str) -> bool {
-    part.starts_with("user@") && part.ends_with(".service")
-}
-
-/// Whether the CPU cgroup `path` is in the system's unit `unit` (or below it): a component
-/// equal to it, with no user's manager above it.
-fn in_system_unit(path: &str, unit: &str) -> bool {
-    for part in path.split('/') {
-        if part == unit {
-            return true;
-        }
-        if is_user_manager(part) {
-            return false;
-        }
-    }
-    false
-}
-
-impl Rule {
-    /// The checks every matcher (rule, service, role) must pass.
-    fn check(&self) -> Result<(), String> {
-        if self.comm.is_none()
-            && self.exe.is_none()
-            && self.cgroup.is_none()
-            && self.user.is_none()
-            && self.unit.is_none()
-        {
-            return Err("give at least one of comm, exe, cgroup, user, unit to match".into());
-        }
-        if let Some(c) = &self.comm {
-            if c.is_empty() || c.len() > 15 {
-                return Err(format!("comm {c:?} must be 1 to 15 bytes"));
-            }
-        }
-        if let Some(e) = &self.exe {
-            let normal: PathBuf = e.components().collect();
-            let ok = e.is_absolute()
-                && normal.as_os_str() == e.as_os_str()
-                && !e.components().any(|c| c == std::path::Component::ParentDir)
-                && !e.as_os_str().as_encoded_bytes().ends_with(b" (deleted)");
-            if !ok {
-                return Err(format!(
-                    "exe {e:?} must be an executable's absolute path as /proc/PID/exe gives it, \
-                     like /usr/sbin/nginx (no '..', '.', '//', trailing '/' or \" (deleted)\")"
-                ));
-            }
-        }
-        if let Some(c) = &self.cgroup {
-            if !c.starts_with('/') || c.contains("..") {
-                return Err(format!(
-                    "cgroup {c:?} must be an absolute path in the CPU hierarchy, \
-                     like /system.slice/backup.service"
-                ));
-            }
-        }
-        if let Some(u) = &self.unit {
-            if !valid_unit_name(u) {
-                return Err(format!(
-                    "unit {u:?} must be a systemd unit's full name, like postgresql.service \
-                     (letters, digits, ':', '_', '.', '\\', '@', '-', a suffix such as \
-                     .service, .scope or .slice, at most 255 bytes)"
-                ));
-            }
-        }
-        if let Some(u) = &self.user {
-            if u.parse::<u32>().is_err() && uid_of(u).is_none() {
-                return Err(format!("unknown user {u:?}"));
-            }
-        }
-        if self.grants() && self.by_comm_alone() && !self.trust_comm {
-            return Err(format!(
-                "matches by comm {:?} alone, a name any user can give their own process \
-                 to be granted it: add exe = \"/path/to/binary\" and/or user, or set \
-                 trust_comm = true on this entry",
-                self.comm.as_deref().unwrap_or_default()
-            ));
-        }
-        Ok(())
-    }
-
-    /// Whether the processes it matches get more than a user could give themselves
-    /// (latency: never demoted; a service's group and a role's nice are latency too).
-    fn grants(&self) -> bool {
-        self.class == Class::Latency
-    }
-
-    /// Whether it picks its processes by name only.
-    fn by_comm_alone(&self) -> bool {
-        self.comm.is_some()
-            && self.exe.is_none()
-            && self.cgroup.is_none()
-            && self.user.is_none()
-            && self.unit.is_none()
-    }
-
-    /// Whether it is accepted only because `trust_comm` is set.
-    fn trusted_by_comm(&self) -> bool {
-        self.trust_comm && self.grants() && self.by_comm_alone()
-    }
-
-    /// Whether a process with these facts matches every field the rule gives.
-    pub fn matches(&self, p: &ProcessFacts) -> bool {
-        let user_ok = self.user.as_ref().is_none_or(|u| {
-            let want = *self
-                .uid
-                .get_or_init(|| u.parse::<u32>().ok().or_else(|| uid_of(u)));
-            want.is_some() && want == p.uid
-        });
-        let cgroup_ok = self.cgroup.as_ref().is_none_or(|c| {
-            let c = c.trim_end_matches('/');
-            p.cgroup
-                .is_some_and(|g| g == c || g.starts_with(&format!("{c}/")))
-        });
-        let unit_ok = self
-            .unit
-            .as_ref()
-            .is_none_or(|u| p.cgroup.is_some_and(|g| in_system_unit(g, u)));
-        let exe_ok = self
-            .exe
-            .as_ref()
-            .is_none_or(|e| p.exe.is_some_and(|x| x.as_os_str() == e.as_os_str()));
-        self.comm.as_ref().is_none_or(|c| c == p.comm) && exe_ok && user_ok && cgroup_ok && unit_ok
-    }
-
-    /// True when matching needs the process's cgroup.
-    pub fn needs_cgroup(&self) -> bool {
-        self.cgroup.is_some() || self.unit.is_some()
-    }
-
-    /// True when matching needs the process's owner.
-    pub fn needs_uid(&self) -> bool {
-        self.user.is_some()
-    }
-
-    /// True when matching needs the process's executable.
-    pub fn needs_exe(&self) -> bool {
-        self.exe.is_some()
-    }
-}
-
 impl Default for BatchSection {
     fn default() -> Self {
         BatchSection {
@@ -869,14 +733,16 @@ impl Config {
     pub fn comm_trust_warnings(&self) -> Vec<String> {
         let line = |entry: String, r: &Rule, what: &str| {
             format!(
-                "{entry} matches comm {:?} alone (trust_comm = true): any user's process of                  that name gets {what}; name its exe = \"/path/to/binary\" and/or user instead",
+                "{entry} matches comm {:?} alone (trust_comm = true): any user's process of that name gets {what}; name its exe = \"/path/to/binary\" and/or user instead",
                 r.comm.as_deref().unwrap_or_default()
             )
         };
-        let rules = self.rules.iter().enumerate().filter_map(|(i, r)| {
-            r.trusted_by_comm()
-                .then(|| line(format!("rule {i}"), r, "the latency class"))
-        });
+        let rules = self
+            .rules
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.trusted_by_comm())
+            .map(|(i, r)| line(format!("rule {i}"), r, "the latency class"));
         let services = self.services.iter().enumerate().filter_map(|(i, s)| {
             let r = s.matcher();
             r.trusted_by_comm().then(|| {
@@ -916,6 +782,10 @@ impl Config {
                 after_cpu: Duration::from_millis(e.sink.after_cpu_ms),
                 levels: e.sink.levels,
                 lift: (e.sink.lift_ms > 0).then(|| Duration::from_millis(e.sink.lift_ms)),
+            }),
+            user_budget: Some(Budget {
+                cpu_share: self.users.elevated_cpu_share,
+                burst: Duration::from_millis(e.budget.burst_ms),
             }),
         }
     }

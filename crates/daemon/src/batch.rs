@@ -24,6 +24,10 @@ pub type Process = (u32, u64);
 pub struct BatchManager {
     /// pid -> (start, when any of its threads last received a request).
     last_request: HashMap<u32, (u64, u64)>,
+    /// Of those, the processes of unprivileged users: their requests count (a tree that
+    /// serves is not batch), but raise no session's autogroup or branch's weight, which
+    /// would give a user's every process a priority the kernel refuses them.
+    users_requests: HashSet<u32>,
     /// Every process in a demoted tree, as the last scan left them.
     demoted: HashSet<u32>,
     /// The applications with a process in a demoted tree.
@@ -84,6 +88,7 @@ impl BatchManager {
     pub fn new(cfg: &Config, now: u64) -> Self {
         BatchManager {
             last_request: HashMap::new(),
+            users_requests: HashSet::new(),
             demoted: HashSet::new(),
             demoted_apps: HashSet::new(),
             lift: GroupLift::full(cfg.elevation.sink.lift_ms * 1_000_000, now),
@@ -138,14 +143,20 @@ impl BatchManager {
 
     /// A request arrived: a quiet batch group becomes idle again at once, and a demoted
     /// tree that receives one is scanned (and promoted) at once.
+    /// `user`: the process is an unprivileged user's.
     pub fn on_request(
         &mut self,
         (pid, start): Process,
+        user: bool,
         ts_ns: u64,
         cfg: &Config,
         actuator: &mut KernelActuator,
     ) {
         self.last_request.insert(pid, (start, ts_ns));
+        match user {
+            true => self.users_requests.insert(pid),
+            false => self.users_requests.remove(&pid),
+        };
         self.mode.on_request(ts_ns);
         self.sync_mode(ts_ns, cfg, actuator);
         actuator.on_request_in_branches(pid);
@@ -257,6 +268,7 @@ impl BatchManager {
 
     pub fn on_process_exit(&mut self, pid: u32) {
         self.last_request.remove(&pid);
+        self.users_requests.remove(&pid);
     }
 
     /// A scan is due: what to ask the scanner for. The next is due about `scan_ms`
@@ -339,6 +351,7 @@ impl BatchManager {
                 .is_some_and(|&(s, _)| s == start)
             {
                 self.last_request.remove(&pid);
+                self.users_requests.remove(&pid);
             }
         }
         self.cost = snap.cost;
@@ -369,7 +382,9 @@ impl BatchManager {
         self.last_request
             .iter()
             .filter(|(pid, &(_, at))| {
-                now.saturating_sub(at) < window && !self.demoted.contains(pid)
+                now.saturating_sub(at) < window
+                    && !self.demoted.contains(pid)
+                    && !self.users_requests.contains(pid)
             })
             .map(|(&pid, &(start, _))| (pid, start))
             .collect()

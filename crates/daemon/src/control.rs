@@ -4,15 +4,15 @@
 //! socket's mode and owner say so to the kernel, and each peer's credentials are checked
 //! again on accept.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -23,8 +23,14 @@ pub const SOCKET: &str = "control.sock";
 pub const STALE_AFTER_S: u64 = 5;
 /// How long `appease reload` waits for the loop to take the new config.
 const RELOAD_WAIT: Duration = Duration::from_secs(10);
-/// A client that sends nothing cannot hold the socket longer than this.
+/// A client has this long to send its request, and to take the reply, in all.
 const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+/// A request is one short line: anything longer is refused unread.
+const MAX_REQUEST_BYTES: usize = 4096;
+/// Clients served at once, each on a thread of its own: a slow or silent one holds its
+/// own thread for `PEER_TIMEOUT` at most, never another's; past this many, a client is
+/// told to try again.
+const MAX_CLIENTS: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "snake_case")]
@@ -110,7 +116,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The server: one thread, one connection at a time (each bounded in time).
+/// The server: one thread accepting, one per connection (bounded in number and time).
 pub struct ControlServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
@@ -201,16 +207,51 @@ fn restrict(dir: &Path, socket: &Path, group: Option<u32>) -> io::Result<()> {
 }
 
 fn serve(listener: UnixListener, group: Option<u32>, shared: Shared, stop: Arc<AtomicBool>) {
+    let under_way = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         if stop.load(Ordering::Relaxed) {
             return;
         }
         let Ok(mut conn) = conn else { continue };
-        // A peer that sends or reads nothing holds the socket this long at most.
-        let _ = conn.set_read_timeout(Some(PEER_TIMEOUT));
-        let _ = conn.set_write_timeout(Some(PEER_TIMEOUT));
+        if under_way.load(Ordering::Relaxed) >= MAX_CLIENTS {
+            let reply = Reply::Error {
+                message: format!("{MAX_CLIENTS} requests are under way: try again in a second"),
+            };
+            let _ = conn.set_write_timeout(Some(Duration::from_millis(100)));
+            send(&mut conn, &reply);
+            continue;
+        }
+        under_way.fetch_add(1, Ordering::Relaxed);
+        let (shared, count) = (shared.clone(), under_way.clone());
+        let spawned = std::thread::Builder::new()
+            .name("appease-client".into())
+            .spawn(move || {
+                serve_one(conn, group, &shared);
+                count.fetch_sub(1, Ordering::Relaxed);
+            });
+        if spawned.is_err() {
+            under_way.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn send(conn: &mut UnixStream, reply: &Reply) {
+    let _peer_gone = serde_json::to_writer(&mut *conn, reply)
+        .map_err(io::Error::from)
+        .and_then(|()| conn.write_all(b"\n"));
+}
+
+/// One client: its credentials checked, its request read within `PEER_TIMEOUT`, answered.
+fn serve_one(mut conn: UnixStream, group: Option<u32>, shared: &Shared) {
+    let _ = conn.set_write_timeout(Some(PEER_TIMEOUT));
+    {
         let reply = match peer(&conn) {
-            Ok(p) if allowed(&p, group) => answer(&mut conn, &shared),
+            Ok(p) if allowed(&p, group) => match read_request(&mut conn) {
+                Ok(line) => reply_to(&line, shared),
+                Err(e) => Reply::Error {
+                    message: format!("no request read: {e}"),
+                },
+            },
             Ok(p) => {
                 tracing::warn!(uid = p.uid, pid = p.pid, "control socket: peer refused");
                 Reply::Error {
@@ -225,20 +266,52 @@ fn serve(listener: UnixListener, group: Option<u32>, shared: Shared, stop: Arc<A
                 message: format!("cannot read the peer's credentials: {e}"),
             },
         };
-        let _peer_gone = serde_json::to_writer(&mut conn, &reply)
-            .map_err(io::Error::from)
-            .and_then(|()| conn.write_all(b"\n"));
+        send(&mut conn, &reply);
     }
 }
 
-fn answer(conn: &mut UnixStream, shared: &Shared) -> Reply {
-    let mut line = String::new();
-    if let Err(e) = BufReader::new(&*conn).read_line(&mut line) {
-        return Reply::Error {
-            message: format!("no request read: {e}"),
-        };
+/// Reads one request line: at most `MAX_REQUEST_BYTES`, within `PEER_TIMEOUT` in all
+/// (a client sending a byte a second is cut off as one sending nothing).
+fn read_request(conn: &mut UnixStream) -> io::Result<Vec<u8>> {
+    let deadline = Instant::now() + PEER_TIMEOUT;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 512];
+    while !line.contains(&b'\n') {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no whole request within {} s", PEER_TIMEOUT.as_secs()),
+            ));
+        }
+        conn.set_read_timeout(Some(left))?;
+        let n = conn.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        line.extend_from_slice(&buf[..n]);
+        if line.len() > MAX_REQUEST_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a request is at most {MAX_REQUEST_BYTES} bytes"),
+            ));
+        }
     }
-    match serde_json::from_str::<Request>(&line) {
+    Ok(line)
+}
+
+/// A request from a client's bytes, or why they are none.
+pub fn parse_request(line: &[u8]) -> Result<Request, String> {
+    serde_json::from_slice::<Request>(line.trim_ascii()).map_err(|e| {
+        format!(
+            "not a request ({e}): send {{\"request\":\"status\"}} or {{\"request\":\"reload\"}}"
+        )
+    })
+}
+
+/// The reply to a request's bytes (the status, a reload's report, or why not).
+fn reply_to(line: &[u8], shared: &Shared) -> Reply {
+    match parse_request(line) {
         Ok(Request::Status) => match shared.latest() {
             Some(status) => Reply::Status { status },
             None => Reply::Error {
@@ -254,9 +327,7 @@ fn answer(conn: &mut UnixStream, shared: &Shared) -> Reply {
                 ),
             },
         },
-        Err(e) => Reply::Error {
-            message: format!("not a request ({e}): send {{\"request\":\"status\"}} or {{\"request\":\"reload\"}}"),
-        },
+        Err(message) => Reply::Error { message },
     }
 }
 
@@ -290,7 +361,7 @@ fn peer(conn: &UnixStream) -> io::Result<Peer> {
     }
     // Supplementary groups: the kernel checked them against the socket's mode already;
     // a peer gone since leaves only its uid and gid to go by.
-    let groups = std::fs::read_to_string(format!("/proc/{}/status", cred.pid))
+    let groups = std::fs::read(format!("/proc/{}/status", cred.pid))
         .map(|s| supplementary_groups(&s))
         .unwrap_or_default();
     Ok(Peer {
@@ -301,10 +372,8 @@ fn peer(conn: &UnixStream) -> io::Result<Peer> {
     })
 }
 
-fn supplementary_groups(proc_status: &str) -> Vec<u32> {
-    proc_status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
+fn supplementary_groups(proc_status: &[u8]) -> Vec<u32> {
+    appease_cgroup::status_value(proc_status, "Groups")
         .map(|g| {
             g.split_whitespace()
                 .filter_map(|n| n.parse().ok())
@@ -389,6 +458,65 @@ pub fn status(dir: &Path) -> Result<(Status, Option<u64>), ClientError> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_silent_or_trickling_client_never_holds_the_socket_from_another() {
+        let dir =
+            std::env::temp_dir().join(format!("appease-control-silent-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let shared = Shared::new(Default::default());
+        shared.publish(Arc::new(Status::default()));
+        let server = ControlServer::start(BoundSocket::bind(&dir, None).unwrap(), shared).unwrap();
+        let path = dir.join(SOCKET);
+        // Holders: silent ones, and one sending a byte every half second.
+        let silent: Vec<_> = (0..3)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        let trickle = std::thread::spawn({
+            let path = path.clone();
+            move || {
+                let mut c = UnixStream::connect(&path).unwrap();
+                for b in b"{\"request\"" {
+                    if c.write_all(&[*b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+        });
+        let t = Instant::now();
+        super::status(&dir).expect("status beside silent clients");
+        assert!(
+            t.elapsed() < PEER_TIMEOUT,
+            "answered in {:?}, not after the others' timeouts",
+            t.elapsed()
+        );
+        // Too long a request is refused without reading it all.
+        let mut big = UnixStream::connect(&path).unwrap();
+        let _ = big.write_all(&vec![b' '; MAX_REQUEST_BYTES + 10]);
+        let mut reply = String::new();
+        let _ = big.read_to_string(&mut reply);
+        assert!(reply.contains("at most 4096 bytes"), "{reply}");
+        drop(silent);
+        trickle.join().unwrap();
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_request_parser_answers_any_bytes() {
+        appease_fuzz::fuzz(
+            "control socket request",
+            b"{\"request\":\"status\"}\n",
+            |b| {
+                let _ = parse_request(b);
+            },
+        );
+        assert_eq!(
+            parse_request(b" {\"request\":\"reload\"}\n"),
+            Ok(Request::Reload)
+        );
+    }
+
     fn peer(uid: u32, gid: u32, groups: &[u32]) -> Peer {
         Peer {
             pid: 1,
@@ -414,9 +542,9 @@ mod tests {
     #[test]
     fn groups_come_from_proc_status() {
         let s = "Name:\tbash\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 24 27 \nNSpid:\t9\n";
-        assert_eq!(supplementary_groups(s), vec![4, 24, 27]);
-        assert_eq!(supplementary_groups("Groups:\t\n"), Vec::<u32>::new());
-        assert_eq!(supplementary_groups(""), Vec::<u32>::new());
+        assert_eq!(supplementary_groups(s.as_bytes()), vec![4, 24, 27]);
+        assert_eq!(supplementary_groups(b"Groups:\t\n"), Vec::<u32>::new());
+        assert_eq!(supplementary_groups(b""), Vec::<u32>::new());
     }
 
     #[test]

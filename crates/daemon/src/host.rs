@@ -289,7 +289,7 @@ pub fn scan_process(pid: u32) -> Option<ProcSample> {
 }
 
 fn read_process(pid: u32, tick_ns: u64, uptime_ns: u64) -> Option<ProcSample> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let text = fs::read(format!("/proc/{pid}/stat")).ok()?;
     let mut p = parse_proc_stat(&text, tick_ns)?;
     p.age_ns = uptime_ns.saturating_sub(p.start * tick_ns);
     Some(p)
@@ -303,7 +303,7 @@ fn uptime_ns() -> u64 {
 }
 
 /// A process's sample from its /proc/PID/stat text, its times in ticks of `tick_ns`.
-pub fn parse_proc_stat(text: &str, tick_ns: u64) -> Option<ProcSample> {
+pub fn parse_proc_stat(text: &[u8], tick_ns: u64) -> Option<ProcSample> {
     let s = appease_cgroup::ProcStat::parse(text)?;
     Some(ProcSample {
         pid: s.pid,
@@ -355,7 +355,7 @@ pub fn runnable_now(pid: u32) -> bool {
         return false;
     };
     dir.flatten().any(|e| {
-        fs::read_to_string(e.path().join("stat"))
+        fs::read(e.path().join("stat"))
             .ok()
             .and_then(|t| Some(appease_cgroup::stat_fields(&t)?.1.first()? == &"R"))
             .unwrap_or(false)
@@ -366,13 +366,12 @@ pub fn runnable_now(pid: u32) -> bool {
 /// /proc/PID/status. Not from a /proc file's owner: the files of a process that is not
 /// dumpable (one that changed its uid) are root's; only the directory keeps the euid.
 pub fn uid_of_process(pid: u32) -> Option<u32> {
-    parse_status_uid(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+    parse_status_uid(&fs::read(format!("/proc/{pid}/status")).ok()?)
 }
 
-/// The effective uid from /proc/PID/status text ("Uid:\treal\teffective\tsaved\tfs").
-pub fn parse_status_uid(text: &str) -> Option<u32> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
+/// The effective uid from /proc/PID/status bytes ("Uid:\treal\teffective\tsaved\tfs").
+pub fn parse_status_uid(text: &[u8]) -> Option<u32> {
+    appease_cgroup::status_value(text, "Uid")?
         .split_whitespace()
         .nth(1)?
         .parse()
@@ -436,8 +435,12 @@ mod tests {
     #[test]
     fn the_real_uid_is_read_from_status() {
         let status = "Name:\tsshd-session\nUmask:\t0022\nUid:\t0\t1000\t0\t1000\n";
-        assert_eq!(parse_status_uid(status), Some(1000), "the effective uid");
-        assert_eq!(parse_status_uid("Name:\tx\n"), None);
+        assert_eq!(
+            parse_status_uid(status.as_bytes()),
+            Some(1000),
+            "the effective uid"
+        );
+        assert_eq!(parse_status_uid(b"Name:\tx\n"), None);
     }
 
     #[test]
@@ -486,7 +489,7 @@ mod tests {
     fn parses_a_process_line() {
         let line = "4242 (cc1 (x)) R 4200 4200 4100 34816 4242 4194304 100 0 0 0 150 50 10 20 20 0 1 0 98765 1000 200 \
                     18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
-        let p = parse_proc_stat(line, 10_000_000).unwrap();
+        let p = parse_proc_stat(line.as_bytes(), 10_000_000).unwrap();
         assert_eq!(
             (p.pid, p.ppid, p.comm.as_str(), p.start),
             (4242, 4200, "cc1 (x)", 98765)
@@ -591,7 +594,7 @@ mod fuzz_tests {
     #[test]
     fn the_proc_parsers_never_panic_on_damaged_proc_text() {
         fuzz("/proc/PID/stat (scan)", seed_from("/proc/self/stat"), |b| {
-            let _ = parse_proc_stat(&text(b), 10_000_000);
+            let _ = parse_proc_stat(b, 10_000_000);
         });
         fuzz("/proc/pressure/cpu", seed_from("/proc/pressure/cpu"), |b| {
             let _ = parse_psi_some_total(&text(b));

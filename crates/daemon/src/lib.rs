@@ -108,6 +108,8 @@ struct Daemon<'obj> {
     /// The idle groups' runnable threads at the last load sample (the status shows it).
     idle_group_now: u32,
     layout: status::LayoutView,
+    /// Uids from this one on are unprivileged users, bounded as a whole.
+    uid_min: u32,
 }
 
 impl<'obj> Daemon<'obj> {
@@ -121,6 +123,7 @@ impl<'obj> Daemon<'obj> {
     ) -> Self {
         let cpus = host::cpus();
         let shared_config = Arc::new(opts.config.clone());
+        let uid_min = opts.config.users.uid_min();
         let batch = scanner
             .is_some()
             .then(|| batch::BatchManager::new(&opts.config, monotonic_ns()));
@@ -151,6 +154,7 @@ impl<'obj> Daemon<'obj> {
             sched_idle_runnable: 0,
             idle_group_now: 0,
             layout: Default::default(),
+            uid_min,
         }
     }
 
@@ -325,71 +329,82 @@ impl<'obj> Daemon<'obj> {
         }
     }
 
+    /// A request event: the batch manager hears of it, and the elevation policy decides.
+    fn on_request_event(&mut self, e: Event) {
+        let Event::Request {
+            ts_ns,
+            cpu_ns,
+            pid,
+            tid,
+            family,
+            woke,
+            start_ns,
+            proc_start_ns,
+            comm,
+            proc_comm,
+            app,
+            uid,
+            ..
+        } = e
+        else {
+            return;
+        };
+        // appease's own commands (status, reload) read the daemon's replies from
+        // its control socket: not a customer's request.
+        if proc_comm == OWN_COMM {
+            return;
+        }
+        self.metrics.request(family);
+        let process = (pid, proc_start_ns / self.clock_tick_ns);
+        if let Some(b) = self.batch.as_mut() {
+            let user = uid >= self.uid_min;
+            b.on_request(process, user, ts_ns, &self.opts.config, &mut self.actuator);
+        }
+        // Roles have fixed priorities: requests do not move them.
+        let role = self.batch.as_ref().is_some_and(|b| b.is_role(process));
+        if !self.opts.config.elevation.enabled || role {
+            return;
+        }
+        let source = match family {
+            Family::Unix => Source::Unix,
+            Family::Inet | Family::Inet6 => Source::Network,
+            Family::Other(_) => return,
+        };
+        let seen = Identity {
+            tid,
+            start: start_ns / self.clock_tick_ns,
+            comm,
+            proc_comm,
+        };
+        let user = (uid >= self.uid_min).then_some(uid);
+        if let Some(d) = self.policy.on_user_request(
+            ts_ns,
+            app,
+            user,
+            pid,
+            tid,
+            source,
+            cpu_ns,
+            self.load.current(),
+        ) {
+            if self.apply_seen(d, Some(seen)) {
+                let us = monotonic_ns().saturating_sub(ts_ns) / 1000;
+                let h = if woke {
+                    self.metrics.elevation_latency(us);
+                    &mut self.latency_us
+                } else {
+                    &mut self.deferred_latency_us
+                };
+                let _saturates_instead = h.record(us.max(1));
+            }
+        }
+        // After the elevation: a surfaced thread's application may need telling.
+        self.tell_probe();
+    }
+
     fn on_event(&mut self, e: Event) {
         match e {
-            Event::Request {
-                ts_ns,
-                cpu_ns,
-                pid,
-                tid,
-                family,
-                woke,
-                start_ns,
-                proc_start_ns,
-                comm,
-                proc_comm,
-                app,
-                ..
-            } => {
-                // appease's own commands (status, reload) read the daemon's replies from
-                // its control socket: not a customer's request.
-                if proc_comm == OWN_COMM {
-                    return;
-                }
-                self.metrics.request(family);
-                let process = (pid, proc_start_ns / self.clock_tick_ns);
-                if let Some(b) = self.batch.as_mut() {
-                    b.on_request(process, ts_ns, &self.opts.config, &mut self.actuator);
-                }
-                // Roles have fixed priorities: requests do not move them.
-                let role = self.batch.as_ref().is_some_and(|b| b.is_role(process));
-                if !self.opts.config.elevation.enabled || role {
-                    return;
-                }
-                let source = match family {
-                    Family::Unix => Source::Unix,
-                    Family::Inet | Family::Inet6 => Source::Network,
-                    Family::Other(_) => return,
-                };
-                let seen = Identity {
-                    tid,
-                    start: start_ns / self.clock_tick_ns,
-                    comm,
-                    proc_comm,
-                };
-                if let Some(d) = self.policy.on_request(
-                    ts_ns,
-                    app,
-                    pid,
-                    tid,
-                    source,
-                    cpu_ns,
-                    self.load.current(),
-                ) {
-                    if self.apply_seen(d, Some(seen)) {
-                        let us = monotonic_ns().saturating_sub(ts_ns) / 1000;
-                        let h = if woke {
-                            self.metrics.elevation_latency(us);
-                            &mut self.latency_us
-                        } else {
-                            &mut self.deferred_latency_us
-                        };
-                        let _saturates_instead = h.record(us.max(1));
-                    }
-                }
-                // After the elevation: a surfaced thread's application may need telling.
-                self.tell_probe();
-            }
+            Event::Request { .. } => self.on_request_event(e),
             Event::Exit { pid, tid, .. } => {
                 self.policy.forget(tid);
                 self.actuator.forget(tid);
@@ -644,6 +659,7 @@ impl<'obj> Daemon<'obj> {
                 request_events: c.requests,
                 lost_events: c.lost,
                 response_reads: c.responses,
+                throttled_events: c.throttled,
             },
             actuator: self.actuator.counters.clone().into(),
             elevation_latency_us: latency_view(&self.latency_us),

@@ -1,17 +1,26 @@
 //! One daemon (or one `appease restore`) at a time per run directory, and one daemon per
 //! idle group whatever its run directory: two daemons sharing `/appease.batch` would each
-//! move out, on exit, what the other had demoted.
+//! move out, on exit, what the other had demoted. The locks are files only root can open
+//! (mode 0600, in directories only root can write, never through a link): no other user
+//! can hold one to keep appease from starting or restoring.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use appease_actuator::private::{self, Access};
 
 const FILE: &str = "daemon.lock";
-const GROUP_LOCKS: &str = "/run/lock/appease";
+/// The idle groups' locks: under /run, which only root may write (not /run/lock, which
+/// anyone may).
+const GROUP_LOCKS_PARENT: &str = "/run/appease";
+const GROUP_LOCKS: &str = "/run/appease/groups";
+/// The kernel's flag of a task on its way out (`PF_EXITING`, include/linux/sched.h).
+const PF_EXITING: u64 = 0x4;
 
 /// Held for the daemon's lifetime; the file stays (removing it would race a new holder).
 pub struct RunLock {
@@ -21,25 +30,39 @@ pub struct RunLock {
 impl RunLock {
     /// Takes the lock, or says which process holds it.
     pub fn acquire(dir: &Path) -> Result<Self> {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
+        private::private_dir(dir)
+            .with_context(|| format!("the run directory {}", dir.display()))?;
         let file = lock_file(&dir.join(FILE), "an appease daemon is already running")?;
         Ok(RunLock { _file: file })
     }
 
+    /// Takes the lock, waiting up to `patience` for a holder that is exiting (a daemon
+    /// killed a moment ago still detaches its probe); returns how long it waited. A
+    /// holder that is not exiting is reported at once.
+    pub fn acquire_after_exit(dir: &Path, patience: Duration) -> Result<(Self, Duration)> {
+        let start = Instant::now();
+        loop {
+            match Self::acquire(dir) {
+                Ok(lock) => return Ok((lock, start.elapsed())),
+                Err(e) => {
+                    let exiting = Self::holder(dir).is_some_and(exiting);
+                    if !exiting || start.elapsed() >= patience {
+                        return Err(e);
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
     /// Takes the lock on the idle group `name` (its top-level name in the CPU hierarchy),
-    /// held in `/run/lock/appease`, or says which daemon holds it.
+    /// held in `/run/appease/groups`, or says which daemon holds it.
     pub fn acquire_group(name: &str) -> Result<Self> {
-        let dir = Path::new(GROUP_LOCKS);
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
-        let path = dir.join(format!("{}.lock", name.replace('/', "%")));
+        for dir in [GROUP_LOCKS_PARENT, GROUP_LOCKS] {
+            private::private_dir(Path::new(dir))
+                .with_context(|| format!("the idle groups' lock directory {dir}"))?;
+        }
+        let path = Path::new(GROUP_LOCKS).join(format!("{}.lock", name.replace('/', "%")));
         let what = format!("another appease daemon uses the idle group /{name} (set [batch] group to another name to run a second one)");
         Ok(RunLock {
             _file: lock_file(&path, &what)?,
@@ -48,27 +71,32 @@ impl RunLock {
 
     /// The pid of the daemon holding the lock, if one does.
     pub fn holder(dir: &Path) -> Option<u32> {
-        let path = dir.join(FILE);
-        let file = File::open(&path).ok()?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(dir.join(FILE))
+            .ok()?;
         // SAFETY: valid fd owned by `file`.
         let free = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
         if free {
             return None;
         }
-        fs::read_to_string(&path).ok()?.trim().parse().ok()
+        let mut pid = String::new();
+        file.read_to_string(&mut pid).ok()?;
+        pid.trim().parse().ok()
     }
 }
 
-/// Opens `path` and takes an exclusive lock on it, writing our pid into it; or fails
-/// with `busy` and the holder's pid.
+/// Whether process `pid` is on its way out (or gone already).
+fn exiting(pid: u32) -> bool {
+    appease_cgroup::read_stat(format!("/proc/{pid}/stat")).is_none_or(|s| s.flags & PF_EXITING != 0)
+}
+
+/// Opens `path` (private: see `appease_actuator::private`) and takes an exclusive lock on
+/// it, writing our pid into it; or fails with `busy` and the holder's pid.
 fn lock_file(path: &Path, busy: &str) -> Result<File> {
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
+    let mut file = private::open_private(path, Access::ReadWrite)
+        .with_context(|| format!("opening the lock {}", path.display()))?;
     // SAFETY: valid fd owned by `file`.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let err = io::Error::last_os_error();
@@ -83,4 +111,27 @@ fn lock_file(path: &Path, busy: &str) -> Result<File> {
     file.rewind()?;
     write!(file, "{}", std::process::id())?;
     Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_holder_is_refused_with_the_first_ones_pid_and_a_gone_one_is_not_waited_for() {
+        let dir = std::env::temp_dir().join(format!("appease-lock-{}", std::process::id()));
+        let _fresh = std::fs::remove_dir_all(&dir);
+        let first = RunLock::acquire(&dir).unwrap();
+        assert_eq!(RunLock::holder(&dir), Some(std::process::id()));
+        let e = RunLock::acquire(&dir).err().unwrap().to_string();
+        assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+        // This process is not exiting: reported at once, not after the patience.
+        let t = Instant::now();
+        assert!(RunLock::acquire_after_exit(&dir, Duration::from_secs(5)).is_err());
+        assert!(t.elapsed() < Duration::from_secs(2));
+        drop(first);
+        let (_again, waited) = RunLock::acquire_after_exit(&dir, Duration::from_secs(5)).unwrap();
+        assert!(waited < Duration::from_secs(1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -42,6 +42,18 @@ impl ReloadPlan {
         restart_only("[batch] group", new.batch.group != old.batch.group);
         restart_only("[metrics] listen", new.metrics != old.metrics);
         restart_only("[control] group", new.control != old.control);
+        // The probe bounds users' events as it was loaded to.
+        let probe_users = |c: &Config| {
+            (
+                c.users.uid_min,
+                c.users.events_per_s,
+                c.users.all_events_per_s,
+            )
+        };
+        restart_only(
+            "[users] uid_min, events_per_s, all_events_per_s",
+            probe_users(&new) != probe_users(old),
+        );
         // The probe reports lock waits within the window it was loaded with.
         restart_only(
             "[elevation.sink] lifting (after_cpu_ms, lift_ms)",
@@ -56,6 +68,10 @@ impl ReloadPlan {
         new.batch.group = old.batch.group.clone();
         new.metrics = old.metrics.clone();
         new.control = old.control.clone();
+        new.users = appease_config::UsersSection {
+            elevated_cpu_share: new.users.elevated_cpu_share,
+            ..old.users.clone()
+        };
         if !scans {
             new.services = old.services.clone();
             new.role = old.role.clone();
@@ -86,7 +102,7 @@ impl ReloadPlan {
             handed_over.push("[batch]".to_string());
         }
         ReloadPlan {
-            elevation: new.elevation != old.elevation,
+            elevation: new.elevation != old.elevation || new.users != old.users,
             hands_off: new.hands_off != old.hands_off,
             config: new,
             needs_restart,

@@ -105,6 +105,9 @@ fn start<'obj>(
     controls: &Controls,
     storage: &'obj mut ProbeStorage,
 ) -> Result<(Daemon<'obj>, Servers)> {
+    for warning in opts.config.comm_trust_warnings() {
+        tracing::warn!("{warning}");
+    }
     let leftovers = restore_leftovers(&opts.run_dir)?;
     if leftovers != RestoreReport::default() {
         tracing::warn!(?leftovers, "restored what a previous daemon left behind");
@@ -189,6 +192,9 @@ fn start_probe<'obj>(
         min_gap: Duration::from_millis(cfg.probe.min_gap_ms),
         ignore_pid: Some(std::process::id()),
         serving_window: serving_window(cfg),
+        uid_min: cfg.users.uid_min(),
+        user_events_per_s: cfg.users.events_per_s,
+        users_events_per_s: cfg.users.all_events_per_s,
         ..ProbeConfig::default()
     };
     let mut probe = Probe::load(&probe_cfg, storage).context("starting the request probe")?;

@@ -89,6 +89,10 @@ pub struct ProbeView {
     /// requests (a client's, a dump's, a download's), never a request.
     #[serde(default)]
     pub response_reads: u64,
+    /// Requests of unprivileged users beyond their events' bound (`[users]`), dropped in
+    /// the kernel.
+    #[serde(default)]
+    pub throttled_events: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

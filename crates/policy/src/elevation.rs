@@ -18,6 +18,13 @@
 //! computing long after the request that started it sinks below fresh requests). Its
 //! next request read brings it back.
 //!
+//! Users are bounded as a whole: every thread of an unprivileged user (the caller says
+//! which threads are) also pays into its user's bucket, which fills at `user_budget` of
+//! one CPU however many threads, processes and applications the user runs, and drains
+//! by the CPU they use while elevated. Without it a user who forks gets a fresh bucket
+//! per process, and sixteen processes that each read a byte and spin ran the whole
+//! machine at a priority the kernel refuses that user.
+//!
 //! No priority inversion: a sunk thread may hold what a fresh request needs. While a
 //! thread serving a request of the same application waits on a lock (the probe reports
 //! the first such wait and the end of the last), the application's sunk threads are
@@ -59,6 +66,19 @@ struct Thread {
     sunk: bool,
     /// Sunk, but back at its own nice for now: a waiter of its application may need it.
     lifted: bool,
+    /// Its unprivileged user (whose bucket it also pays into), if it has one.
+    user: Option<u32>,
+}
+
+/// What one unprivileged user's threads may still use elevated.
+#[derive(Clone, Debug)]
+struct UserBucket {
+    tokens_ns: f64,
+    /// When it was last filled.
+    at: Nanos,
+    exhausted: bool,
+    /// Its watched threads (the entry goes with the last).
+    threads: u32,
 }
 
 /// An application's elevation bucket, and its sunk threads' lifting.
@@ -132,6 +152,8 @@ pub struct ElevationPolicy<I = FxHashMap<u32, u32>> {
     slots: I,
     /// The applications of the watched threads.
     apps: Apps<I>,
+    /// The unprivileged users of the watched threads.
+    users: FxHashMap<u32, UserBucket>,
     /// Applications lifted now.
     lifted: Vec<u32>,
     /// Applications whose serving threads wait but whose lift their bucket refused: lifted
@@ -169,6 +191,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 list: Vec::new(),
                 slots: I::default(),
             },
+            users: FxHashMap::default(),
             lifted: Vec::new(),
             refused: RefusedWaits::default(),
             app_changes: Vec::new(),
@@ -199,7 +222,8 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         self.params = params;
         let watch = self.sink_ns.is_some();
         for (due, t) in self.due.iter_mut().zip(&self.threads) {
-            let exhausted = self.apps.get(t.app).is_some_and(|a| a.exhausted);
+            let exhausted = self.apps.get(t.app).is_some_and(|a| a.exhausted)
+                || user_exhausted(&self.users, t.user);
             *due = due_time(t, exhausted, self.forget_ns, watch);
         }
     }
@@ -217,9 +241,26 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         cpu_ns: u64,
         load: Load,
     ) -> Option<Decision> {
+        self.on_user_request(now, app, None, pid, tid, source, cpu_ns, load)
+    }
+
+    /// The same, for a thread of unprivileged user `user` (None: root or a system
+    /// account), whose elevation that user's bucket bounds too.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_user_request(
+        &mut self,
+        now: Nanos,
+        app: u32,
+        user: Option<u32>,
+        pid: u32,
+        tid: u32,
+        source: Source,
+        cpu_ns: u64,
+        load: Load,
+    ) -> Option<Decision> {
         let slot = match self.slots.get(tid) {
             Some(slot) => slot as usize,
-            None => self.track(tid, pid, app, now, cpu_ns),
+            None => self.track(tid, pid, app, user, now, cpu_ns),
         };
         let (burst, forget_ns) = (self.burst_ns, self.forget_ns);
         let watch = self.sink_ns.is_some();
@@ -235,7 +276,9 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         t.pid = pid;
         t.last_request = now;
         let a = self.apps.get_mut(t.app).expect("a watched thread's app");
-        account(t, a, now, cpu_ns, share, burst);
+        let used = account(t, a, now, cpu_ns, share, burst);
+        let user_exhausted = charge_user(&mut self.users, t, now, used, self.params.user_budget);
+        let exhausted = a.exhausted || user_exhausted;
         t.cpu_at_request = cpu_ns;
         // A lifted thread is at its own nice already.
         let surfaced = t.sunk && !t.lifted;
@@ -249,7 +292,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         }
         let mut raised = false;
         let pace = step.decay.as_nanos() as u64;
-        if !a.exhausted && target > 0 {
+        if !exhausted && target > 0 {
             // Re-elevation: the timer restarts; a stronger elevation from higher load
             // is kept.
             t.decay_ns = pace;
@@ -265,7 +308,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             t.decay_ns = pace;
             t.next_decay_at = t.next_decay_at.min(now + pace);
         }
-        self.due[slot] = due_time(t, a.exhausted, forget_ns, watch);
+        self.due[slot] = due_time(t, exhausted, forget_ns, watch);
         if raised {
             Some(Decision::Elevate {
                 pid,
@@ -288,7 +331,31 @@ impl<I: SlotIndex> ElevationPolicy<I> {
 
     /// Starts watching a thread, not elevated; a new application's bucket is full.
     /// Returns its slot.
-    fn track(&mut self, tid: u32, pid: u32, app: u32, now: Nanos, cpu_ns: u64) -> usize {
+    fn track(
+        &mut self,
+        tid: u32,
+        pid: u32,
+        app: u32,
+        user: Option<u32>,
+        now: Nanos,
+        cpu_ns: u64,
+    ) -> usize {
+        if let Some(uid) = user.filter(|_| self.params.user_budget.is_some()) {
+            let burst_ns = self
+                .params
+                .user_budget
+                .map_or(0.0, |b| b.burst.as_nanos() as f64);
+            self.users
+                .entry(uid)
+                .or_insert(UserBucket {
+                    tokens_ns: burst_ns,
+                    at: now,
+                    exhausted: false,
+                    threads: 0,
+                })
+                .threads += 1;
+        }
+        let user = user.filter(|_| self.params.user_budget.is_some());
         let lift = LiftBudget::full(self.lift_ns.unwrap_or(0), now);
         let burst_ns = self.burst_ns;
         let a = self.apps.get_or_insert(app, || App {
@@ -313,6 +380,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             cpu_at_request: cpu_ns,
             sunk: false,
             lifted: false,
+            user,
         });
         self.due.push(0);
         let slot = self.threads.len() - 1;
@@ -370,8 +438,10 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             let t = &mut self.threads[i];
             let a = self.apps.get_mut(t.app).expect("a watched thread's app");
             if let Some(cpu) = cpu {
-                account(t, a, now, cpu, share, burst);
+                let used = account(t, a, now, cpu, share, burst);
+                charge_user(&mut self.users, t, now, used, self.params.user_budget);
             }
+            let user_exhausted = user_exhausted(&self.users, t.user);
             let long = sink_ns.is_some_and(|n| t.cpu_ns.saturating_sub(t.cpu_at_request) >= n);
             if long && !t.sunk {
                 t.levels = 0;
@@ -386,37 +456,24 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                     levels: sink_levels,
                     reason: Reason::LongRequest,
                 });
-            } else if t.levels > 0 && a.exhausted {
+            } else if t.levels > 0 && (a.exhausted || user_exhausted) {
                 t.levels = 0;
                 out.push(Decision::Restore {
                     pid,
                     tid,
-                    reason: Reason::BudgetExhausted,
+                    reason: match a.exhausted {
+                        true => Reason::BudgetExhausted,
+                        false => Reason::UserBudgetExhausted,
+                    },
                 });
             } else if t.levels > 0 && now >= t.next_decay_at {
-                let steps = 1 + (now - t.next_decay_at) / t.decay_ns.max(1);
-                t.levels = t.levels.saturating_sub(steps.min(u32::MAX as u64) as u32);
-                t.next_decay_at += steps * t.decay_ns;
-                out.push(if t.levels == 0 {
-                    Decision::Restore {
-                        pid,
-                        tid,
-                        reason: Reason::Faded,
-                    }
-                } else {
-                    Decision::Elevate {
-                        pid,
-                        tid,
-                        levels: t.levels,
-                        slice,
-                        reason: Reason::Decay,
-                    }
-                });
+                out.push(fade(t, now, slice));
             }
             // Keep idle threads for a while so the budget remembers a cheater; a sunk
             // one until its next request or its end (it is still changed).
             if t.levels > 0 || t.sunk || now.saturating_sub(t.last_request) < forget_ns {
-                self.due[i] = due_time(t, a.exhausted, forget_ns, sink_ns.is_some());
+                let exhausted = a.exhausted || user_exhausted;
+                self.due[i] = due_time(t, exhausted, forget_ns, sink_ns.is_some());
                 i += 1;
             } else {
                 self.remove_slot(i);
@@ -437,6 +494,14 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let gone = self.threads.swap_remove(slot);
         self.due.swap_remove(slot);
         self.slots.unset(gone.tid);
+        if let Some(uid) = gone.user {
+            if let Some(u) = self.users.get_mut(&uid) {
+                u.threads -= 1;
+                if u.threads == 0 {
+                    self.users.remove(&uid);
+                }
+            }
+        }
         if let Some(a) = self.apps.get_mut(gone.app) {
             a.threads -= 1;
             if gone.sunk {
@@ -642,6 +707,29 @@ fn lift_ns(params: &ElevationParams) -> Option<u64> {
         .map(|l| l.as_nanos() as u64)
 }
 
+/// Fades an elevated thread by the levels its decay steps since `next_decay_at` take.
+fn fade(t: &mut Thread, now: Nanos, slice: Option<std::time::Duration>) -> Decision {
+    let (pid, tid) = (t.pid, t.tid);
+    let steps = 1 + (now - t.next_decay_at) / t.decay_ns.max(1);
+    t.levels = t.levels.saturating_sub(steps.min(u32::MAX as u64) as u32);
+    t.next_decay_at += steps * t.decay_ns;
+    if t.levels == 0 {
+        Decision::Restore {
+            pid,
+            tid,
+            reason: Reason::Faded,
+        }
+    } else {
+        Decision::Elevate {
+            pid,
+            tid,
+            levels: t.levels,
+            slice,
+            reason: Reason::Decay,
+        }
+    }
+}
+
 /// The earliest time a tick has something to do for `t`: decay, a CPU-time re-read (for
 /// its budget, or, with `watch`, to see whether its request runs long), a restore for an
 /// exhausted budget, or forgetting an idle thread. A sunk thread waits for its request.
@@ -662,8 +750,8 @@ fn due_time(t: &Thread, exhausted: bool, forget_ns: u64, watch: bool) -> Nanos {
 
 /// Refills the application's bucket for the time the thread was watched since its last
 /// charge, drains it by the CPU the thread used, updates the exhausted flag (set when
-/// empty, cleared only when full again).
-fn account(t: &mut Thread, a: &mut App, now: Nanos, cpu_ns: u64, share: f64, burst: f64) {
+/// empty, cleared only when full again). Returns the CPU the thread used since, ns.
+fn account(t: &mut Thread, a: &mut App, now: Nanos, cpu_ns: u64, share: f64, burst: f64) -> f64 {
     let wall = now.saturating_sub(t.budget_at) as f64;
     let used = cpu_ns.saturating_sub(t.cpu_ns) as f64;
     a.tokens_ns = (a.tokens_ns + wall * share - used).clamp(-burst, burst);
@@ -674,4 +762,40 @@ fn account(t: &mut Thread, a: &mut App, now: Nanos, cpu_ns: u64, share: f64, bur
     } else if a.exhausted && a.tokens_ns >= burst {
         a.exhausted = false;
     }
+    used
+}
+
+/// Refills the thread's user's bucket for the time since it was last filled (once per
+/// user, however many threads), drains it by `used` if the thread ran elevated, and says
+/// whether the user's elevation is spent (cleared only when full again).
+fn charge_user(
+    users: &mut FxHashMap<u32, UserBucket>,
+    t: &Thread,
+    now: Nanos,
+    used: f64,
+    budget: Option<crate::Budget>,
+) -> bool {
+    let (Some(uid), Some(budget)) = (t.user, budget) else {
+        return false;
+    };
+    let Some(u) = users.get_mut(&uid) else {
+        return false;
+    };
+    let burst = budget.burst.as_nanos() as u64 as f64;
+    let wall = now.saturating_sub(u.at) as f64;
+    let spent = if t.levels > 0 { used } else { 0.0 };
+    u.tokens_ns = (u.tokens_ns + wall * budget.cpu_share - spent).clamp(-burst, burst);
+    u.at = now.max(u.at);
+    if u.tokens_ns <= 0.0 {
+        u.exhausted = true;
+    } else if u.exhausted && u.tokens_ns >= burst {
+        u.exhausted = false;
+    }
+    u.exhausted
+}
+
+/// Whether the user of a thread has spent its elevation.
+fn user_exhausted(users: &FxHashMap<u32, UserBucket>, user: Option<u32>) -> bool {
+    user.and_then(|uid| users.get(&uid))
+        .is_some_and(|u| u.exhausted)
 }

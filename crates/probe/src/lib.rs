@@ -87,6 +87,8 @@ pub enum Event {
         proc_comm: String,
         /// Its process's application: the server whose fork made it, or itself.
         app: u32,
+        /// The thread's effective uid.
+        uid: u32,
     },
     /// A thread serving a request of `app`, which has sunk threads, blocked on a lock
     /// (futex or semaphore), the first of that application's to do so.
@@ -161,14 +163,19 @@ impl TaskIter {
             self.buf.extend_from_slice(&chunk[..n]);
         }
         let size = std::mem::size_of::<RawTask>();
-        Ok(self.buf.chunks_exact(size).map(decode_task).collect())
+        Ok(self
+            .buf
+            .chunks_exact(size)
+            .filter_map(decode_task)
+            .collect())
     }
 }
 
-fn decode_task(data: &[u8]) -> TaskRecord {
+/// A task record from the iterator's bytes (None: not a whole record).
+fn decode_task(data: &[u8]) -> Option<TaskRecord> {
     let mut r = RawTask::default();
-    plain::copy_from_bytes(&mut r, data).expect("a whole record");
-    TaskRecord {
+    plain::copy_from_bytes(&mut r, data).ok()?;
+    Some(TaskRecord {
         pid: r.pid,
         tid: r.tid,
         ppid: r.ppid,
@@ -186,7 +193,7 @@ fn decode_task(data: &[u8]) -> TaskRecord {
         response_ns: r.response_ns,
         app: r.app,
         comm: comm(&r.comm),
-    }
+    })
 }
 
 /// Kernel-side counters, summed over CPUs.
@@ -201,6 +208,8 @@ pub struct Counters {
     /// Reads on the side of a stream connection that connected (a client's): responses,
     /// never reported; counted once per thread and socket per quiet period.
     pub responses: u64,
+    /// Requests of unprivileged users beyond their events' bound, not reported.
+    pub throttled: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -215,6 +224,12 @@ pub struct ProbeConfig {
     /// Lock waits of threads whose last reported request is younger than this are reported
     /// for applications marked with [`Probe::set_sunk_app`]; None reports none.
     pub serving_window: Option<Duration>,
+    /// Users from this uid on are unprivileged: their request events are bounded.
+    pub uid_min: u32,
+    /// Request events a second each unprivileged user may cause, and all of them together
+    /// (0: no bound).
+    pub user_events_per_s: u32,
+    pub users_events_per_s: u32,
 }
 
 impl Default for ProbeConfig {
@@ -224,6 +239,9 @@ impl Default for ProbeConfig {
             ignore_pid: Some(std::process::id()),
             ring_bytes: 1 << 20,
             serving_window: None,
+            uid_min: 1000,
+            user_events_per_s: 0,
+            users_events_per_s: 0,
         }
     }
 }
@@ -266,6 +284,12 @@ impl<'obj> Probe<'obj> {
         rodata.wake_after_ns = 2 * rodata.min_gap_ns;
         rodata.self_tgid = cfg.ignore_pid.unwrap_or(0);
         rodata.pid_ns_inum = nested_pid_namespace().unwrap_or(0);
+        rodata.uid_min = cfg.uid_min;
+        let cost = |per_s: u32| 1_000_000_000 / u64::from(per_s.max(1));
+        if cfg.user_events_per_s > 0 {
+            rodata.user_event_cost_ns = cost(cfg.user_events_per_s);
+            rodata.users_event_cost_ns = cost(cfg.users_events_per_s.max(cfg.user_events_per_s));
+        }
         rodata.serving_window_ns = cfg
             .serving_window
             .map_or(0, |w| w.as_nanos().clamp(1, u64::MAX as u128) as u64);
@@ -461,6 +485,7 @@ impl<'obj> Probe<'obj> {
             (1, &mut c.requests),
             (2, &mut c.lost),
             (3, &mut c.responses),
+            (4, &mut c.throttled),
         ] {
             if let Ok(Some(per_cpu)) = self
                 .skel
@@ -486,13 +511,14 @@ fn app_waits(waiting: u32) -> [u8; 8] {
     v
 }
 
+/// A task's name from the kernel's bytes, escaped (any process names itself what it likes).
 fn comm(raw: &[i8; 16]) -> String {
     let bytes: Vec<u8> = raw
         .iter()
         .take_while(|&&c| c != 0)
         .map(|&c| c as u8)
         .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
+    appease_cgroup::names::escaped(&bytes)
 }
 
 fn decode(data: &[u8]) -> Option<Event> {
@@ -512,6 +538,7 @@ fn decode(data: &[u8]) -> Option<Event> {
             comm: comm(&raw.comm),
             proc_comm: comm(&raw.proc_comm),
             app: raw.app,
+            uid: raw.uid,
         },
         3 => Event::Exec {
             ts_ns: raw.ts_ns,
@@ -582,6 +609,44 @@ pub fn monotonic_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The raw bytes of a plain-old-data record.
+    fn bytes_of<T: plain::Plain>(v: &T) -> &'static [u8] {
+        // SAFETY: T is plain old data; the bytes are copied out at once.
+        let raw = unsafe {
+            std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>())
+        };
+        Box::leak(raw.to_vec().into_boxed_slice())
+    }
+
+    #[test]
+    fn the_event_and_task_decoders_answer_any_bytes() {
+        let mut ev = RawEvent {
+            kind: 1,
+            pid: 10,
+            tid: 11,
+            family: 1,
+            uid: 1000,
+            ..RawEvent::default()
+        };
+        ev.comm[..4].copy_from_slice(&[-1, 27, 10, 65]);
+        let seed = bytes_of(&ev);
+        let Some(Event::Request { comm, uid, .. }) = decode(seed) else {
+            panic!("a request event decodes");
+        };
+        assert_eq!((comm.as_str(), uid), ("\\xff\\x1b\\x0aA", 1000));
+        appease_fuzz::fuzz("BPF event", seed, |b| {
+            let _ = decode(b);
+        });
+        let task = RawTask {
+            pid: 10,
+            tid: 10,
+            ..RawTask::default()
+        };
+        appease_fuzz::fuzz("BPF task record", bytes_of(&task), |b| {
+            let _ = decode_task(b);
+        });
+    }
 
     #[test]
     fn the_initial_pid_namespace_is_known_by_its_fixed_inode() {

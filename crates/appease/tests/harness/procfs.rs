@@ -66,7 +66,7 @@ pub(crate) fn running_processes() -> Vec<(u32, String)> {
         .filter_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let (name, fields) = appease_cgroup::stat_fields(&stat)?;
+            let (name, fields) = appease_cgroup::stat_fields(stat.as_bytes())?;
             (fields.first() == Some(&"R")).then(|| (pid, name.to_string()))
         })
         .collect()

@@ -89,6 +89,25 @@ root_test! {
 }
 
 root_test! {
+    fn restore_right_after_kill_9_waits_for_the_dying_daemon_and_puts_everything_back() {
+        let (dir, gpath, soakers, mut daemon) = demoted_soaker("kill9-now", "");
+        let pid = soakers.0[0].id();
+        let mut killed = daemon.kill_now();
+        // At once: the killed daemon still holds its lock while it detaches its probe.
+        let out = appease(&dir.0, &["restore"]);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "restore at once after kill -9: {said}");
+        assert!(!in_idle_group(pid, &gpath), "the soaker is back: {said}");
+        assert!(killed.wait().is_ok());
+        assert!(!dir.0.join("journal.jsonl").exists(), "nothing left to undo: {said}");
+    }
+}
+
+root_test! {
     fn bad_config_is_one_clear_error_and_changes_nothing() {
         let dir = TempDir::new("badcfg");
         let cases = [

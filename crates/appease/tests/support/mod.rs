@@ -109,6 +109,18 @@ impl Drop for Soakers {
     }
 }
 
+/// A child started in a process group of its own (`process_group(0)`), killed as one
+/// group when dropped: its forks and threads go with it.
+pub struct ProcessGroup(pub Child);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: signalling the process group we made (its id is the leader's pid).
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
 /// Many idle processes, for scans of a crowded host: `sleep`s started by a shell in a
 /// process group of their own, ended by that group's id. Not forks of the caller, which
 /// would share its address space copy-on-write: a host's processes are their own.
@@ -208,6 +220,14 @@ impl Daemon {
         // SAFETY: signalling our own child by pid.
         unsafe { libc::kill(c.id() as i32, sig) };
         c.wait().unwrap()
+    }
+
+    /// `kill -9`, not waited for: the killed daemon may still be on its way out.
+    pub fn kill_now(&mut self) -> Child {
+        let c = self.child.take().unwrap();
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+        c
     }
 
     pub fn pid(&self) -> u32 {

@@ -48,6 +48,9 @@ pub struct ElevationParams {
     pub forget_after: Duration,
     /// Long requests sink (None: they keep their priority).
     pub sink: Option<Sink>,
+    /// What all the threads of one unprivileged user may use elevated, together, however
+    /// many processes they make (None: no bound beyond each application's).
+    pub user_budget: Option<Budget>,
 }
 
 /// Why a decision was made (shown in logs and `appease status`).
@@ -60,6 +63,8 @@ pub enum Reason {
     Faded,
     BudgetExhausted,
     Forgotten,
+    /// Its user's threads used all the elevated CPU their user may have.
+    UserBudgetExhausted,
     /// Computed longer than `sink.after_cpu` since its last request.
     LongRequest,
     /// A sunk thread received a request.
@@ -74,13 +79,14 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in declaration order (`reason as usize` indexes it).
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::UnixRequest,
         Reason::NetworkRequest,
         Reason::Decay,
         Reason::Faded,
         Reason::BudgetExhausted,
         Reason::Forgotten,
+        Reason::UserBudgetExhausted,
         Reason::LongRequest,
         Reason::Surfaced,
         Reason::Lifted,
@@ -96,6 +102,7 @@ impl Reason {
             Reason::Faded => "faded",
             Reason::BudgetExhausted => "budget-exhausted",
             Reason::Forgotten => "forgotten",
+            Reason::UserBudgetExhausted => "user-budget-exhausted",
             Reason::LongRequest => "long-request",
             Reason::Surfaced => "surfaced",
             Reason::Lifted => "lifted",

@@ -28,6 +28,7 @@ fn params() -> ElevationParams {
         slice: Some(Duration::from_micros(500)),
         forget_after: Duration::from_secs(10),
         sink: None,
+        user_budget: None,
     }
 }
 
@@ -720,4 +721,60 @@ fn gone_threads_and_idle_threads_are_forgotten() {
     assert_eq!(p.tracked(), 1);
     p.on_tick(20 * MS * 1000, |_, _| Some(0));
     assert_eq!(p.tracked(), 0, "faded and idle for forget_after");
+}
+
+/// 16 applications (one process each) of one user, each thread reading a byte every 20 ms
+/// and spinning, 2 CPUs: the CPU their threads run elevated over 20 s, in CPUs.
+fn elevated_cpus_of_sixteen_spinners(user: Option<u32>) -> f64 {
+    let budget = Budget {
+        cpu_share: 0.5,
+        burst: Duration::from_millis(200),
+    };
+    let mut p = ElevationPolicy::new(ElevationParams {
+        user_budget: Some(budget),
+        ..params()
+    });
+    let (n, step) = (16u32, 20 * MS);
+    let mut cpu = vec![0u64; n as usize];
+    let mut elevated_ns = 0u64;
+    let mut now = 0;
+    while now < 20_000 * MS {
+        for i in 0..n {
+            let tid = 100 + i;
+            // Each gets 2/16 of a CPU.
+            let used = step * 2 / n as u64;
+            if p.levels(tid) > 0 {
+                elevated_ns += used;
+            }
+            cpu[i as usize] += used;
+            p.on_user_request(
+                now,
+                tid,
+                user,
+                tid,
+                tid,
+                Source::Unix,
+                cpu[i as usize],
+                load(4.0),
+            );
+        }
+        p.on_tick(now, |_, tid| Some(cpu[(tid - 100) as usize]));
+        now += step;
+    }
+    elevated_ns as f64 / (20_000 * MS) as f64
+}
+
+#[test]
+fn a_users_threads_run_elevated_on_at_most_the_users_share_however_many_applications() {
+    let as_a_user = elevated_cpus_of_sixteen_spinners(Some(1000));
+    let as_system_services = elevated_cpus_of_sixteen_spinners(None);
+    assert!(
+        as_a_user <= 0.5 + 0.2 / 20.0,
+        "one user's 16 applications: {as_a_user:.3} CPUs elevated"
+    );
+    assert!(as_a_user > 0.1, "elevated at all: {as_a_user:.3}");
+    assert!(
+        as_system_services > 1.5,
+        "each application its own bucket: {as_system_services:.3} CPUs elevated"
+    );
 }

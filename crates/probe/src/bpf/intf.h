@@ -15,7 +15,8 @@ enum appease_counter {
 	APPEASE_CNT_REQUESTS = 1,     /* of those, reported as a request event */
 	APPEASE_CNT_LOST = 2,         /* events dropped because the ring buffer was full */
 	APPEASE_CNT_RESPONSES = 3,    /* reads on a side that connected, one per thread and socket per quiet period */
-	APPEASE_NR_COUNTERS = 4,
+	APPEASE_CNT_THROTTLED = 4,    /* requests of unprivileged users beyond their events' bound, not reported */
+	APPEASE_NR_COUNTERS = 5,
 };
 
 struct appease_event {
@@ -33,6 +34,8 @@ struct appease_event {
 	unsigned long long proc_start_ns; /* its process's (the leader's) start */
 	char comm[16];             /* the thread's name */
 	char proc_comm[16];        /* its process's name (the leader's) */
+	unsigned int uid;          /* the thread's effective uid */
+	unsigned int _pad;
 };
 
 /* The task iterator's record: one per thread. */

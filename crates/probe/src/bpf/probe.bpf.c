@@ -40,6 +40,14 @@ const volatile u32 pid_ns_inum = 0;
  * its lock waits are reported when its application has sunk threads (0: none is). */
 const volatile u64 serving_window_ns = 0;
 
+/* Request events of unprivileged users (effective uid >= uid_min) are bounded, each
+ * user's and all such users' together, so that a user's thousands of threads reading
+ * socketpairs cannot flood the daemon; the servers of root and system accounts are never
+ * held back. An event costs this much of a second's allowance (0: no bound). */
+const volatile u32 uid_min = 1000;
+const volatile u64 user_event_cost_ns = 0;
+const volatile u64 users_event_cost_ns = 0;
+
 /* Set by user space at run time: exec events are wanted only while one of them can
  * change a decision (another engine's parent made idle). */
 u32 want_exec = 0;
@@ -121,6 +129,72 @@ struct {
 	__type(key, u32);
 	__type(value, struct app_waits);
 } sunk_apps SEC(".maps");
+
+/* A token bucket in time: what is left of a second's allowance, and when it was last
+ * topped up. Two CPUs may update one at once: the bound is then a little loose, never
+ * a reason to drop a server's request. */
+struct allowance {
+	u64 at_ns;
+	u64 left_ns;
+};
+
+#define NS_PER_S 1000000000ULL
+
+/* Each unprivileged user's allowance (the least recently used forgotten first). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, struct allowance);
+} user_allowance SEC(".maps");
+
+/* All unprivileged users' together. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct allowance);
+} users_allowance SEC(".maps");
+
+/* Spends `cost` of `a` at `now` if a second's allowance holds it. */
+static __always_inline bool spend(struct allowance *a, u64 now, u64 cost)
+{
+	u64 left = a->left_ns + (now - a->at_ns);
+	if (left > NS_PER_S)
+		left = NS_PER_S;
+	a->at_ns = now;
+	if (left < cost) {
+		a->left_ns = left;
+		return false;
+	}
+	a->left_ns = left - cost;
+	return true;
+}
+
+/* Whether a request of `uid` may be reported now. */
+static __always_inline bool within_bounds(u32 uid, u64 now)
+{
+	if (!user_event_cost_ns || uid < uid_min)
+		return true;
+	struct allowance *a = bpf_map_lookup_elem(&user_allowance, &uid);
+	if (!a) {
+		struct allowance fresh = { .at_ns = now, .left_ns = NS_PER_S };
+		bpf_map_update_elem(&user_allowance, &uid, &fresh, BPF_NOEXIST);
+		a = bpf_map_lookup_elem(&user_allowance, &uid);
+		if (!a)
+			return false;
+	}
+	u32 zero = 0;
+	struct allowance *all = bpf_map_lookup_elem(&users_allowance, &zero);
+	if (!all)
+		return false;
+	return spend(a, now, user_event_cost_ns) && spend(all, now, users_event_cost_ns);
+}
+
+static __always_inline u32 euid_of(struct task_struct *t)
+{
+	return BPF_CORE_READ(t, cred, euid.val);
+}
 
 /* How many nesting levels of PID namespaces are searched for appease's. */
 #define MAX_PID_LEVELS 8
@@ -205,6 +279,7 @@ static __always_inline struct appease_event *reserve(struct task_struct *t, u32 
 	e->app = app_of(t);
 	e->start_ns = t->start_boottime;
 	e->proc_start_ns = t->group_leader->start_boottime;
+	e->uid = euid_of(t);
 	bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), t->comm);
 	bpf_probe_read_kernel_str(e->proc_comm, sizeof(e->proc_comm), t->group_leader->comm);
 	return e;
@@ -273,6 +348,11 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 		st->response_sk = (u64)sk;
 		st->last_response_ns = now;
 		count(APPEASE_CNT_RESPONSES);
+		return 0;
+	}
+	/* Not muted by a refusal: the thread's next read is weighed again. */
+	if (!within_bounds(euid_of(t), now)) {
+		count(APPEASE_CNT_THROTTLED);
 		return 0;
 	}
 
