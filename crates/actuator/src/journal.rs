@@ -207,7 +207,7 @@ impl Journal {
     /// Opens (creating) the journal in `dir`, keeping what it already holds. `dir` must
     /// be appease's own (see `private`).
     pub fn open(dir: &Path) -> io::Result<Self> {
-        private::private_dir(dir)?;
+        let dir = &private::private_dir(dir)?;
         let live = read_pending(dir)?;
         let path = dir.join(FILE);
         let mut file = private::open_private(&path, Access::Append)?;

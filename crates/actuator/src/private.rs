@@ -6,7 +6,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Mode bits that let others than the owner change a directory's entries.
 const WRITABLE_BY_OTHERS: u32 = 0o022;
@@ -28,8 +28,10 @@ fn refused(path: &Path, why: String) -> io::Error {
     )
 }
 
-/// Makes `dir` (mode 0700) unless it exists, then checks it as [`check_private_dir`] does.
-pub fn private_dir(dir: &Path) -> io::Result<()> {
+/// Makes `dir` (mode 0700) unless it exists, then checks it as [`check_private_dir`] does;
+/// returns its canonical path, the one to use from then on (a link above it that someone
+/// repoints later changes nothing).
+pub fn private_dir(dir: &Path) -> io::Result<PathBuf> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::DirBuilder::new()
             .recursive(true)
@@ -45,8 +47,8 @@ pub fn private_dir(dir: &Path) -> io::Result<()> {
 
 /// `dir` is a directory (not a link) of appease's user that no one else may write to, and
 /// so is each directory above it, or else it is sticky (as /tmp is): no other user can
-/// have put, replaced or linked anything in it.
-pub fn check_private_dir(dir: &Path) -> io::Result<()> {
+/// have put, replaced or linked anything in it. Returns its canonical path.
+pub fn check_private_dir(dir: &Path) -> io::Result<PathBuf> {
     let me = euid();
     let meta = fs::symlink_metadata(dir)?;
     if meta.file_type().is_symlink() || !meta.is_dir() {
@@ -65,10 +67,14 @@ pub fn check_private_dir(dir: &Path) -> io::Result<()> {
         ));
     }
     let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) else {
-        return Ok(());
+        return fs::canonicalize(dir);
     };
-    // Links above are followed (/var/run is one): what counts is where they lead.
+    // Links above are followed (/var/run is one): what counts is where they lead, and the
+    // caller uses that path alone.
     let parent = fs::canonicalize(parent)?;
+    let name = dir
+        .file_name()
+        .ok_or_else(|| refused(dir, "no directory name".into()))?;
     for above in parent.ancestors() {
         let m = fs::metadata(above)?;
         if m.uid() != 0 && m.uid() != me {
@@ -84,7 +90,13 @@ pub fn check_private_dir(dir: &Path) -> io::Result<()> {
             ));
         }
     }
-    Ok(())
+    let canonical = parent.join(name);
+    // The same directory as the one checked (not swapped since).
+    let again = fs::symlink_metadata(&canonical)?;
+    if again.ino() != meta.ino() || again.dev() != meta.dev() {
+        return Err(refused(dir, "replaced while it was checked".into()));
+    }
+    Ok(canonical)
 }
 
 /// How a private file is opened.
@@ -102,10 +114,11 @@ pub enum Access {
 /// regular file of appease's user with mode 0600 whatever it had.
 pub fn open_private(path: &Path, access: Access) -> io::Result<File> {
     let mut o = OpenOptions::new();
+    // Never truncated at open: only once it is known to be appease's own file.
     match access {
         Access::ReadWrite => o.read(true).write(true).create(true),
         Access::Append => o.append(true).create(true),
-        Access::Replace => o.write(true).create(true).truncate(true),
+        Access::Replace => o.write(true).create(true),
     };
     // std opens with O_CLOEXEC already.
     let file = o
@@ -128,6 +141,9 @@ pub fn open_private(path: &Path, access: Access) -> io::Result<File> {
     }
     if meta.mode() & 0o777 != 0o600 {
         file.set_permissions(fs::Permissions::from_mode(0o600))?;
+    }
+    if access == Access::Replace {
+        file.set_len(0)?;
     }
     Ok(file)
 }

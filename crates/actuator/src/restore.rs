@@ -109,7 +109,7 @@ pub(crate) fn restore_journal_with(
     parts: &[Part],
 ) -> io::Result<RestoreReport> {
     // Whose directory it is first: a journal anyone else could have written is not read.
-    crate::private::private_dir(dir)?;
+    let dir = &crate::private::private_dir(dir)?;
     let corrupt = journal::read_pending(dir)?.corrupt;
     if !corrupt.is_empty() {
         // What those lines recorded is lost: the journal is kept as it was for a look,

@@ -1,5 +1,5 @@
 //! A local user's flood of socket reads beside a real server (needs root): an
-//! unprivileged user's threads (`nobody`, 10,000 of them by default) each read a byte from
+//! unprivileged user's threads (uid 50,000, 10,000 of them by default) each read a byte from
 //! a socketpair once a second, while a server answers an open-loop client (1 ms of CPU a
 //! request, 100 requests a second) beside 2 soakers per CPU, under the daemon with its
 //! embedded default config. Rounds with and without the flood, interleaved; for each, the
@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use support::{env_or, host_cpus, spin_cpu, Daemon, ProcessGroup, Soakers, TempDir};
 
-/// `nobody`: an unprivileged user on every Debian host.
-const NOBODY: u32 = 65534;
+/// The flooding user: an unprivileged uid (no account needed to run as it).
+const FLOOD_UID: u32 = 50_000;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -47,7 +47,7 @@ fn main() {
     let dir = TempDir::new("flood-bench");
     let cfg = dir.file("default.toml", "");
     println!(
-        "a server (1 ms a request, 100/s, open loop) beside {} soakers on {cpus} CPUs; flood: {threads} threads of uid {NOBODY}, each reading once a second; {rounds} rounds of {secs} s",
+        "a server (1 ms a request, 100/s, open loop) beside {} soakers on {cpus} CPUs; flood: {threads} threads of uid {FLOOD_UID}, each reading once a second; {rounds} rounds of {secs} s",
         2 * cpus
     );
     let mut results: Vec<(bool, Round)> = Vec::new();
@@ -123,8 +123,8 @@ fn run_round(
         let exe = std::env::current_exe().unwrap();
         let child = Command::new(exe)
             .args(["--flood", &n.to_string(), &(secs + 30).to_string()])
-            .uid(NOBODY)
-            .gid(NOBODY)
+            .uid(FLOOD_UID)
+            .gid(FLOOD_UID)
             .process_group(0)
             .stdin(Stdio::null())
             .spawn()

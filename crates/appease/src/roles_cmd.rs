@@ -148,7 +148,7 @@ fn role_entry(app: &str, name: &str, rank: u32, found: Found) -> String {
             };
             format!(
                 "# {name} {why}: replace comm/trust_comm with exe = \"/path/to/{name}\" \
-                 (a comm is any process's to choose)\n\
+                 and user (a comm is any process's to choose)\n\
                  {head}comm = {:?}\ntrust_comm = true\nrank = {rank}",
                 comm_of(name)
             )
@@ -173,7 +173,7 @@ mod tests {
         let text = role_entry("search", "indexer", 1, Found::NotRunning);
         assert!(text.starts_with(
             "# indexer is not running: replace comm/trust_comm with exe = \"/path/to/indexer\" \
-             (a comm is any process's to choose)\n"
+             and user (a comm is any process's to choose)\n"
         ));
         assert!(text.ends_with("comm = \"indexer\"\ntrust_comm = true\nrank = 1"));
         assert_eq!(real_uid("Name:\tx\nUid:\t1000\t0\t0\t0\n"), Some(1000));

@@ -91,6 +91,19 @@ impl UsersSection {
     }
 }
 
+/// The overflow uid (`nobody`): a system account, which no user becomes.
+const NOBODY: u32 = 65534;
+/// The uids systemd gives services with `DynamicUser=` (systemd's docs, "Users, Groups,
+/// UIDs and GIDs on systemd Systems"): system services.
+const DYNAMIC_SERVICE_UIDS: std::ops::RangeInclusive<u32> = 61184..=65519;
+
+/// Whether `uid` is an unprivileged user's, given the first such uid: from `uid_min` on,
+/// but for `nobody` and systemd's dynamic service users. Higher uids are users' (a
+/// rootless container's processes run as its owner's subordinate uids).
+pub fn unprivileged(uid: u32, uid_min: u32) -> bool {
+    uid >= uid_min && uid != NOBODY && !DYNAMIC_SERVICE_UIDS.contains(&uid)
+}
+
 /// UID_MIN from /etc/login.defs text.
 fn login_defs_uid_min(text: &str) -> Option<u32> {
     text.lines().find_map(|l| {
@@ -733,8 +746,8 @@ impl Config {
     pub fn comm_trust_warnings(&self) -> Vec<String> {
         let line = |entry: String, r: &Rule, what: &str| {
             format!(
-                "{entry} matches comm {:?} alone (trust_comm = true): any user's process of that name gets {what}; name its exe = \"/path/to/binary\" and/or user instead",
-                r.comm.as_deref().unwrap_or_default()
+                "{entry} matches {} alone (trust_comm = true): any user's process of that name or executable gets {what}; name its user (and/or unit, cgroup) instead",
+                r.names()
             )
         };
         let rules = self

@@ -1,6 +1,7 @@
-//! Matching a process against the config's rules, services and roles: by what a user
-//! cannot fake (an executable's path, a uid, a system unit, a cgroup), a `comm` alone only
-//! where nothing is granted or the config says so.
+//! Matching a process against the config's rules, services and roles. What grants
+//! something names its processes by what a user cannot fake (a uid, a system unit, a
+//! cgroup); a `comm` or an executable alone (any user names their process, or runs
+//! /usr/sbin/nginx with a config of their own) only where the config says so.
 
 use super::*;
 
@@ -32,14 +33,15 @@ fn is_user_manager(part: &str) -> bool {
     part.starts_with("user@") && part.ends_with(".service")
 }
 
-/// Whether the CPU cgroup `path` is in the system's unit `unit` (or below it): a component
-/// equal to it, with no user's manager above it.
+/// Whether the CPU cgroup `path` is in the system's unit `unit` (or below it): where
+/// systemd puts it, every component above it a slice (not a user's manager, not a
+/// container's own `system.slice` below its scope).
 fn in_system_unit(path: &str, unit: &str) -> bool {
-    for part in path.split('/') {
+    for part in path.split('/').filter(|p| !p.is_empty()) {
         if part == unit {
             return true;
         }
-        if is_user_manager(part) {
+        if is_user_manager(part) || !part.ends_with(".slice") {
             return false;
         }
     }
@@ -97,12 +99,12 @@ impl Rule {
                 return Err(format!("unknown user {u:?}"));
             }
         }
-        if self.grants() && self.by_comm_alone() && !self.trust_comm {
+        if self.grants() && self.by_name_alone() && !self.trust_comm {
             return Err(format!(
-                "matches by comm {:?} alone, a name any user can give their own process \
-                 to be granted it: add exe = \"/path/to/binary\" and/or user, or set \
+                "matches by {} alone, which any user can give their own process (a name) or \
+                 run (an executable) to be granted it: add user (and/or unit, cgroup), or set \
                  trust_comm = true on this entry",
-                self.comm.as_deref().unwrap_or_default()
+                self.names()
             ));
         }
         Ok(())
@@ -114,18 +116,25 @@ impl Rule {
         self.class == Class::Latency
     }
 
-    /// Whether it picks its processes by name only.
-    fn by_comm_alone(&self) -> bool {
-        self.comm.is_some()
-            && self.exe.is_none()
-            && self.cgroup.is_none()
-            && self.user.is_none()
-            && self.unit.is_none()
+    /// Whether it picks its processes by their name or executable only.
+    fn by_name_alone(&self) -> bool {
+        self.cgroup.is_none() && self.user.is_none() && self.unit.is_none()
+    }
+
+    /// The name and executable it matches, for messages.
+    pub(crate) fn names(&self) -> String {
+        let comm = self.comm.as_ref().map(|c| format!("comm {c:?}"));
+        let exe = self.exe.as_ref().map(|e| format!("exe {e:?}"));
+        [comm, exe]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" and ")
     }
 
     /// Whether it is accepted only because `trust_comm` is set.
     pub(crate) fn trusted_by_comm(&self) -> bool {
-        self.trust_comm && self.grants() && self.by_comm_alone()
+        self.trust_comm && self.grants() && self.by_name_alone()
     }
 
     /// Whether a process with these facts matches every field the rule gives.
@@ -145,10 +154,13 @@ impl Rule {
             .unit
             .as_ref()
             .is_none_or(|u| p.cgroup.is_some_and(|g| in_system_unit(g, u)));
-        let exe_ok = self
-            .exe
-            .as_ref()
-            .is_none_or(|e| p.exe.is_some_and(|x| x.as_os_str() == e.as_os_str()));
+        // A binary replaced by an upgrade since the process started shows " (deleted)".
+        let exe_ok = self.exe.as_ref().is_none_or(|e| {
+            p.exe.is_some_and(|x| {
+                let x = x.as_os_str().as_encoded_bytes();
+                x.strip_suffix(b" (deleted)").unwrap_or(x) == e.as_os_str().as_encoded_bytes()
+            })
+        });
         self.comm.as_ref().is_none_or(|c| c == p.comm) && exe_ok && user_ok && cgroup_ok && unit_ok
     }
 

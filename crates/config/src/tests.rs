@@ -144,10 +144,11 @@ fn services_are_latency_and_bad_services_are_errors() {
     assert!(e.contains("line 1") && e.contains("names the group"), "{e}");
     let e = err("[[service]]\nname = \"w\"\n");
     assert!(e.contains("at least one of"), "{e}");
-    let e =
-        err("[[service]]\nname = \"w\"\nexe = \"/x\"\n[[service]]\nname = \"w\"\nexe = \"/y\"\n");
+    let e = err(
+        "[[service]]\nname = \"w\"\nexe = \"/x\"\nuser = \"root\"\n[[service]]\nname = \"w\"\nexe = \"/y\"\nuser = \"root\"\n",
+    );
     assert!(e.contains("used twice"), "{e}");
-    let e = err("[[service]]\nname = \"w\"\nexe = \"/x\"\nweight = 0\n");
+    let e = err("[[service]]\nname = \"w\"\nexe = \"/x\"\nuser = \"root\"\nweight = 0\n");
     assert!(e.contains("1..=10000"), "{e}");
 }
 
@@ -201,7 +202,7 @@ fn roles_are_staggered_fixed_nice_values_above_normal() {
         c.forced_class(&facts("proc_b", None, None)),
         Some(Class::Latency)
     );
-    let e = err("[[role]]\napp = \"s\"\nexe = \"/x\"\nrank = 5\n");
+    let e = err("[[role]]\napp = \"s\"\nexe = \"/x\"\nuser = \"root\"\nrank = 5\n");
     assert!(e.contains("nice 0") && e.contains("top_nice"), "{e}");
     let e = err("[roles]\ntop_nice = -40\n");
     assert!(e.contains("-20..=19"), "{e}");
@@ -275,6 +276,17 @@ fn a_unit_matches_the_systems_unit_and_never_a_users_of_that_name() {
     );
     assert_eq!(c.role_of(&facts("postgres", Some(user), None)), None);
     assert_eq!(c.forced_class(&facts("postgres", Some(user), None)), None);
+    // A container's own systemd names its units too, below its scope.
+    for theirs in [
+        "/system.slice/docker-abc.scope/system.slice/postgresql.service",
+        "/lxc.payload.c1/system.slice/postgresql.service",
+    ] {
+        assert_eq!(
+            c.role_of(&facts("postgres", Some(theirs), None)),
+            None,
+            "{theirs}"
+        );
+    }
     assert_eq!(
         c.role_of(&facts(
             "postgres",
@@ -296,7 +308,7 @@ fn a_unit_matches_the_systems_unit_and_never_a_users_of_that_name() {
 }
 
 #[test]
-fn granting_by_comm_alone_is_refused_unless_trusted() {
+fn granting_by_a_name_or_an_executable_alone_is_refused_unless_trusted() {
     let entries = [
         (
             "[[service]]\nname = \"web\"\ncomm = \"nginx\"\n",
@@ -316,7 +328,7 @@ fn granting_by_comm_alone_is_refused_unless_trusted() {
         assert!(
             e.contains(name)
                 && e.contains("comm \"nginx\" alone")
-                && e.contains("exe = \"/path/to/binary\"")
+                && e.contains("add user")
                 && e.contains("trust_comm = true"),
             "{e}"
         );
@@ -335,8 +347,12 @@ fn granting_by_comm_alone_is_refused_unless_trusted() {
             warnings[0].starts_with(name) && warnings[0].contains("\"nginx\""),
             "{warnings:?}"
         );
-        // With anything besides the name, neither refused nor warned about.
-        for more in ["exe = \"/usr/sbin/nginx\"\n", "user = \"root\"\n"] {
+        // An executable is no better (any user runs /usr/sbin/nginx with a config of
+        // their own); a user, unit or cgroup is.
+        let by_exe = entry.replace("comm = \"nginx\"\n", "exe = \"/usr/sbin/nginx\"\n");
+        assert!(err(&by_exe).contains("exe \"/usr/sbin/nginx\" alone"));
+        // With what a user cannot fake besides the name, neither refused nor warned about.
+        for more in ["user = \"root\"\n", "unit = \"nginx.service\"\n"] {
             let named = entry.replace("comm = \"nginx\"\n", &format!("comm = \"nginx\"\n{more}"));
             let c = Config::parse(&named, "n.toml").unwrap();
             assert!(c.comm_trust_warnings().is_empty());
@@ -363,7 +379,7 @@ fn granting_by_comm_alone_is_refused_unless_trusted() {
 #[test]
 fn an_exe_matches_exactly_that_path() {
     let c = Config::parse(
-        "[[service]]\nname = \"web\"\nexe = \"/usr/sbin/nginx\"\n",
+        "[[service]]\nname = \"web\"\nexe = \"/usr/sbin/nginx\"\nuser = \"1000\"\n",
         "e.toml",
     )
     .unwrap();
@@ -371,7 +387,7 @@ fn an_exe_matches_exactly_that_path() {
         c.matching_needs(),
         MatchingNeeds {
             cgroup: false,
-            uid: false,
+            uid: true,
             exe: true
         }
     );
@@ -393,7 +409,6 @@ fn an_exe_matches_exactly_that_path() {
         "/home/u/usr/sbin/nginx",
         "/usr/sbin/nginx2",
         "/usr/sbin/ngin",
-        "/usr/sbin/nginx (deleted)",
         "/usr/local/sbin/nginx",
     ] {
         assert!(
@@ -404,6 +419,11 @@ fn an_exe_matches_exactly_that_path() {
     assert!(
         c.service_of(&with_exe("nginx", None)).is_none(),
         "an exe unread matches nothing"
+    );
+    assert!(
+        c.service_of(&with_exe("nginx", Some("/usr/sbin/nginx (deleted)")))
+            .is_some(),
+        "a binary an upgrade replaced since the process started"
     );
 }
 

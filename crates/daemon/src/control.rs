@@ -235,10 +235,25 @@ fn serve(listener: UnixListener, group: Option<u32>, shared: Shared, stop: Arc<A
     }
 }
 
+/// Sends `reply` whole within `PEER_TIMEOUT` in all, or gives up: a client that takes a
+/// large status slowly holds its thread no longer than one that sends nothing.
 fn send(conn: &mut UnixStream, reply: &Reply) {
-    let _peer_gone = serde_json::to_writer(&mut *conn, reply)
-        .map_err(io::Error::from)
-        .and_then(|()| conn.write_all(b"\n"));
+    let Ok(mut bytes) = serde_json::to_vec(reply) else {
+        return;
+    };
+    bytes.push(b'\n');
+    let deadline = Instant::now() + PEER_TIMEOUT;
+    let mut left = &bytes[..];
+    while !left.is_empty() {
+        let time = deadline.saturating_duration_since(Instant::now());
+        if time.is_zero() || conn.set_write_timeout(Some(time)).is_err() {
+            return;
+        }
+        match conn.write(left) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = &left[n..],
+        }
+    }
 }
 
 /// One client: its credentials checked, its request read within `PEER_TIMEOUT`, answered.

@@ -357,7 +357,7 @@ impl<'obj> Daemon<'obj> {
         self.metrics.request(family);
         let process = (pid, proc_start_ns / self.clock_tick_ns);
         if let Some(b) = self.batch.as_mut() {
-            let user = uid >= self.uid_min;
+            let user = appease_config::unprivileged(uid, self.uid_min);
             b.on_request(process, user, ts_ns, &self.opts.config, &mut self.actuator);
         }
         // Roles have fixed priorities: requests do not move them.
@@ -376,7 +376,7 @@ impl<'obj> Daemon<'obj> {
             comm,
             proc_comm,
         };
-        let user = (uid >= self.uid_min).then_some(uid);
+        let user = appease_config::unprivileged(uid, self.uid_min).then_some(uid);
         if let Some(d) = self.policy.on_user_request(
             ts_ns,
             app,

@@ -30,7 +30,7 @@ pub struct RunLock {
 impl RunLock {
     /// Takes the lock, or says which process holds it.
     pub fn acquire(dir: &Path) -> Result<Self> {
-        private::private_dir(dir)
+        let dir = private::private_dir(dir)
             .with_context(|| format!("the run directory {}", dir.display()))?;
         let file = lock_file(&dir.join(FILE), "an appease daemon is already running")?;
         Ok(RunLock { _file: file })
@@ -45,7 +45,9 @@ impl RunLock {
             match Self::acquire(dir) {
                 Ok(lock) => return Ok((lock, start.elapsed())),
                 Err(e) => {
-                    let exiting = Self::holder(dir).is_some_and(exiting);
+                    // No pid to read: the holder let go meanwhile, or has not written it
+                    // yet; either way, worth another try.
+                    let exiting = Self::holder(dir).is_none_or(exiting);
                     if !exiting || start.elapsed() >= patience {
                         return Err(e);
                     }
@@ -58,11 +60,12 @@ impl RunLock {
     /// Takes the lock on the idle group `name` (its top-level name in the CPU hierarchy),
     /// held in `/run/appease/groups`, or says which daemon holds it.
     pub fn acquire_group(name: &str) -> Result<Self> {
-        for dir in [GROUP_LOCKS_PARENT, GROUP_LOCKS] {
-            private::private_dir(Path::new(dir))
-                .with_context(|| format!("the idle groups' lock directory {dir}"))?;
+        let mut dir = std::path::PathBuf::new();
+        for d in [GROUP_LOCKS_PARENT, GROUP_LOCKS] {
+            dir = private::private_dir(Path::new(d))
+                .with_context(|| format!("the idle groups' lock directory {d}"))?;
         }
-        let path = Path::new(GROUP_LOCKS).join(format!("{}.lock", name.replace('/', "%")));
+        let path = dir.join(format!("{}.lock", name.replace('/', "%")));
         let what = format!("another appease daemon uses the idle group /{name} (set [batch] group to another name to run a second one)");
         Ok(RunLock {
             _file: lock_file(&path, &what)?,

@@ -237,12 +237,12 @@ mod tests {
     #[test]
     fn services_are_added_changed_and_removed_by_name() {
         let old = config(
-            "[[service]]\nname = \"db\"\nexe = \"/usr/bin/postgres\"\n\
-             [[service]]\nname = \"web\"\nexe = \"/usr/sbin/nginx\"\n",
+            "[[service]]\nname = \"db\"\nunit = \"postgresql.service\"\n\
+             [[service]]\nname = \"web\"\nunit = \"nginx.service\"\n",
         );
         let new = config(
-            "[[service]]\nname = \"db\"\nexe = \"/usr/bin/postgres\"\nweight = 300\n\
-             [[service]]\nname = \"cache\"\nexe = \"/usr/bin/redis-server\"\n",
+            "[[service]]\nname = \"db\"\nunit = \"postgresql.service\"\nweight = 300\n\
+             [[service]]\nname = \"cache\"\nunit = \"redis-server.service\"\n",
         );
         let plan = ReloadPlan::new(&old, new, true);
         let removed: Vec<_> = plan.services_removed.iter().map(|s| &s.name).collect();
@@ -259,7 +259,7 @@ mod tests {
     #[test]
     fn without_a_process_scan_services_and_roles_wait_for_a_restart() {
         let old = config("");
-        let new = config("[[service]]\nname = \"db\"\nexe = \"/usr/bin/postgres\"\n");
+        let new = config("[[service]]\nname = \"db\"\nunit = \"postgresql.service\"\n");
         let plan = ReloadPlan::new(&old, new, false);
         assert_eq!(plan.needs_restart, ["[[service]]"]);
         assert!(plan.config.services.is_empty());
@@ -268,7 +268,7 @@ mod tests {
 
     #[test]
     fn an_unchanged_config_changes_nothing() {
-        let old = config("[[service]]\nname = \"db\"\nexe = \"/usr/bin/postgres\"\n");
+        let old = config("[[service]]\nname = \"db\"\nunit = \"postgresql.service\"\n");
         let plan = ReloadPlan::new(&old, old.clone(), true);
         assert_eq!(
             plan,

@@ -277,8 +277,13 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         t.last_request = now;
         let a = self.apps.get_mut(t.app).expect("a watched thread's app");
         let used = account(t, a, now, cpu_ns, share, burst);
-        let user_exhausted = charge_user(&mut self.users, t, now, used, self.params.user_budget);
-        let exhausted = a.exhausted || user_exhausted;
+        if charge_user(&mut self.users, t, now, used, self.params.user_budget) {
+            let user = t.user;
+            due_now(&self.threads, &mut self.due, user);
+        }
+        let t = &mut self.threads[slot];
+        let a = self.apps.get_mut(t.app).expect("a watched thread's app");
+        let exhausted = a.exhausted || user_exhausted(&self.users, t.user);
         t.cpu_at_request = cpu_ns;
         // A lifted thread is at its own nice already.
         let surfaced = t.sunk && !t.lifted;
@@ -403,6 +408,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let slice = self.params.slice;
         let mut out = Vec::new();
         self.end_spent_lifts(now, &mut out);
+        self.forget_full_users(now);
         self.lift_refused(now, &mut out);
         let mut i = 0;
         // Below this, the slots of a block that holds a due thread: looked at one by one,
@@ -439,8 +445,13 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             let a = self.apps.get_mut(t.app).expect("a watched thread's app");
             if let Some(cpu) = cpu {
                 let used = account(t, a, now, cpu, share, burst);
-                charge_user(&mut self.users, t, now, used, self.params.user_budget);
+                if charge_user(&mut self.users, t, now, used, self.params.user_budget) {
+                    let user = t.user;
+                    due_now(&self.threads, &mut self.due, user);
+                }
             }
+            let t = &mut self.threads[i];
+            let a = self.apps.get_mut(t.app).expect("a watched thread's app");
             let user_exhausted = user_exhausted(&self.users, t.user);
             let long = sink_ns.is_some_and(|n| t.cpu_ns.saturating_sub(t.cpu_at_request) >= n);
             if long && !t.sunk {
@@ -482,6 +493,18 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         out
     }
 
+    /// Drops the buckets of users with no watched thread once they have refilled.
+    fn forget_full_users(&mut self, now: Nanos) {
+        let Some(b) = self.params.user_budget.filter(|_| !self.users.is_empty()) else {
+            return;
+        };
+        let burst = b.burst.as_nanos() as u64 as f64;
+        self.users.retain(|_, u| {
+            let refilled = u.tokens_ns + now.saturating_sub(u.at) as f64 * b.cpu_share;
+            u.threads > 0 || refilled < burst
+        });
+    }
+
     /// The thread exited or someone else took over its priority: forget it.
     pub fn forget(&mut self, tid: u32) {
         if let Some(slot) = self.slots.get(tid) {
@@ -494,13 +517,10 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let gone = self.threads.swap_remove(slot);
         self.due.swap_remove(slot);
         self.slots.unset(gone.tid);
-        if let Some(uid) = gone.user {
-            if let Some(u) = self.users.get_mut(&uid) {
-                u.threads -= 1;
-                if u.threads == 0 {
-                    self.users.remove(&uid);
-                }
-            }
+        // A user's bucket outlives its threads until it has refilled (`forget_full_users`):
+        // a user who ends each thread and starts another gets no fresh bucket.
+        if let Some(u) = gone.user.and_then(|uid| self.users.get_mut(&uid)) {
+            u.threads -= 1;
         }
         if let Some(a) = self.apps.get_mut(gone.app) {
             a.threads -= 1;
@@ -767,7 +787,7 @@ fn account(t: &mut Thread, a: &mut App, now: Nanos, cpu_ns: u64, share: f64, bur
 
 /// Refills the thread's user's bucket for the time since it was last filled (once per
 /// user, however many threads), drains it by `used` if the thread ran elevated, and says
-/// whether the user's elevation is spent (cleared only when full again).
+/// whether this spent the user's elevation (cleared only when full again).
 fn charge_user(
     users: &mut FxHashMap<u32, UserBucket>,
     t: &Thread,
@@ -784,14 +804,27 @@ fn charge_user(
     let burst = budget.burst.as_nanos() as u64 as f64;
     let wall = now.saturating_sub(u.at) as f64;
     let spent = if t.levels > 0 { used } else { 0.0 };
-    u.tokens_ns = (u.tokens_ns + wall * budget.cpu_share - spent).clamp(-burst, burst);
+    // Debt is kept (down to a few bursts): what the user's other threads ran elevated
+    // before they were put back is paid for, not forgiven.
+    u.tokens_ns = (u.tokens_ns + wall * budget.cpu_share - spent).clamp(-4.0 * burst, burst);
     u.at = now.max(u.at);
+    let was = u.exhausted;
     if u.tokens_ns <= 0.0 {
         u.exhausted = true;
     } else if u.exhausted && u.tokens_ns >= burst {
         u.exhausted = false;
     }
-    u.exhausted
+    u.exhausted && !was
+}
+
+/// Marks every elevated thread of `user` due now (its user's elevation is spent: each is
+/// put back at this tick or the next, not at its own next CPU reading).
+fn due_now(threads: &[Thread], due: &mut [Nanos], user: Option<u32>) {
+    for (t, d) in threads.iter().zip(due.iter_mut()) {
+        if t.user == user && t.levels > 0 {
+            *d = 0;
+        }
+    }
 }
 
 /// Whether the user of a thread has spent its elevation.

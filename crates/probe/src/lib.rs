@@ -285,11 +285,13 @@ impl<'obj> Probe<'obj> {
         rodata.self_tgid = cfg.ignore_pid.unwrap_or(0);
         rodata.pid_ns_inum = nested_pid_namespace().unwrap_or(0);
         rodata.uid_min = cfg.uid_min;
-        let cost = |per_s: u32| 1_000_000_000 / u64::from(per_s.max(1));
-        if cfg.user_events_per_s > 0 {
-            rodata.user_event_cost_ns = cost(cfg.user_events_per_s);
-            rodata.users_event_cost_ns = cost(cfg.users_events_per_s.max(cfg.user_events_per_s));
-        }
+        // Each bound on its own; 0: none.
+        let cost = |per_s: u32| match per_s {
+            0 => 0,
+            n => 1_000_000_000 / u64::from(n),
+        };
+        rodata.user_event_cost_ns = cost(cfg.user_events_per_s);
+        rodata.users_event_cost_ns = cost(cfg.users_events_per_s);
         rodata.serving_window_ns = cfg
             .serving_window
             .map_or(0, |w| w.as_nanos().clamp(1, u64::MAX as u128) as u64);

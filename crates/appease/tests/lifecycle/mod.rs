@@ -157,7 +157,6 @@ fn appease_config_default() -> &'static str {
 root_test! {
     fn no_root_or_no_bpf_capability_is_a_clear_error() {
         let dir = TempDir::new("noroot");
-        std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
         // Not root at all.
         // `appease daemon` under setpriv (util-linux) with the given restrictions.
         let daemon_as = |restrictions: &[&str]| {

@@ -86,7 +86,7 @@ check "after restore the soakers are still in their units" sh -c "[ \"\$(sed -n 
 cat > /tmp/svc.toml <<'TOML'
 [[service]]
 name = "web"
-exe = "/usr/sbin/nginx"
+unit = "nginx.service"
 TOML
 $A daemon --config /tmp/svc.toml > /tmp/svc.log 2>&1
 rc=$?

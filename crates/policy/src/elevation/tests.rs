@@ -778,3 +778,36 @@ fn a_users_threads_run_elevated_on_at_most_the_users_share_however_many_applicat
         "each application its own bucket: {as_system_services:.3} CPUs elevated"
     );
 }
+
+#[test]
+fn a_user_who_ends_each_thread_and_starts_another_gets_no_fresh_bucket() {
+    let mut p = ElevationPolicy::new(ElevationParams {
+        user_budget: Some(Budget {
+            cpu_share: 0.5,
+            burst: Duration::from_millis(200),
+        }),
+        ..params()
+    });
+    let user = Some(1000);
+    // One thread, elevated, spends the user's bucket, then exits.
+    assert!(p
+        .on_user_request(0, 1, user, 1, 1, Source::Unix, 0, load(4.0))
+        .is_some());
+    let d = p.on_tick(1000 * MS, |_, _| Some(1000 * MS));
+    assert!(
+        tids(&d).contains(&(1, Reason::BudgetExhausted))
+            || tids(&d).contains(&(1, Reason::UserBudgetExhausted)),
+        "{d:?}"
+    );
+    p.forget(1);
+    // A new process of the same user: its application's bucket is full, its user's not.
+    assert_eq!(
+        p.on_user_request(1010 * MS, 2, user, 2, 2, Source::Unix, 0, load(4.0)),
+        None,
+        "not elevated: the user's bucket is still empty"
+    );
+    // Another user is not held back by it.
+    assert!(p
+        .on_user_request(1010 * MS, 3, Some(1001), 3, 3, Source::Unix, 0, load(4.0))
+        .is_some());
+}

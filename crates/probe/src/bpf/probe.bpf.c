@@ -156,13 +156,19 @@ struct {
 	__type(value, struct allowance);
 } users_allowance SEC(".maps");
 
-/* Spends `cost` of `a` at `now` if a second's allowance holds it. */
+/* Spends `cost` of `a` at `now` if a second's allowance holds it. `now` may be older than
+ * the last top-up (read on another CPU since): then nothing is added, and the top-up's
+ * time is never moved back. */
 static __always_inline bool spend(struct allowance *a, u64 now, u64 cost)
 {
-	u64 left = a->left_ns + (now - a->at_ns);
+	u64 left = a->left_ns;
+	if (now > a->at_ns) {
+		u64 gap = now - a->at_ns;
+		left = gap >= NS_PER_S ? NS_PER_S : left + gap;
+		a->at_ns = now;
+	}
 	if (left > NS_PER_S)
 		left = NS_PER_S;
-	a->at_ns = now;
 	if (left < cost) {
 		a->left_ns = left;
 		return false;
@@ -171,24 +177,37 @@ static __always_inline bool spend(struct allowance *a, u64 now, u64 cost)
 	return true;
 }
 
+/* Whether `uid` is an unprivileged user's: from uid_min on, but for nobody and systemd's
+ * dynamic service users (as appease_config::unprivileged says). */
+static __always_inline bool unprivileged(u32 uid)
+{
+	return uid >= uid_min && uid != 65534 && (uid < 61184 || uid > 65519);
+}
+
 /* Whether a request of `uid` may be reported now. */
 static __always_inline bool within_bounds(u32 uid, u64 now)
 {
-	if (!user_event_cost_ns || uid < uid_min)
+	if ((!user_event_cost_ns && !users_event_cost_ns) || !unprivileged(uid))
 		return true;
-	struct allowance *a = bpf_map_lookup_elem(&user_allowance, &uid);
-	if (!a) {
-		struct allowance fresh = { .at_ns = now, .left_ns = NS_PER_S };
-		bpf_map_update_elem(&user_allowance, &uid, &fresh, BPF_NOEXIST);
-		a = bpf_map_lookup_elem(&user_allowance, &uid);
-		if (!a)
+	if (user_event_cost_ns) {
+		struct allowance *a = bpf_map_lookup_elem(&user_allowance, &uid);
+		if (!a) {
+			struct allowance fresh = { .at_ns = now, .left_ns = NS_PER_S };
+			bpf_map_update_elem(&user_allowance, &uid, &fresh, BPF_NOEXIST);
+			a = bpf_map_lookup_elem(&user_allowance, &uid);
+			if (!a)
+				return false;
+		}
+		if (!spend(a, now, user_event_cost_ns))
 			return false;
 	}
-	u32 zero = 0;
-	struct allowance *all = bpf_map_lookup_elem(&users_allowance, &zero);
-	if (!all)
-		return false;
-	return spend(a, now, user_event_cost_ns) && spend(all, now, users_event_cost_ns);
+	if (users_event_cost_ns) {
+		u32 zero = 0;
+		struct allowance *all = bpf_map_lookup_elem(&users_allowance, &zero);
+		if (!all || !spend(all, now, users_event_cost_ns))
+			return false;
+	}
+	return true;
 }
 
 static __always_inline u32 euid_of(struct task_struct *t)
