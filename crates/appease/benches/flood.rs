@@ -8,7 +8,8 @@
 //! (a full ring buffer) and dropped over the users' bounds. Medians over the rounds.
 //!
 //! Run: `cargo bench -p appease --bench flood` (`APPEASE_FLOOD_THREADS`,
-//! `APPEASE_FLOOD_ROUNDS`, `APPEASE_FLOOD_SECONDS` change 10,000, 3 and 20).
+//! `APPEASE_FLOOD_ROUNDS`, `APPEASE_FLOOD_SECONDS` change 10,000, 3 and 20;
+//! `APPEASE_FLOOD_CONFIG` adds config text, e.g. "[users]\nevents_per_s = 50\n").
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -45,7 +46,9 @@ fn main() {
     let secs = env_or("APPEASE_FLOOD_SECONDS", 20);
     let cpus = host_cpus();
     let dir = TempDir::new("flood-bench");
-    let cfg = dir.file("default.toml", "");
+    // The embedded default, or what APPEASE_FLOOD_CONFIG says on top of it.
+    let extra = std::env::var("APPEASE_FLOOD_CONFIG").unwrap_or_default();
+    let cfg = dir.file("default.toml", &extra);
     println!(
         "a server (1 ms a request, 100/s, open loop) beside {} soakers on {cpus} CPUs; flood: {threads} threads of uid {FLOOD_UID}, each reading once a second; {rounds} rounds of {secs} s",
         2 * cpus

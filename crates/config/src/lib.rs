@@ -66,6 +66,10 @@ pub struct UsersSection {
     /// kernel), and all users together; 0: no bound.
     pub events_per_s: u32,
     pub all_events_per_s: u32,
+    /// Threads of one user, and of all users, watched at once (each watched thread costs a
+    /// CPU reading every 100 ms); 0: no bound.
+    pub watched_threads: u32,
+    pub all_watched_threads: u32,
 }
 
 impl Default for UsersSection {
@@ -75,6 +79,8 @@ impl Default for UsersSection {
             elevated_cpu_share: 0.5,
             events_per_s: 200,
             all_events_per_s: 2000,
+            watched_threads: 64,
+            all_watched_threads: 256,
         }
     }
 }
@@ -800,6 +806,8 @@ impl Config {
                 cpu_share: self.users.elevated_cpu_share,
                 burst: Duration::from_millis(e.budget.burst_ms),
             }),
+            user_threads_max: self.users.watched_threads,
+            users_threads_max: self.users.all_watched_threads,
         }
     }
 }

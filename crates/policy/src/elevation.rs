@@ -260,6 +260,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
     ) -> Option<Decision> {
         let slot = match self.slots.get(tid) {
             Some(slot) => slot as usize,
+            None if self.over_users_threads(user) => return None,
             None => self.track(tid, pid, app, user, now, cpu_ns),
         };
         let (burst, forget_ns) = (self.burst_ns, self.forget_ns);
@@ -491,6 +492,18 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             }
         }
         out
+    }
+
+    /// Whether a new thread of `user` would pass the bound on watched threads of one user,
+    /// or of all users.
+    fn over_users_threads(&self, user: Option<u32>) -> bool {
+        let (Some(uid), Some(_)) = (user, self.params.user_budget) else {
+            return false;
+        };
+        let (each, all) = (self.params.user_threads_max, self.params.users_threads_max);
+        let mine = self.users.get(&uid).map_or(0, |u| u.threads);
+        let everyone: u32 = self.users.values().map(|u| u.threads).sum();
+        (each > 0 && mine >= each) || (all > 0 && everyone >= all)
     }
 
     /// Drops the buckets of users with no watched thread once they have refilled.

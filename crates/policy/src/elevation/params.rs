@@ -51,6 +51,11 @@ pub struct ElevationParams {
     /// What all the threads of one unprivileged user may use elevated, together, however
     /// many processes they make (None: no bound beyond each application's).
     pub user_budget: Option<Budget>,
+    /// How many threads of one unprivileged user, and of all of them, are watched at once
+    /// (each costs the daemon a CPU reading every 100 ms while watched); the others' requests
+    /// are not acted on until some are forgotten. 0: no bound.
+    pub user_threads_max: u32,
+    pub users_threads_max: u32,
 }
 
 /// Why a decision was made (shown in logs and `appease status`).

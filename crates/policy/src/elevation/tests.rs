@@ -29,6 +29,8 @@ fn params() -> ElevationParams {
         forget_after: Duration::from_secs(10),
         sink: None,
         user_budget: None,
+        user_threads_max: 0,
+        users_threads_max: 0,
     }
 }
 
@@ -810,4 +812,31 @@ fn a_user_who_ends_each_thread_and_starts_another_gets_no_fresh_bucket() {
     assert!(p
         .on_user_request(1010 * MS, 3, Some(1001), 3, 3, Source::Unix, 0, load(4.0))
         .is_some());
+}
+
+#[test]
+fn a_users_threads_are_watched_a_bounded_number_at_a_time() {
+    let mut p = ElevationPolicy::new(ElevationParams {
+        user_budget: Some(Budget {
+            cpu_share: 0.5,
+            burst: Duration::from_millis(200),
+        }),
+        user_threads_max: 2,
+        users_threads_max: 3,
+        ..params()
+    });
+    let req = |p: &mut ElevationPolicy, uid, tid| {
+        p.on_user_request(0, tid, Some(uid), tid, tid, Source::Unix, 0, load(4.0))
+    };
+    assert!(req(&mut p, 1000, 1).is_some());
+    assert!(req(&mut p, 1000, 2).is_some());
+    assert_eq!(req(&mut p, 1000, 3), None, "a third thread of one user");
+    assert!(req(&mut p, 1001, 4).is_some(), "another user's");
+    assert_eq!(req(&mut p, 1002, 5), None, "a fourth of all users'");
+    assert!(
+        p.on_request(0, 6, 6, 6, Source::Unix, 0, load(4.0))
+            .is_some(),
+        "root's and system accounts' are not counted"
+    );
+    assert_eq!(p.tracked(), 4);
 }
