@@ -10,6 +10,8 @@
 //! Run: `cargo bench -p appease --bench flood` (`APPEASE_FLOOD_THREADS`,
 //! `APPEASE_FLOOD_ROUNDS`, `APPEASE_FLOOD_SECONDS` change 10,000, 3 and 20;
 //! `APPEASE_FLOOD_CONFIG` adds config text, e.g. "[users]\nevents_per_s = 50\n").
+//! `APPEASE_FLOOD_BY_HAND=1` runs no daemon: the soakers go to an idle group made by hand,
+//! which gives the flood's own cost to the server.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -119,8 +121,10 @@ fn run_round(
     secs: u64,
     cpus: usize,
 ) -> Round {
-    let _soak = Soakers::start(2 * cpus);
-    let daemon = Daemon::start(&dir.0, cfg);
+    let soak = Soakers::start(2 * cpus);
+    let by_hand = std::env::var_os("APPEASE_FLOOD_BY_HAND").is_some();
+    let daemon = (!by_hand).then(|| Daemon::start(&dir.0, cfg));
+    let _idle = by_hand.then(|| IdleByHand::new(soak.0.iter().map(|c| c.id())));
     // The flood, as another user, in a process group of its own.
     let flooder = flood.map(|n| {
         let exe = std::env::current_exe().unwrap();
@@ -136,12 +140,18 @@ fn run_round(
     });
     // The soakers demoted (after 5 s), the flood's threads started.
     thread::sleep(Duration::from_secs(7));
-    let before = daemon.status_json();
-    let (cpu0, t0) = (process_cpu_s(daemon.pid()), Instant::now());
+    let status = || {
+        daemon
+            .as_ref()
+            .map_or(serde_json::Value::Null, |d| d.status_json())
+    };
+    let cpu = || daemon.as_ref().map_or(0.0, |d| process_cpu_s(d.pid()));
+    let before = status();
+    let (cpu0, t0) = (cpu(), Instant::now());
     let latencies = serve(Duration::from_secs(secs));
-    let (cpu1, wall) = (process_cpu_s(daemon.pid()), t0.elapsed().as_secs_f64());
+    let (cpu1, wall) = (cpu(), t0.elapsed().as_secs_f64());
     thread::sleep(Duration::from_millis(1200)); // the next status
-    let after = daemon.status_json();
+    let after = status();
     drop(flooder);
     let delta = |key: &str| {
         after["probe"][key].as_u64().unwrap_or(0) - before["probe"][key].as_u64().unwrap_or(0)
@@ -155,6 +165,37 @@ fn run_round(
         events: delta("request_events"),
         lost: delta("lost_events"),
         throttled: delta("throttled_events"),
+    }
+}
+
+/// The soakers in an idle top-level group made by hand (no daemon), put back and the
+/// group removed when dropped.
+struct IdleByHand {
+    cg: appease_cgroup::Cgroups,
+    group: String,
+    pids: Vec<u32>,
+}
+
+impl IdleByHand {
+    fn new(pids: impl Iterator<Item = u32>) -> Self {
+        let cg = appease_cgroup::Cgroups::detect().expect("a CPU cgroup hierarchy");
+        let group = cg
+            .ensure_top_group("appease-flood-by-hand", true, 100)
+            .expect("an idle group");
+        let pids: Vec<u32> = pids.collect();
+        for &pid in &pids {
+            cg.move_process(pid, &group).expect("a soaker moved");
+        }
+        IdleByHand { cg, group, pids }
+    }
+}
+
+impl Drop for IdleByHand {
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            let _gone_already = self.cg.move_process(pid, "/");
+        }
+        let _ = self.cg.remove(&self.group);
     }
 }
 

@@ -370,7 +370,8 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 		return 0;
 	}
 	/* Not muted by a refusal: the thread's next read is weighed again. */
-	if (!within_bounds(euid_of(t), now)) {
+	u32 uid = euid_of(t);
+	if (!within_bounds(uid, now)) {
 		count(APPEASE_CNT_THROTTLED);
 		return 0;
 	}
@@ -382,7 +383,9 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	st->last_request_ns = now;
 	e->bytes = ret;
 	e->family = family;
-	e->woke = quiet >= wake_after_ns;
+	/* A user's request is read at the daemon's next tick, as a busy thread's is: a user's
+	 * threads cannot wake the real-time daemon (ahead of every server) at will. */
+	e->woke = quiet >= wake_after_ns && !(user_event_cost_ns && unprivileged(uid));
 	bpf_ringbuf_submit(e, e->woke ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 	count(APPEASE_CNT_REQUESTS);
 	return 0;
