@@ -52,6 +52,15 @@ pub(crate) fn is_below(group: &str, ancestor: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
+/// Whether `group` is still as appease left it: idle, or (a server's branch) at the
+/// raised weight. A group found otherwise was changed by someone since (an
+/// administrator's `cpu.idle` or weight) and is theirs: a stop or a restore leaves it.
+/// After a crash between the journal's record and the write, the group reads as it
+/// was, and is rightly left so too.
+fn as_left(cg: &Cgroups, group: &str) -> bool {
+    cg.idle(group).unwrap_or(false) || crate::server_weight::as_left(cg, group)
+}
+
 fn put_back(
     cg: &Cgroups,
     path: &str,
@@ -382,12 +391,15 @@ impl KernelActuator {
             return;
         };
         let weighted = g.why == crate::server_weight::SERVES_BESIDE_BATCH;
-        if weighted && !self.dry_run && cg.exists(path) && !crate::server_weight::as_left(&cg, path)
-        {
+        let left_so = match weighted {
+            true => crate::server_weight::as_left(&cg, path),
+            false => cg.idle(path).unwrap_or(false),
+        };
+        if !self.dry_run && cg.exists(path) && !left_so {
             // Someone set its weight or idle flag since: theirs now.
             tracing::info!(
                 path,
-                "the server's branch changed by someone else since: left as it is"
+                "the group's idle flag or weight was changed by someone else since: left as it is"
             );
             report.left_alone += 1;
             let _logged_by_journal = self.journal(Record::GroupUnidle {
@@ -489,6 +501,15 @@ pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> 
         return done;
     };
     for (path, (idle, weight)) in &state.idle_groups {
+        if cg.exists(path) && !as_left(&cg, path) {
+            tracing::info!(
+                path,
+                "the group's idle flag or weight was changed by someone else since: left as it is"
+            );
+            report.left_alone += 1;
+            done.push(Record::GroupUnidle { path: path.clone() });
+            continue;
+        }
         match put_back(&cg, path, *idle, weight) {
             Ok(()) => report.restored += 1,
             Err(_) if !cg.exists(path) => report.gone += 1,

@@ -618,6 +618,7 @@ impl KernelActuator {
                 orig,
                 transient,
                 dropin: dropin.clone(),
+                set: Some(WEIGHT_IDLE),
             };
             if self.journal(rec).is_err() {
                 self.counters.fail("journal");
@@ -665,6 +666,23 @@ impl KernelActuator {
         };
         if !self.dry_run {
             let units = self.groups.as_ref().and_then(|g| g.units.as_deref());
+            if let Some(found) = units
+                .and_then(|c| c.cpu_weight(unit).ok())
+                .filter(|&w| w != u.weight)
+            {
+                // Someone set its CPUWeight since (`systemctl set-property`): theirs now.
+                tracing::info!(
+                    unit,
+                    expected = weight_text(u.weight),
+                    found = weight_text(found),
+                    "the unit's CPUWeight was changed by someone else since: left as it is"
+                );
+                report.left_alone += 1;
+                let _logged_by_journal = self.journal(Record::UnitRestored {
+                    unit: unit.to_string(),
+                });
+                return;
+            }
             match units.map(|c| c.set_cpu_weight(unit, u.orig)) {
                 Some(Ok(())) => {
                     report.restored += 1;
@@ -841,8 +859,21 @@ pub(crate) fn restore_journaled_units(c: &FromJournal, report: &mut RestoreRepor
             return done;
         }
     };
-    for (unit, (orig, transient, dropin)) in &state.units {
-        match bus.set_cpu_weight(unit, *orig) {
+    for (unit, u) in &state.units {
+        if let Some(found) = u
+            .set
+            .and_then(|set| bus.cpu_weight(unit).ok().filter(|&w| w != set))
+        {
+            tracing::info!(
+                unit,
+                found = weight_text(found),
+                "the unit's CPUWeight was changed by someone else since: left as it is"
+            );
+            report.left_alone += 1;
+            done.push(Record::UnitRestored { unit: unit.clone() });
+            continue;
+        }
+        match bus.set_cpu_weight(unit, u.orig) {
             Ok(()) => report.restored += 1,
             Err(e) if bus.unit_gone(unit) => {
                 tracing::debug!(unit, error = %e, "unit gone");
@@ -854,7 +885,7 @@ pub(crate) fn restore_journaled_units(c: &FromJournal, report: &mut RestoreRepor
                 continue;
             }
         }
-        systemd::put_back_dropin(unit, *transient, dropin.as_deref());
+        systemd::put_back_dropin(unit, u.transient, u.dropin.as_deref());
         done.push(Record::UnitRestored { unit: unit.clone() });
     }
     done

@@ -73,6 +73,10 @@ pub enum Record {
         orig: u64,
         transient: bool,
         dropin: Option<String>,
+        /// The CPUWeight appease sets: a restore puts `orig` back only while the unit
+        /// still has it. None in journals written before it was recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        set: Option<u64>,
     },
     /// The unit has its CPUWeight and drop-in back, or is gone: nothing to undo.
     UnitRestored { unit: String },
@@ -117,6 +121,18 @@ pub struct PendingAutogroup {
     pub nice: i32,
 }
 
+/// A systemd unit whose CPUWeight and runtime drop-in must be put back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingUnit {
+    /// Its CPUWeight before appease's first change.
+    pub orig: u64,
+    pub transient: bool,
+    /// Its runtime drop-in's text before (None: no file).
+    pub dropin: Option<String>,
+    /// The CPUWeight appease last set (None: not recorded).
+    pub set: Option<u64>,
+}
+
 /// A process move that must be undone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingMove {
@@ -135,7 +151,7 @@ pub struct JournalState {
     pub idled: BTreeMap<TaskKey, Sched>,
     /// systemd units made idle: their CPUWeight before, whether they are transient, and
     /// their runtime drop-in before.
-    pub units: BTreeMap<String, (u64, bool, Option<String>)>,
+    pub units: BTreeMap<String, PendingUnit>,
     /// Other programs' cgroups made idle in place: their idle flag and weight before.
     pub idle_groups: BTreeMap<String, (bool, String)>,
     /// Threads pinned to one CPU (`spread`), with the CPUs they had before.
@@ -281,12 +297,13 @@ impl Journal {
         for (&key, &orig) in &self.live.idled {
             line(&Record::Idle { key, orig })?;
         }
-        for (unit, (orig, transient, dropin)) in &self.live.units {
+        for (unit, u) in &self.live.units {
             line(&Record::UnitIdle {
                 unit: unit.clone(),
-                orig: *orig,
-                transient: *transient,
-                dropin: dropin.clone(),
+                orig: u.orig,
+                transient: u.transient,
+                dropin: u.dropin.clone(),
+                set: u.set,
             })?;
         }
         for (path, (idle, weight)) in &self.live.idle_groups {
@@ -396,7 +413,17 @@ fn apply(live: &mut JournalState, rec: Record) {
             orig,
             transient,
             dropin,
-        } => keep_first(&mut live.units, unit, (orig, transient, dropin)),
+            set,
+        } => {
+            // What it had first, what appease set last.
+            let u = live.units.entry(unit).or_insert(PendingUnit {
+                orig,
+                transient,
+                dropin,
+                set,
+            });
+            u.set = set;
+        }
         Record::UnitRestored { unit } => forget(&mut live.units, &unit),
         Record::GroupIdle { path, idle, weight } => {
             keep_first(&mut live.idle_groups, path, (idle, weight))

@@ -186,6 +186,7 @@ mod tests {
                 orig: 100,
                 transient: true,
                 dropin: None,
+                set: Some(0),
             },
             Record::GroupIdle {
                 path: dir.join("gone-idle-group").display().to_string(),

@@ -289,6 +289,37 @@ mod tests {
     }
 
     #[test]
+    fn a_group_made_idle_that_someone_made_non_idle_since_is_theirs_at_the_stop() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("group-idle-theirs"));
+        let cg = tree(&dir);
+        let mut a =
+            journaled_actuator(&k, &dir, &[]).with_groups(Groups::new(cg.clone(), "appease"));
+        assert!(a
+            .idle_group_in_place(CONTAINER, Some(7), &[7], "test")
+            .unwrap());
+        assert!(cg.idle(CONTAINER).unwrap());
+        // An administrator's choice while appease runs: non-idle, another weight.
+        cg.set_idle(CONTAINER, false).unwrap();
+        cg.set_weight_raw(CONTAINER, "250").unwrap();
+        let report = a.restore_all();
+        assert_eq!((report.restored, report.left_alone), (0, 1));
+        assert_eq!(
+            cg.weight_raw(CONTAINER).unwrap(),
+            "250",
+            "the administrator's"
+        );
+        assert!(crate::journal::read_pending(&dir.0).unwrap().is_empty());
+
+        // Left idle by appease: put back at the stop.
+        assert!(a
+            .idle_group_in_place(CONTAINER, Some(7), &[7], "test")
+            .unwrap());
+        let report = a.restore_all();
+        assert_eq!((report.restored, report.left_alone), (1, 0));
+        assert!(!cg.idle(CONTAINER).unwrap());
+    }
+
+    #[test]
     fn a_weighted_group_made_idle_for_batch_gets_its_weight_back_first() {
         let (k, dir) = (FakeKernel::new(), TempDir::new("server-weight-idle"));
         let cg = tree(&dir);

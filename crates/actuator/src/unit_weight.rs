@@ -163,6 +163,7 @@ impl KernelActuator {
                 orig,
                 transient: unit.transient,
                 dropin: dropin.clone(),
+                set: Some(weight),
             })?;
             if let Err(e) = units.set_cpu_weight(&unit.id, weight) {
                 self.counters.fail("systemd");
@@ -384,7 +385,7 @@ mod tests {
         );
         let pending = crate::journal::read_pending(&dir.0).unwrap();
         assert_eq!(
-            pending.units.get("system.slice").map(|u| u.0),
+            pending.units.get("system.slice").map(|u| u.orig),
             Some(WEIGHT_UNSET),
             "journaled with what goes back"
         );
@@ -418,6 +419,26 @@ mod tests {
         let report = a.restore_all();
         assert_eq!((report.restored, report.failed), (1, 0));
         assert_eq!(m.cpu_weight("user.slice").unwrap(), WEIGHT_UNSET);
+        assert!(crate::journal::read_pending(&dir.0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_unit_whose_weight_someone_set_since_keeps_it_at_the_stop_and_the_restore() {
+        let (k, dir) = (FakeKernel::new(), TempDir::new("unit-weight-theirs"));
+        let (cg, m) = systemd_host(&dir);
+        let mut a = actuator(&k, &dir, &cg, &m);
+        let (servers, batch) = (set(&[SERVER]), set(&[SCOPE]));
+        assert_eq!(a.sync_server_weights(&cg, &servers, &batch, "/"), 1);
+        assert_eq!(
+            crate::journal::read_pending(&dir.0).unwrap().units["system.slice"].set,
+            Some(u64::from(RAISED_WEIGHT)),
+            "the journal says what appease set"
+        );
+        // An administrator's `systemctl set-property system.slice CPUWeight=300`.
+        m.set_cpu_weight("system.slice", 300).unwrap();
+        let report = a.restore_all();
+        assert_eq!((report.restored, report.left_alone), (0, 1));
+        assert_eq!(m.cpu_weight("system.slice").unwrap(), 300, "theirs");
         assert!(crate::journal::read_pending(&dir.0).unwrap().is_empty());
     }
 
@@ -546,7 +567,7 @@ mod tests {
         assert_eq!(a.keep_besteffort_pods_idle(), 1);
         assert_eq!(m.cpu_weight(POD_UNIT).unwrap(), WEIGHT_IDLE);
         let pending = crate::journal::read_pending(&dir.0).unwrap();
-        assert_eq!(pending.units.get(POD_UNIT).map(|u| u.0), Some(1));
+        assert_eq!(pending.units.get(POD_UNIT).map(|u| u.orig), Some(1));
 
         // The pod deleted: its unit is gone with it, nothing left to undo.
         std::fs::remove_dir_all(&pod_dir).unwrap();

@@ -289,6 +289,7 @@ fn threads_idled_in_place_and_idle_units_replay_and_compact() {
         orig: crate::systemd::WEIGHT_UNSET,
         transient: false,
         dropin: None,
+        set: None,
     })
     .unwrap();
     j.append(&Record::UnitIdle {
@@ -296,6 +297,7 @@ fn threads_idled_in_place_and_idle_units_replay_and_compact() {
         orig: 50,
         transient: true,
         dropin: Some("[Scope]\nCPUWeight=50\n".into()),
+        set: Some(0),
     })
     .unwrap();
     j.append(&Record::UnitRestored {
@@ -308,7 +310,12 @@ fn threads_idled_in_place_and_idle_units_replay_and_compact() {
     assert_eq!(st.idled[&key(7)], sched(3));
     assert_eq!(
         st.units.get("run-r1.scope"),
-        Some(&(50, true, Some("[Scope]\nCPUWeight=50\n".to_string())))
+        Some(&PendingUnit {
+            orig: 50,
+            transient: true,
+            dropin: Some("[Scope]\nCPUWeight=50\n".to_string()),
+            set: Some(0),
+        })
     );
     assert_eq!(st.len(), 2);
     let mut j = Journal::open(&dir).unwrap();

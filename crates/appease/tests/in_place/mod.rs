@@ -88,3 +88,49 @@ root_test! {
         );
     }
 }
+
+root_test! {
+    fn an_administrators_change_to_a_group_made_idle_is_kept_by_the_restore_after_a_crash() {
+        // A limited group that holds only batch: made idle where it is, as a whole.
+        let mut limited = LimitedGroup::new("adm", None);
+        let dir = TempDir::new("adm");
+        let batch_group = format!("appease-e2e-admb{}", std::process::id());
+        let cfg = dir.file(
+            "batch.toml",
+            &format!("{}min_cpus = 0.15\n", batch_config(&batch_group)),
+        );
+        let soakers = Soakers(vec![forking_soaker()]);
+        limited.adopt(soakers.0[0].id());
+        let group = limited.path.clone();
+        let mut daemon = Daemon::start(&dir.0, &cfg);
+        let idle = wait_for(Duration::from_secs(8), || {
+            limited.cg.idle(&group).unwrap_or(false)
+        });
+        assert!(
+            idle.is_some(),
+            "the group made idle where it is: {}",
+            daemon.log_text()
+        );
+        daemon.signal(libc::SIGKILL);
+        // The administrator's choice between the crash and the restore.
+        limited.cg.set_idle(&group, false).unwrap();
+        limited.cg.set_weight_raw(&group, "300").unwrap();
+        let out = appease(&dir.0, &["restore"]);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{out:?}");
+        assert!(!limited.cg.idle(&group).unwrap(), "{log}");
+        assert_eq!(
+            limited.cg.weight_raw(&group).unwrap().trim(),
+            "300",
+            "the administrator's weight kept: {log}"
+        );
+        assert!(
+            log.contains("changed by someone else since"),
+            "the restore says what it left: {log}"
+        );
+        assert!(
+            !dir.0.join("journal.jsonl").exists(),
+            "nothing left to undo: {log}"
+        );
+    }
+}
