@@ -60,9 +60,9 @@ fn main() {
         for flooded in [false, true] {
             let r = run_round(&dir, &cfg, flooded.then_some(threads), secs, cpus);
             println!(
-                "  round {round} {:<13} server p50 {:.2} ms p99 {:.2} ms; read -> elevation p99 {} us; daemon {:.2} % of a CPU; events {} reported, {} lost, {} over the users' bounds",
+                "  round {round} {:<13} server p50 {:.2} ms p99 {:.2} ms; read -> elevation p99 {} us of {} elevation(s); daemon {:.2} % of a CPU; events {} reported, {} lost, {} over the users' bounds",
                 if flooded { "with flood" } else { "without flood" },
-                r.p50_ms, r.p99_ms, r.elevation_p99_us, r.daemon_cpu_pct, r.events, r.lost, r.throttled
+                r.p50_ms, r.p99_ms, r.elevation_p99_us, r.elevations, r.daemon_cpu_pct, r.events, r.lost, r.throttled
             );
             results.push((flooded, r));
         }
@@ -101,7 +101,10 @@ fn main() {
 struct Round {
     p50_ms: f64,
     p99_ms: f64,
+    /// Of the daemon's elevations that it woke for (a served thread's first request
+    /// after a quiet spell: few, as a busy server stays elevated).
     elevation_p99_us: u64,
+    elevations: u64,
     daemon_cpu_pct: f64,
     events: u64,
     lost: u64,
@@ -161,6 +164,7 @@ fn run_round(
         p50_ms: q(0.5),
         p99_ms: q(0.99),
         elevation_p99_us: after["elevation_latency_us"]["p99"].as_u64().unwrap_or(0),
+        elevations: after["elevation_latency_us"]["count"].as_u64().unwrap_or(0),
         daemon_cpu_pct: 100.0 * (cpu1 - cpu0) / wall,
         events: delta("request_events"),
         lost: delta("lost_events"),

@@ -110,6 +110,8 @@ struct Daemon<'obj> {
     layout: status::LayoutView,
     /// Uids from this one on are unprivileged users, bounded as a whole.
     uid_min: u32,
+    /// The watched threads' CPU times, read through files kept open.
+    thread_cpu: appease_actuator::sys::ThreadCpu,
 }
 
 impl<'obj> Daemon<'obj> {
@@ -155,6 +157,7 @@ impl<'obj> Daemon<'obj> {
             idle_group_now: 0,
             layout: Default::default(),
             uid_min,
+            thread_cpu: Default::default(),
         }
     }
 
@@ -237,6 +240,9 @@ impl<'obj> Daemon<'obj> {
                 for tid in self.actuator.audit() {
                     self.policy.forget(tid);
                 }
+                // A watched thread is read every 100 ms: a file unread for a second is
+                // a thread no longer watched.
+                self.thread_cpu.close_unread(Duration::from_secs(1));
                 self.handle_arrived();
                 self.resync_after_lost_events();
                 self.publish_status();
@@ -520,7 +526,7 @@ impl<'obj> Daemon<'obj> {
         }
         let decisions = self
             .policy
-            .on_tick(now, appease_actuator::sys::thread_cpu_ns);
+            .on_tick(now, |pid, tid| self.thread_cpu.read(pid, tid));
         self.tell_probe();
         let spent = self
             .batch

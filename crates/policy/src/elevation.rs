@@ -432,7 +432,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             }
             let t = &self.threads[i];
             let (tid, pid) = (t.tid, t.pid);
-            let watched = t.levels > 0 || (sink_ns.is_some() && !t.sunk);
+            let watched = t.levels > 0 || watched_for_sinking(t, sink_ns.is_some());
             let cpu = if watched && now.saturating_sub(t.budget_at) >= CPU_REFRESH_NS {
                 let Some(cpu) = cpu_of(pid, tid) else {
                     self.remove_slot(i); // gone: nothing to restore
@@ -766,10 +766,22 @@ fn fade(t: &mut Thread, now: Nanos, slice: Option<std::time::Duration>) -> Decis
 /// The earliest time a tick has something to do for `t`: decay, a CPU-time re-read (for
 /// its budget, or, with `watch`, to see whether its request runs long), a restore for an
 /// exhausted budget, or forgetting an idle thread. A sunk thread waits for its request.
+/// Whether a thread that is not elevated is still read for a long request (to sink it).
+/// An unprivileged user's is not: it runs at the user's own priority then, and sinking
+/// it would spare the host nothing the idle class does not; reading the CPU of every
+/// thread a user's flood of requests brings in took the real-time loop's time, in
+/// bursts a server waited behind.
+fn watched_for_sinking(t: &Thread, sinking: bool) -> bool {
+    sinking && !t.sunk && t.user.is_none()
+}
+
 fn due_time(t: &Thread, exhausted: bool, forget_ns: u64, watch: bool) -> Nanos {
     if t.sunk {
         Nanos::MAX
-    } else if t.levels == 0 && watch && t.last_request.saturating_add(forget_ns) > t.budget_at {
+    } else if t.levels == 0
+        && watched_for_sinking(t, watch)
+        && t.last_request.saturating_add(forget_ns) > t.budget_at
+    {
         t.budget_at.saturating_add(CPU_REFRESH_NS)
     } else if t.levels == 0 {
         t.last_request.saturating_add(forget_ns)

@@ -840,3 +840,37 @@ fn a_users_threads_are_watched_a_bounded_number_at_a_time() {
     );
     assert_eq!(p.tracked(), 4);
 }
+
+#[test]
+fn a_users_thread_is_read_only_while_elevated_a_services_also_for_a_long_request() {
+    let mut p = ElevationPolicy::new(ElevationParams {
+        user_budget: Some(Budget {
+            cpu_share: 0.5,
+            burst: Duration::from_millis(200),
+        }),
+        ..sinking()
+    });
+    // Below the ladder's first step: tracked, not elevated.
+    assert_eq!(
+        p.on_user_request(0, 1, Some(1000), 1, 1, Source::Unix, 0, load(0.1)),
+        None
+    );
+    assert_eq!(p.on_request(0, 2, 2, 2, Source::Unix, 0, load(0.1)), None);
+    assert_eq!(p.tracked(), 2);
+    let mut read = Vec::new();
+    p.on_tick(150 * MS, |_, tid| {
+        read.push(tid);
+        Some(0)
+    });
+    assert_eq!(read, [2], "the service's thread only");
+    // Elevated, the user's thread is read again (its user's bucket pays).
+    assert!(p
+        .on_user_request(200 * MS, 1, Some(1000), 1, 1, Source::Unix, 0, load(4.0))
+        .is_some());
+    read.clear();
+    p.on_tick(350 * MS, |_, tid| {
+        read.push(tid);
+        Some(0)
+    });
+    assert!(read.contains(&1), "{read:?}");
+}
