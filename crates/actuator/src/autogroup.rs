@@ -435,7 +435,7 @@ pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> 
                 tracing::info!(
                     autogroup = id,
                     found,
-                    "changed by someone else since; left alone"
+                    "the session's autogroup was reniced by someone else since: left as they set it"
                 );
                 report.left_alone += 1;
             }

@@ -415,6 +415,18 @@ root_test! {
         let out = appease(&dir.0, &["restore"]);
         assert!(out.status.success(), "{out:?}");
         assert_eq!(autogroup_nice(pid), before, "put back by restore: {out:?}");
+
+        // An administrator's nice, set between a crash and the restore, is kept.
+        let mut daemon = Daemon::start(&dir.0, &cfg);
+        let raised = wait_for(Duration::from_secs(10), || autogroup_nice(pid) == -10);
+        assert!(raised.is_some(), "raised again: {}", daemon.log_text());
+        daemon.signal(libc::SIGKILL);
+        std::fs::write(format!("/proc/{pid}/autogroup"), "-5").unwrap();
+        let out = appease(&dir.0, &["restore"]);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(autogroup_nice(pid), -5, "the administrator's nice kept: {log}");
+        assert!(log.contains("reniced by someone else since"), "and logged: {log}");
         drop(server);
     }
 }
