@@ -52,13 +52,16 @@ pub(crate) fn is_below(group: &str, ancestor: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
-/// Whether `group` is still as appease left it: idle, or (a server's branch) at the
-/// raised weight. A group found otherwise was changed by someone since (an
+/// Whether `group` is still as appease left it: idle, or (`weighted`: a server's branch)
+/// at the raised weight. A group found otherwise was changed by someone since (an
 /// administrator's `cpu.idle` or weight) and is theirs: a stop or a restore leaves it.
 /// After a crash between the journal's record and the write, the group reads as it
 /// was, and is rightly left so too.
-fn as_left(cg: &Cgroups, group: &str) -> bool {
-    cg.idle(group).unwrap_or(false) || crate::server_weight::as_left(cg, group)
+fn as_left(cg: &Cgroups, group: &str, weighted: bool) -> bool {
+    match weighted {
+        true => crate::server_weight::as_left(cg, group),
+        false => cg.idle(group).unwrap_or(false),
+    }
 }
 
 fn put_back(
@@ -391,11 +394,7 @@ impl KernelActuator {
             return;
         };
         let weighted = g.why == crate::server_weight::SERVES_BESIDE_BATCH;
-        let left_so = match weighted {
-            true => crate::server_weight::as_left(&cg, path),
-            false => cg.idle(path).unwrap_or(false),
-        };
-        if !self.dry_run && cg.exists(path) && !left_so {
+        if !self.dry_run && cg.exists(path) && !as_left(&cg, path, weighted) {
             // Someone set its weight or idle flag since: theirs now.
             tracing::info!(
                 path,
@@ -501,7 +500,8 @@ pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> 
         return done;
     };
     for (path, (idle, weight)) in &state.idle_groups {
-        if cg.exists(path) && !as_left(&cg, path) {
+        // The journal does not say which of the two it was: either state is appease's.
+        if cg.exists(path) && !as_left(&cg, path, false) && !as_left(&cg, path, true) {
             tracing::info!(
                 path,
                 "the group's idle flag or weight was changed by someone else since: left as it is"

@@ -666,17 +666,7 @@ impl KernelActuator {
         };
         if !self.dry_run {
             let units = self.groups.as_ref().and_then(|g| g.units.as_deref());
-            if let Some(found) = units
-                .and_then(|c| c.cpu_weight(unit).ok())
-                .filter(|&w| w != u.weight)
-            {
-                // Someone set its CPUWeight since (`systemctl set-property`): theirs now.
-                tracing::info!(
-                    unit,
-                    expected = weight_text(u.weight),
-                    found = weight_text(found),
-                    "the unit's CPUWeight was changed by someone else since: left as it is"
-                );
+            if units.is_some_and(|c| changed_since(c, unit, u.weight)) {
                 report.left_alone += 1;
                 let _logged_by_journal = self.journal(Record::UnitRestored {
                     unit: unit.to_string(),
@@ -843,6 +833,21 @@ pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> 
     done
 }
 
+/// Whether someone set the unit's CPUWeight since appease set it to `set` (`systemctl
+/// set-property`): theirs then, logged and left as it is. Unreadable: not known to be.
+fn changed_since(units: &dyn UnitControl, unit: &str, set: u64) -> bool {
+    let Some(found) = units.cpu_weight(unit).ok().filter(|&w| w != set) else {
+        return false;
+    };
+    tracing::info!(
+        unit,
+        expected = weight_text(set),
+        found = weight_text(found),
+        "the unit's CPUWeight was changed by someone else since: left as it is"
+    );
+    true
+}
+
 /// After a crash: every unit the journal says was made idle gets its CPUWeight and
 /// runtime drop-in back, through systemd.
 pub(crate) fn restore_journaled_units(c: &FromJournal, report: &mut RestoreReport) -> Vec<Record> {
@@ -860,15 +865,9 @@ pub(crate) fn restore_journaled_units(c: &FromJournal, report: &mut RestoreRepor
         }
     };
     for (unit, u) in &state.units {
-        if let Some(found) = u
-            .set
-            .and_then(|set| bus.cpu_weight(unit).ok().filter(|&w| w != set))
+        if u.set
+            .is_some_and(|set| changed_since(bus.as_ref(), unit, set))
         {
-            tracing::info!(
-                unit,
-                found = weight_text(found),
-                "the unit's CPUWeight was changed by someone else since: left as it is"
-            );
             report.left_alone += 1;
             done.push(Record::UnitRestored { unit: unit.clone() });
             continue;

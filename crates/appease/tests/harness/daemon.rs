@@ -137,19 +137,26 @@ pub(crate) fn audit_lines(log: &str) -> Vec<serde_json::Value> {
 
 /// The soaker and the server under one half-CPU limit, a daemon, and the soaker
 /// demoted in place. Bound left to right, dropped right to left: the daemon stops first.
+/// A run directory and a batch config for soakers under a CPU limit, and the idle
+/// group's name: under half a CPU (shared with a server, or not), a soaker can want only
+/// about a quarter of one (a throttled task is not even waiting), so the threshold is
+/// lowered to match.
+pub(crate) fn limited_batch_config(tag: &str) -> (TempDir, PathBuf, String) {
+    let dir = TempDir::new(tag);
+    let batch_group = format!("appease-e2e-{tag}b{}", std::process::id());
+    let cfg = dir.file(
+        "batch.toml",
+        &format!("{}min_cpus = 0.15\n", batch_config(&batch_group)),
+    );
+    (dir, cfg, batch_group)
+}
+
 pub(crate) fn demoted_under_a_limit(
     tag: &str,
     pids_max: Option<u32>,
 ) -> (LimitedGroup, TempDir, Soakers, BusyServer, Daemon, String) {
     let mut limited = LimitedGroup::new(tag, pids_max);
-    let dir = TempDir::new(tag);
-    let batch_group = format!("appease-e2e-{tag}b{}", std::process::id());
-    // Under half a CPU shared with the server, the soaker can want only about a quarter
-    // of one (a throttled task is not even waiting): the threshold is lowered to match.
-    let cfg = dir.file(
-        "batch.toml",
-        &format!("{}min_cpus = 0.15\n", batch_config(&batch_group)),
-    );
+    let (dir, cfg, batch_group) = limited_batch_config(tag);
     let soakers = Soakers(vec![forking_soaker()]);
     let soaker = soakers.0[0].id();
     let server = BusyServer::start();

@@ -221,21 +221,33 @@ impl Drop for LimitedGroup {
     }
 }
 
-/// Cgroups the test made (deepest last), emptied and removed on drop.
+/// Cgroups the test made, emptied on drop; those of their ancestors that the test made
+/// too are removed with them, never one the host had (a v1 host's `/system.slice`).
 pub(crate) struct MadeGroups {
     pub(crate) cg: appease_cgroup::Cgroups,
     pub(crate) paths: Vec<String>,
+    /// Every group this made, ancestors included.
+    made: Vec<String>,
 }
 
 impl MadeGroups {
     pub(crate) fn new(paths: &[&str]) -> Self {
         let cg = appease_cgroup::Cgroups::detect().expect("a CPU cgroup hierarchy");
+        let mut made = Vec::new();
         for p in paths {
-            std::fs::create_dir_all(cg.root().join(&p[1..])).unwrap();
+            let mut at = String::new();
+            for part in p[1..].split('/') {
+                at = format!("{at}/{part}");
+                if !cg.exists(&at) {
+                    std::fs::create_dir(cg.root().join(&at[1..])).unwrap();
+                    made.push(at.clone());
+                }
+            }
         }
         MadeGroups {
             cg,
             paths: paths.iter().map(|p| p.to_string()).collect(),
+            made,
         }
     }
 }
@@ -248,16 +260,7 @@ impl Drop for MadeGroups {
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             }
         }
-        let mut all: Vec<String> = Vec::new();
-        for p in &self.paths {
-            let mut cur = p.clone();
-            while cur.len() > 1 {
-                if !all.contains(&cur) {
-                    all.push(cur.clone());
-                }
-                cur = cur[..cur.rfind('/').unwrap()].to_string();
-            }
-        }
+        let mut all = self.made.clone();
         all.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
         for p in all {
             wait_for(Duration::from_secs(3), || self.cg.remove(&p).is_ok());

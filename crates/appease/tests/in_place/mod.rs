@@ -93,12 +93,7 @@ root_test! {
     fn an_administrators_change_to_a_group_made_idle_is_kept_by_the_restore_after_a_crash() {
         // A limited group that holds only batch: made idle where it is, as a whole.
         let mut limited = LimitedGroup::new("adm", None);
-        let dir = TempDir::new("adm");
-        let batch_group = format!("appease-e2e-admb{}", std::process::id());
-        let cfg = dir.file(
-            "batch.toml",
-            &format!("{}min_cpus = 0.15\n", batch_config(&batch_group)),
-        );
+        let (dir, cfg, _) = limited_batch_config("adm");
         let soakers = Soakers(vec![forking_soaker()]);
         limited.adopt(soakers.0[0].id());
         let group = limited.path.clone();

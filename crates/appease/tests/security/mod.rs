@@ -260,9 +260,7 @@ root_test! {
             "/user.slice/user-{uid}.slice/user@{uid}.service/app.slice/{unit}",
             uid = user.uid
         );
-        for g in [&system, &user_unit] {
-            std::fs::create_dir_all(cg.root().join(&g[1..])).unwrap();
-        }
+        let _made = MadeGroups::new(&[&system, &user_unit]);
         let spin = "$0 = 'e2e-role'; open(my $c, '>', '/proc/self/comm'); print $c 'e2e-role'; close $c; 1 while 1";
         let in_system = ProcessGroup(Command::new("perl").args(["-e", spin]).process_group(0).spawn().unwrap());
         let theirs_in_unit = user.perl("1 while 1", &[]);
@@ -282,16 +280,6 @@ root_test! {
         assert!(daemon.signal(libc::SIGTERM).success());
         assert_eq!(nice(in_system.0.id()), 0, "put back");
         drop((in_system, theirs_in_unit, theirs_renamed));
-        for g in [&user_unit, &system] {
-            let _ = cg.remove(g);
-        }
-        for g in [
-            format!("/user.slice/user-{}.slice/user@{}.service/app.slice", user.uid, user.uid),
-            format!("/user.slice/user-{}.slice/user@{}.service", user.uid, user.uid),
-            format!("/user.slice/user-{}.slice", user.uid),
-        ] {
-            let _ = cg.remove(&g);
-        }
     }
 }
 
