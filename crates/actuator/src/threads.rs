@@ -57,18 +57,22 @@ impl KernelActuator {
                 ActError::Sys { op, tid, source: e }
             }
         };
-        // Open the pidfd first: the stat read after it then describes the same thread.
+        // Open the pidfd first: the stat read after it then describes the same thread (a
+        // thread alive at the pidfd's opening keeps its id), and the pidfd, checked alive
+        // after each change, shows the change reached that thread.
         let pidfd = self.kernel.pidfd_open_thread(tid);
-        let (start, comm, proc_comm, kernel_thread) = match seen.filter(|e| e.tid == tid) {
-            Some(e) => (e.start, e.comm, Some(e.proc_comm), false),
-            None => {
-                let stat = self
-                    .kernel
-                    .task_stat(pid, tid)
-                    .map_err(|e| gone(e, "read /proc stat"))?;
-                (stat.start, stat.comm, None, stat.kernel_thread)
-            }
+        let stat = self
+            .kernel
+            .task_stat(pid, tid)
+            .map_err(|e| gone(e, "read /proc stat"))?;
+        let (start, comm, proc_comm) = match seen.filter(|e| e.tid == tid) {
+            // The event's thread exited and its id went to another: not the one to change.
+            Some(e) if e.start != stat.start => return Err(ActError::Gone { tid }),
+            // The names as the event saw them (the process's name costs no other read).
+            Some(e) => (e.start, e.comm, Some(e.proc_comm)),
+            None => (stat.start, stat.comm, None),
         };
+        let kernel_thread = stat.kernel_thread;
         if let Some((was, why)) = self.left_alone.get(&tid) {
             if *was == start {
                 return Err(ActError::HandsOff {
@@ -207,10 +211,18 @@ impl KernelActuator {
             if let Some(m) = self.managed.get_mut(&tid) {
                 m.unjournaled = false;
             }
-            if let Err(e) = self.kernel.sched_set_fair(tid, nice, slice_ns, rof) {
-                if sys::is_esrch(&e) {
-                    return Err(self.drop_gone(tid));
-                }
+            let changed = self.kernel.sched_set_fair(tid, nice, slice_ns, rof);
+            // Exited since its identity was checked: the id is free and the change may not
+            // have reached the thread (the kernel reuses an id only after every other).
+            let exited = self
+                .managed
+                .get(&tid)
+                .and_then(|m| m.pidfd.as_ref())
+                .is_some_and(|fd| !sys::pidfd_alive(fd));
+            if exited || changed.as_ref().is_err_and(sys::is_esrch) {
+                return Err(self.drop_gone(tid));
+            }
+            if let Err(e) = changed {
                 self.counters.fail_errno(Some(&e));
                 return Err(ActError::Sys {
                     op: "sched_setattr",
@@ -355,8 +367,8 @@ impl KernelActuator {
 impl KernelActuator {
     /// Sets `tid` `levels` nice levels above its original nice (recorded on first
     /// contact), with the given EEVDF slice (None: the thread's original slice). `seen`
-    /// is the thread as the request's event described it: on a first contact its
-    /// identity is not read again from /proc (a few system calls on the request's path).
+    /// is the thread as the request's event described it: a thread that has its id now
+    /// but started at another time is not the one to change (`Gone`).
     pub fn elevate(
         &mut self,
         pid: u32,
@@ -401,6 +413,18 @@ impl KernelActuator {
             dry_run = self.dry_run.then_some(true)
         );
         Ok(())
+    }
+
+    /// The thread `tid` that started at `start` (clock ticks after boot) exited: forgets
+    /// it, unless the id is managed for a newer thread (the daemon handles a request that
+    /// woke it before the events read with it, so an exit can come after the request of
+    /// the thread that took its id). False when the exit is such a stale one.
+    pub fn forget_exited(&mut self, tid: u32, start: u64) -> bool {
+        if self.managed.get(&tid).is_some_and(|m| m.key.start != start) {
+            return false;
+        }
+        self.forget(tid);
+        true
     }
 
     pub fn forget(&mut self, tid: u32) {

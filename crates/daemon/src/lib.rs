@@ -411,9 +411,16 @@ impl<'obj> Daemon<'obj> {
     fn on_event(&mut self, e: Event) {
         match e {
             Event::Request { .. } => self.on_request_event(e),
-            Event::Exit { pid, tid, .. } => {
+            Event::Exit {
+                pid, tid, start_ns, ..
+            } => {
+                if !self
+                    .actuator
+                    .forget_exited(tid, start_ns / self.clock_tick_ns)
+                {
+                    return;
+                }
                 self.policy.forget(tid);
-                self.actuator.forget(tid);
                 if pid == tid {
                     if let Some(b) = self.batch.as_mut() {
                         b.on_process_exit(pid);

@@ -98,7 +98,14 @@ pub enum Event {
     /// Only while wanted (`Probe::set_exec_events`), and read at the next wakeup.
     Exec { ts_ns: u64, pid: u32, comm: String },
     /// A thread that received a request exited.
-    Exit { ts_ns: u64, pid: u32, tid: u32 },
+    Exit {
+        ts_ns: u64,
+        pid: u32,
+        tid: u32,
+        /// Its start, ns after boot: an exit read after a new thread's request with the
+        /// same id is told from it.
+        start_ns: u64,
+    },
 }
 
 /// One thread as the task iterator saw it. The process's own fields (`ppid`, `comm`,
@@ -551,6 +558,7 @@ fn decode(data: &[u8]) -> Option<Event> {
             ts_ns: raw.ts_ns,
             pid: raw.pid,
             tid: raw.tid,
+            start_ns: raw.start_ns,
         },
         5 => Event::Wait {
             ts_ns: raw.ts_ns,
