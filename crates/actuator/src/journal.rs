@@ -260,8 +260,13 @@ impl Journal {
             lines.push('\n');
         }
         self.file.write_all(lines.as_bytes())?;
-        // Written, and the change it announces not yet made.
+        // Written, and the change it announces not yet made: after any record, and after
+        // a record of one kind (`written-pin`, `written-group-idle`...).
         crate::crash_point("journal-written");
+        #[cfg(feature = "failpoints")]
+        for op in lines.lines().filter_map(|l| l.strip_prefix("{\"op\":\"")) {
+            crate::crash_point(&format!("written-{}", op.split('"').next().unwrap_or("")));
+        }
         self.bytes += lines.len() as u64;
         for rec in recs {
             apply(&mut self.live, rec.clone());

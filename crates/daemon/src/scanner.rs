@@ -467,8 +467,9 @@ impl Worker {
             classify_by_config(cfg, procs, &reading.cgroups, &reading.uids, &reading.exes);
         // The processes this daemon runs under supervise it: never part of a batch tree
         // (else a soaker started by the script that started appease takes the script,
-        // and everything else it runs, into the idle group).
-        for pid in ancestors_of(std::process::id(), procs) {
+        // and everything else it runs, into the idle group). Nor is the daemon itself (its
+        // start, loading the probe, reads as a young process busy over its life).
+        for pid in itself_and_ancestors(std::process::id(), procs) {
             forced.entry(pid).or_insert(Class::Normal);
         }
         let children = appease_policy::tree::Children::new(procs.iter().map(|p| (p.pid, p.ppid)));
@@ -671,6 +672,12 @@ fn classify_by_config(
 
 /// The parent, grandparent, ... of `pid` among `procs`, up to the first process whose
 /// parent is unknown (or itself).
+fn itself_and_ancestors(pid: u32, procs: &[ProcSample]) -> Vec<u32> {
+    std::iter::once(pid)
+        .chain(ancestors_of(pid, procs))
+        .collect()
+}
+
 fn ancestors_of(pid: u32, procs: &[ProcSample]) -> Vec<u32> {
     let ppid: HashMap<u32, u32> = procs.iter().map(|p| (p.pid, p.ppid)).collect();
     let mut out = Vec::new();

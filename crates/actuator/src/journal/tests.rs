@@ -442,3 +442,26 @@ fn restore_keeps_a_journal_with_unreadable_lines_and_counts_them_failed() {
     assert_eq!(kept.len(), 1, "a copy kept for a look");
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn each_line_opens_with_its_kind_which_the_crash_points_by_kind_read() {
+    let key = TaskKey {
+        pid: 1,
+        tid: 2,
+        start: 3,
+    };
+    for (rec, op) in [
+        (Record::Unpin { key }, "unpin"),
+        (
+            Record::GroupIdle {
+                path: "/g".into(),
+                idle: false,
+                weight: "1024".into(),
+            },
+            "group-idle",
+        ),
+    ] {
+        let line = serde_json::to_string(&rec).unwrap();
+        assert!(line.starts_with(&format!("{{\"op\":\"{op}\",")), "{line}");
+    }
+}

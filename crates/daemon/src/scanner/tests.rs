@@ -54,6 +54,7 @@ fn ancestors_climb_to_the_first_unknown_parent() {
         proc(60, 41),
     ];
     assert_eq!(ancestors_of(50, &procs), vec![41, 40, 1]);
+    assert_eq!(itself_and_ancestors(50, &procs), vec![50, 41, 40, 1]);
     assert_eq!(ancestors_of(60, &procs), vec![41, 40, 1]);
     assert!(ancestors_of(1, &procs).is_empty());
     // A parent missing from the table ends the climb; a loop does not hang it.
