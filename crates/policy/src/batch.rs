@@ -151,6 +151,8 @@ struct Demoted {
     released: HashSet<u32>,
     at: Nanos,
     members: HashSet<u32>,
+    /// Members that listened for connections when it was demoted.
+    listening: HashSet<u32>,
 }
 
 /// A tree that soaks, not demoted yet.
@@ -282,7 +284,8 @@ impl BatchClassifier {
 
     /// Keeps each demoted tree's membership current (processes forked in it since, to
     /// follow it, gone ones out, exempted ones released once) and promotes the trees in
-    /// which a process received a request since (or that have no member left).
+    /// which a process received a request or started listening since (or that have no
+    /// member left).
     fn follow_demoted(&mut self, scan: &Scan) -> Vec<BatchDecision> {
         let mut out = Vec::new();
         let mut promote = Vec::new();
@@ -315,7 +318,13 @@ impl BatchClassifier {
                 .members
                 .iter()
                 .any(|&pid| (scan.last_request)(pid).is_some_and(|t| t > d.at));
-            if asked || d.members.is_empty() {
+            // A member that started listening since is a server (one still starting when
+            // the tree was judged, beside its supervisor's soaker): judged again at once,
+            // before its first request waits behind the idle class.
+            let listens = d.members.iter().any(|pid| {
+                !d.listening.contains(pid) && scan.by_pid.get(pid).is_some_and(|p| p.listens)
+            });
+            if asked || listens || d.members.is_empty() {
                 promote.push(root);
                 continue;
             }
@@ -448,6 +457,11 @@ impl BatchClassifier {
                 Demoted {
                     start,
                     at: scan.now,
+                    listening: members
+                        .iter()
+                        .copied()
+                        .filter(|pid| scan.by_pid.get(pid).is_some_and(|p| p.listens))
+                        .collect(),
                     members: members.iter().copied().collect(),
                     released: released.into_iter().collect(),
                 },

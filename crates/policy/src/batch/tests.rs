@@ -379,6 +379,62 @@ fn a_supervisor_of_an_idle_server_and_a_soaker_is_not_the_root() {
 }
 
 #[test]
+fn a_server_that_listens_after_its_supervisors_tree_was_demoted_has_it_judged_again() {
+    let mut c = BatchClassifier::new(params());
+    // The server is still starting (not listening) when the tree is judged: the whole
+    // supervisor is demoted. Its listen() at 6 s makes it a server: the tree is promoted
+    // at once (its first request must not wait behind the idle class), and the soaker
+    // alone is batch again.
+    let procs = |t: u64| {
+        let server = p(91, 90, "server", 0.0);
+        vec![
+            p(1, 0, "systemd", 0.0),
+            p(90, 1, "supervisor", 0.0),
+            if t >= 6 { listening(server) } else { server },
+            p(92, 90, "soak", t as f64),
+        ]
+    };
+    let d = run(&mut c, 5, procs, none);
+    assert!(
+        matches!(&d[..], [(_, BatchDecision::Demote { root: 90, .. })]),
+        "{d:?}"
+    );
+    let d = c.on_scan(6 * S, &procs(6), none, |_| None);
+    assert_eq!(
+        d,
+        vec![BatchDecision::Promote {
+            root: 90,
+            members: vec![90, 91, 92]
+        }]
+    );
+    let mut again = vec![];
+    for t in 7..=12 {
+        again.extend(c.on_scan(t * S, &procs(t), none, |_| None));
+    }
+    assert!(
+        matches!(&again[..], [BatchDecision::Demote { root: 92, .. }]),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn a_tree_demoted_with_a_listening_member_is_not_promoted_for_it() {
+    let mut c = BatchClassifier::new(params());
+    // A soaker that holds a listening socket and is never asked: batch, and stays so.
+    let procs = |t: u64| {
+        vec![
+            p(1, 0, "systemd", 0.0),
+            listening(p(95, 1, "soak", t as f64)),
+        ]
+    };
+    let d = run(&mut c, 12, procs, none);
+    assert!(
+        matches!(&d[..], [(_, BatchDecision::Demote { root: 95, .. })]),
+        "{d:?}"
+    );
+}
+
+#[test]
 fn a_listening_child_charged_a_clock_tick_in_a_short_scan_still_splits_the_tree() {
     // Scans every 200 ms. The supervisor's idle server is charged one 10 ms tick every
     // other scan (it woke at a tick): it serves however little it runs.
