@@ -456,6 +456,33 @@ mod tests {
     }
 
     #[test]
+    fn a_process_that_has_exited_and_not_been_reaped_is_never_taken() {
+        // The real kernel: a zombie is still in /proc and takes a nice, but will never
+        // run; a rule that matches its name must not make it a managed thread.
+        let dir = TempDir::new("zombie");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let zombie = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
+        };
+        let t = std::time::Instant::now();
+        while !zombie() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(zombie(), "the child exited and is not reaped yet");
+        let before = sys::sched_getattr(pid).unwrap();
+        let journal = journal::Journal::open(&dir.0).unwrap();
+        let mut a = KernelActuator::new(Some(journal), vec![]).unwrap();
+        let err = a.fix_nice(pid, pid, before.nice + 5, "role").unwrap_err();
+        assert!(matches!(err, ActError::Gone { .. }), "{err:?}");
+        assert_eq!(sys::sched_getattr(pid).unwrap(), before, "not changed");
+        assert!(a.managed().is_empty());
+        assert!(journal::read_pending(&dir.0).unwrap().is_empty());
+        child.wait().unwrap();
+    }
+
+    #[test]
     fn real_time_idle_kernel_threads_itself_and_exceptions_are_left_alone() {
         let (k, dir) = (FakeKernel::new(), TempDir::new("handsoff"));
         let rt = Sched {

@@ -61,6 +61,11 @@ impl KernelActuator {
         // thread alive at the pidfd's opening keeps its id), and the pidfd, checked alive
         // after each change, shows the change reached that thread.
         let pidfd = self.kernel.pidfd_open_thread(tid);
+        // A thread that has exited and not been reaped (a zombie) is still in /proc and
+        // takes a nice, but will never run again: nothing to change, nothing to put back.
+        if pidfd.as_ref().is_some_and(|fd| !sys::pidfd_alive(fd)) {
+            return Err(ActError::Gone { tid });
+        }
         let stat = self
             .kernel
             .task_stat(pid, tid)

@@ -135,12 +135,12 @@ fn renaming_soaker(a: &str, b: &str) -> std::process::Child {
     own_session(&mut cmd).spawn().unwrap()
 }
 
-/// A process named `name` that sleeps: a role's or a service's, whose CPU leaves the
-/// idle group some (spinning, with the busy server, they would take both CPUs of a small
-/// host, and a starved idle group's threads are never spread).
+/// A process named `name` that sleeps as long as the test runs: a role's or a service's,
+/// whose CPU leaves the idle group some (spinning, with the busy server, they would take
+/// both CPUs of a small host, and a starved idle group's threads are never spread).
 fn named_sleeper(name: &str) -> std::process::Child {
     let mut cmd = Command::new("perl");
-    cmd.args(["-e", &format!("$0 = '{name}'; sleep 600")])
+    cmd.args(["-e", &format!("$0 = '{name}'; sleep 3600 while 1")])
         .stdout(std::process::Stdio::null());
     own_session(&mut cmd).spawn().unwrap()
 }
