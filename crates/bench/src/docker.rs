@@ -124,7 +124,7 @@ impl Engine {
         if pid == 0 {
             bail!(
                 "container {id} ended at once: {}",
-                self.docker(&["logs", &id]).unwrap_or_default()
+                self.log_text(&id).unwrap_or_default()
             );
         }
         Ok(Container { id, pid })

@@ -128,6 +128,28 @@ pub fn in_nested_cgroup_namespace() -> bool {
         .is_ok_and(|l| l.to_string_lossy() != format!("cgroup:[{}]", 0xEFFF_FFFBu64))
 }
 
+/// Joins the host's cgroup namespace, kthreadd's (PID 2 in the host's PID namespace: the
+/// kernel's threads live in the initial namespaces, and PID 1 may be a process whose
+/// namespaces even root cannot open). In a container that shares the host's PIDs (a pod with
+/// `hostPID: true`, `docker run --pid=host`), cgroup paths then read as the host names them,
+/// and on cgroup v2 mounted with `nsdelegate` (systemd's default) the kernel allows moves
+/// between any two of the host's cgroups. Only this thread joins: the caller has started no
+/// thread that reads or writes cgroups. Needs CAP_SYS_PTRACE (to open another process's
+/// namespace) and CAP_SYS_ADMIN (to join it), both dropped with the rest later.
+pub fn join_host_cgroup_namespace() -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if fs::read_to_string("/proc/2/comm").map_or(true, |c| c.trim_end() != "kthreadd") {
+        return Err(std::io::Error::other("PID 2 is not the kernel's kthreadd"));
+    }
+    let ns = fs::File::open("/proc/2/ns/cgroup")?;
+    // SAFETY: setns on an fd this function holds open; it changes only this thread's
+    // cgroup namespace.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWCGROUP) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }

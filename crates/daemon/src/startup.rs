@@ -39,10 +39,27 @@ pub fn preflight() -> Result<()> {
         );
     }
     if host::in_nested_cgroup_namespace() && !system_container {
-        bail!(
-            "appease runs in a cgroup namespace of its own (a container with a private cgroup \
-             view): it must see and change the host's cgroups. Run it in the host's cgroup \
-             namespace: `--cgroupns=host` (Docker, Podman), or on the host"
+        // A container with a private cgroup view (containerd's pods on cgroup v2 nodes),
+        // sharing the host's PIDs (checked above).
+        let joined = host::join_host_cgroup_namespace();
+        if let Err(e) = &joined {
+            bail!(
+                "appease runs in a cgroup namespace of its own (a container with a private \
+                 cgroup view) and could not join the host's ({e}): it must see and change the \
+                 host's cgroups. Grant the capabilities SYS_PTRACE and SYS_ADMIN (as \
+                 deploy/appease-daemonset.yaml does; both are dropped once joined), or run it \
+                 in the host's cgroup namespace: `--cgroupns=host` (Docker, Podman)"
+            );
+        }
+        if host::in_nested_cgroup_namespace() {
+            bail!(
+                "appease joined kthreadd's cgroup namespace, and it is not the host's: run it \
+                 in the host's PID namespace"
+            );
+        }
+        tracing::info!(
+            "joined the host's cgroup namespace (kthreadd's): cgroups named and moved as on \
+             the host"
         );
     }
     if system_container {

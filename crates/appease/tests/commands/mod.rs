@@ -128,8 +128,15 @@ fn the_daemonset_in_deploy_runs_appease_on_the_host_with_only_what_it_needs() {
     add.sort();
     assert_eq!(
         add,
-        ["BPF", "DAC_OVERRIDE", "PERFMON", "SYS_NICE"],
-        "the capabilities appease uses"
+        [
+            "BPF",
+            "DAC_OVERRIDE",
+            "PERFMON",
+            "SYS_ADMIN",
+            "SYS_NICE",
+            "SYS_PTRACE"
+        ],
+        "the capabilities appease uses (the last two to join the host's cgroup namespace)"
     );
     // Every host path is mounted where appease looks for it, and nothing else of the host.
     let volumes = pod.volumes.unwrap();
@@ -155,10 +162,12 @@ fn the_daemonset_in_deploy_runs_appease_on_the_host_with_only_what_it_needs() {
         mounts,
         [
             ("/run/appease".into(), "/run/appease".into(), false),
+            ("/run/dbus".into(), "/run/dbus".into(), false),
+            ("/run/systemd".into(), "/run/systemd".into(), false),
             ("/sys/fs/cgroup".into(), "/sys/fs/cgroup".into(), false),
         ]
     );
-    assert_eq!(volumes.len(), 2, "no other volume");
+    assert_eq!(volumes.len(), 4, "no other volume");
     let run_dir = c
         .env
         .as_ref()

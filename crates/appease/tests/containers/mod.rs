@@ -168,113 +168,165 @@ root_test! {
 
 root_test! {
     fn appease_run_in_a_docker_container_manages_the_host_and_its_restarted_container_restores_after_kill_9() {
-        let (dir, engine) = engine("docker-appease");
-        let group = format!("appease-e2e-dkd{}", std::process::id());
-        // Demotion, and the tests' elevation ladder (engaged from one runnable task per CPU).
-        let elevation = test_elevation();
-        let cfg = dir.file(
-            "batch.toml",
-            &format!("{}{elevation}", batch_config(&group)),
+        appease_in_a_container("--cgroupns=host", &[]);
+    }
+}
+
+root_test! {
+    fn appease_in_a_private_cgroup_namespace_joins_the_hosts_and_manages_it_as_on_the_host() {
+        // What containerd gives a pod on a cgroup v2 node (`hostPID: true`, a hostPath
+        // /sys/fs/cgroup): its own cgroup namespace. With the two capabilities the
+        // manifest adds for it, appease joins PID 1's.
+        let logs = appease_in_a_container(
+            "--cgroupns=private",
+            &["--cap-add=SYS_PTRACE"],
         );
-        let run_dir = dir.0.join("run");
-        std::fs::create_dir_all(&run_dir).unwrap();
+        assert!(
+            logs.contains("joined the host's cgroup namespace"),
+            "{logs}"
+        );
+        // Without SYS_PTRACE it cannot open the host's namespace: one line says what to grant.
+        let (_dir, engine) = engine("docker-cgroupns");
         let bin = std::fs::canonicalize(BIN).unwrap();
-        let mounts = [
-            "/sys/fs/cgroup:/sys/fs/cgroup".to_string(),
-            format!("{}:/run/appease", run_dir.display()),
-            format!("{}:/appease:ro", bin.display()),
-            format!("{}:/etc/appease/appease.toml:ro", cfg.display()),
-        ];
-        let mut opts = vec![
-            "--pid=host",
-            "--cgroupns=host",
-            "--cap-drop=ALL",
-            // Docker 20.10 does not know BPF and PERFMON by name: SYS_ADMIN stands for both.
-            "--cap-add=SYS_ADMIN",
-            "--cap-add=SYS_NICE",
-            "--cap-add=DAC_OVERRIDE",
-            "--security-opt=seccomp=unconfined",
-            "-e",
-            "APPEASE_RUN_DIR=/run/appease",
-        ];
-        for m in &mounts {
-            opts.extend(["-v", m]);
-        }
-        // The host's work: a soaker, and a server thread of this test's under load.
-        let soakers = Soakers(vec![forking_soaker(), forking_soaker(), forking_soaker()]);
-        let cpu_before = cpu_cgroup(soakers.0[0].id()).unwrap();
-        let svc = Service::unix(Duration::from_micros(300), Duration::from_millis(20));
-        let appease_ctr = engine
+        let mount = format!("{}:/appease:ro", bin.display());
+        let refused = engine
             .run(
-                &opts,
                 &[
-                    "/appease",
-                    "daemon",
-                    "--config",
-                    "/etc/appease/appease.toml",
+                    "--pid=host",
+                    "--cgroupns=private",
+                    "--cap-drop=ALL",
+                    "--cap-add=SYS_ADMIN",
+                    "--cap-add=SYS_NICE",
+                    "--security-opt=seccomp=unconfined",
+                    "-v",
+                    &mount,
                 ],
+                &["/appease", "daemon"],
             )
-            .unwrap();
-        let _restore = RestoreAfter(&engine, appease_ctr.id.clone(), run_dir.clone());
-        let logs = || engine.log_text(&appease_ctr.id).unwrap_or_default();
-        let in_group = |want: bool| {
-            soakers.0.iter().all(|s| {
-                cpu_cgroup(s.id()).is_some_and(|g| g.starts_with(&format!("/{group}/job-")) == want)
-            })
-        };
+            .map(|c| c.id)
+            .unwrap_err()
+            .to_string();
         assert!(
-            wait_for(Duration::from_secs(10), || in_group(true)).is_some(),
-            "the host's soakers demoted from the container: {}",
-            logs()
-        );
-        // The elevation ends as soon as the soakers are demoted (the load falls), so the
-        // audit line, written once the change is made, is what shows it happened.
-        let elevated = format!(
-            "change=\"elevate\" pid={} tid={}",
-            std::process::id(),
-            svc.server_tid
-        );
-        assert!(
-            wait_for(Duration::from_secs(5), || logs().contains(&elevated)).is_some(),
-            "the host's server elevated from the container: {}",
-            logs()
-        );
-        engine
-            .docker(&["kill", "-s", "KILL", &appease_ctr.id])
-            .unwrap();
-        assert!(
-            run_dir.join("journal.jsonl").exists(),
-            "the journal outlives the container on the host path"
-        );
-        assert!(in_group(true), "a kill -9 restores nothing");
-        engine.docker(&["start", &appease_ctr.id]).unwrap();
-        assert!(
-            wait_for(Duration::from_secs(10), || logs()
-                .contains("restored what a previous daemon left behind"))
-            .is_some(),
-            "the restarted container restores from the journal: {}",
-            logs()
-        );
-        assert!(
-            wait_for(Duration::from_secs(10), || in_group(true)).is_some(),
-            "and goes on: {}",
-            logs()
-        );
-        engine.docker(&["stop", &appease_ctr.id]).unwrap();
-        let out = logs();
-        assert!(!out.contains(" ERROR "), "{out}");
-        assert!(in_group(false), "the soakers back where they were");
-        assert_eq!(cpu_cgroup(soakers.0[0].id()).unwrap(), cpu_before);
-        drop(svc);
-        assert!(
-            !run_dir.join("journal.jsonl").exists(),
-            "nothing left to undo"
-        );
-        assert!(
-            !appease_cgroup::Cgroups::detect()
-                .unwrap()
-                .exists(&format!("/{group}")),
-            "the idle group removed"
+            refused.contains("could not join the host's")
+                && refused.contains("SYS_PTRACE and SYS_ADMIN"),
+            "{refused}"
         );
     }
+}
+
+/// appease in a Docker container sharing the host's PIDs, in the cgroup namespace `cgroupns`
+/// with `caps` added: demotes the host's soakers and elevates its server, restores after
+/// `kill -9` of the container when it restarts, and puts everything back on `docker stop`.
+/// Returns the container's log.
+fn appease_in_a_container(cgroupns: &str, caps: &[&str]) -> String {
+    let (dir, engine) = engine("docker-appease");
+    let group = format!("appease-e2e-dkd{}", std::process::id());
+    // Demotion, and the tests' elevation ladder (engaged from one runnable task per CPU).
+    let elevation = test_elevation();
+    let cfg = dir.file(
+        "batch.toml",
+        &format!("{}{elevation}", batch_config(&group)),
+    );
+    let run_dir = dir.0.join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let bin = std::fs::canonicalize(BIN).unwrap();
+    let mounts = [
+        "/sys/fs/cgroup:/sys/fs/cgroup".to_string(),
+        format!("{}:/run/appease", run_dir.display()),
+        format!("{}:/appease:ro", bin.display()),
+        format!("{}:/etc/appease/appease.toml:ro", cfg.display()),
+    ];
+    let mut opts = vec![
+        "--pid=host",
+        cgroupns,
+        "--cap-drop=ALL",
+        // Docker 20.10 does not know BPF and PERFMON by name: SYS_ADMIN stands for both.
+        "--cap-add=SYS_ADMIN",
+        "--cap-add=SYS_NICE",
+        "--cap-add=DAC_OVERRIDE",
+        "--security-opt=seccomp=unconfined",
+        "-e",
+        "APPEASE_RUN_DIR=/run/appease",
+    ];
+    opts.extend(caps);
+    for m in &mounts {
+        opts.extend(["-v", m]);
+    }
+    // The host's work: a soaker, and a server thread of this test's under load.
+    let soakers = Soakers(vec![forking_soaker(), forking_soaker(), forking_soaker()]);
+    let cpu_before = cpu_cgroup(soakers.0[0].id()).unwrap();
+    let svc = Service::unix(Duration::from_micros(300), Duration::from_millis(20));
+    let appease_ctr = engine
+        .run(
+            &opts,
+            &[
+                "/appease",
+                "daemon",
+                "--config",
+                "/etc/appease/appease.toml",
+            ],
+        )
+        .unwrap();
+    let _restore = RestoreAfter(&engine, appease_ctr.id.clone(), run_dir.clone());
+    let logs = || engine.log_text(&appease_ctr.id).unwrap_or_default();
+    let in_group = |want: bool| {
+        soakers.0.iter().all(|s| {
+            cpu_cgroup(s.id()).is_some_and(|g| g.starts_with(&format!("/{group}/job-")) == want)
+        })
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || in_group(true)).is_some(),
+        "the host's soakers demoted from the container: {}",
+        logs()
+    );
+    // The elevation ends as soon as the soakers are demoted (the load falls), so the
+    // audit line, written once the change is made, is what shows it happened.
+    let elevated = format!(
+        "change=\"elevate\" pid={} tid={}",
+        std::process::id(),
+        svc.server_tid
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || logs().contains(&elevated)).is_some(),
+        "the host's server elevated from the container: {}",
+        logs()
+    );
+    engine
+        .docker(&["kill", "-s", "KILL", &appease_ctr.id])
+        .unwrap();
+    assert!(
+        run_dir.join("journal.jsonl").exists(),
+        "the journal outlives the container on the host path"
+    );
+    assert!(in_group(true), "a kill -9 restores nothing");
+    engine.docker(&["start", &appease_ctr.id]).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || logs()
+            .contains("restored what a previous daemon left behind"))
+        .is_some(),
+        "the restarted container restores from the journal: {}",
+        logs()
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || in_group(true)).is_some(),
+        "and goes on: {}",
+        logs()
+    );
+    engine.docker(&["stop", &appease_ctr.id]).unwrap();
+    let out = logs();
+    assert!(!out.contains(" ERROR "), "{out}");
+    assert!(in_group(false), "the soakers back where they were");
+    assert_eq!(cpu_cgroup(soakers.0[0].id()).unwrap(), cpu_before);
+    drop(svc);
+    assert!(
+        !run_dir.join("journal.jsonl").exists(),
+        "nothing left to undo"
+    );
+    assert!(
+        !appease_cgroup::Cgroups::detect()
+            .unwrap()
+            .exists(&format!("/{group}")),
+        "the idle group removed"
+    );
+    out
 }
