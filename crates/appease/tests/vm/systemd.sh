@@ -155,6 +155,8 @@ systemctl stop web dev.scope 2>/dev/null
 
 # Kubernetes pods under the kubelet's systemd driver: slices of systemd's (a dash nests a
 # slice). A BestEffort pod's slice is made idle through the bus, a Burstable one's is not.
+# appease runs in a cgroup namespace of its own, as containerd starts a pod on a cgroup v2
+# node (`unshare --cgroup`: rooted at this script's cgroup); it joins the host's first.
 BE_UNIT=kubepods-besteffort-pod12_34.slice
 POD=/kubepods.slice/kubepods-besteffort.slice/$BE_UNIT
 BURST=/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod56_78.slice
@@ -162,7 +164,11 @@ systemd-run --quiet --scope --slice=$BE_UNIT --unit=cri-containerd-ab sleep 600 
 systemd-run --quiet --scope --slice=kubepods-burstable-pod56_78.slice --unit=cri-containerd-cd sleep 600 &
 wait_until 10 [ -d /sys/fs/cgroup$BURST/cri-containerd-cd.scope ]
 systemctl set-property --runtime $BE_UNIT CPUWeight=1   # as the kubelet sets a BestEffort pod
-start_daemon $CONFIG
+unshare --cgroup $A daemon --config $CONFIG > /tmp/daemon.log 2>&1 &
+DAEMON=$!
+wait_until 30 $A status > /dev/null 2>&1 || { echo "daemon did not start:"; cat /tmp/daemon.log; }
+check "started in a cgroup namespace of its own, it joined the host's" grep -q "joined the host's cgroup namespace" /tmp/daemon.log
+check "and is in it now" [ "$(readlink /proc/$DAEMON/ns/cgroup)" = "$(readlink /proc/2/ns/cgroup)" ]
 check "the BestEffort pod's slice is made idle through systemd" wait_until 30 unit_idle $POD
 check "its CPUWeight is idle" [ "$(systemctl show -P CPUWeight $BE_UNIT)" = idle ]
 check "the Burstable pod's slice is not" unit_not_idle $BURST
