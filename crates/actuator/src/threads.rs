@@ -216,15 +216,10 @@ impl KernelActuator {
             if let Some(m) = self.managed.get_mut(&tid) {
                 m.unjournaled = false;
             }
+            // Its identity was checked just before (verify or take_charge); an exit since
+            // shows as ESRCH: the kernel hands an id out again only after every other.
             let changed = self.kernel.sched_set_fair(tid, nice, slice_ns, rof);
-            // Exited since its identity was checked: the id is free and the change may not
-            // have reached the thread (the kernel reuses an id only after every other).
-            let exited = self
-                .managed
-                .get(&tid)
-                .and_then(|m| m.pidfd.as_ref())
-                .is_some_and(|fd| !sys::pidfd_alive(fd));
-            if exited || changed.as_ref().is_err_and(sys::is_esrch) {
+            if changed.as_ref().is_err_and(sys::is_esrch) {
                 return Err(self.drop_gone(tid));
             }
             if let Err(e) = changed {

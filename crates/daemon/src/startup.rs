@@ -41,8 +41,7 @@ pub fn preflight() -> Result<()> {
     if host::in_nested_cgroup_namespace() && !system_container {
         // A container with a private cgroup view (containerd's pods on cgroup v2 nodes),
         // sharing the host's PIDs (checked above).
-        let joined = host::join_host_cgroup_namespace();
-        if let Err(e) = &joined {
+        if let Err(e) = host::join_host_cgroup_namespace() {
             bail!(
                 "appease runs in a cgroup namespace of its own (a container with a private \
                  cgroup view) and could not join the host's ({e}): it must see and change the \
