@@ -24,7 +24,7 @@ PEER_PACKAGES := schedtool dbus git python3 libclang-dev libpipewire-0.3-dev
 PROFILE_PACKAGES := valgrind
 CONFIG ?=
 
-.PHONY: all deps test-deps bench-deps profile-deps peer-deps peers build run test chaos bench sim-instructions fmt clippy clean install uninstall
+.PHONY: all deps test-deps bench-deps profile-deps peer-deps peers build image run test chaos bench sim-instructions fmt clippy clean install uninstall
 
 all: build
 
@@ -47,6 +47,11 @@ deps test-deps bench-deps profile-deps peer-deps:
 
 build: deps
 	$(CARGO) build --release --locked -p appease
+
+# The DaemonSet's image without a registry (docs/FLEET.md): imported into the local Docker
+# engine as appease:latest and saved to appease.tar for a node's containerd.
+image: build
+	scripts/image.sh appease:latest appease.tar
 
 # Installs the binary, a config, the systemd unit, the man page and shell completions
 # (root; after `make build`).

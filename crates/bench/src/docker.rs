@@ -107,14 +107,22 @@ impl Engine {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
-    /// `docker run -d` of `cmd` in the image, with `opts` (no network unless they say).
+    /// `docker run -d` of `cmd` in the host's-`/usr` image, with `opts` (no network unless
+    /// they say).
     pub fn run(&self, opts: &[&str], cmd: &[&str]) -> Result<Container> {
-        let mut args = vec!["run", "-d", "-v", "/usr:/usr:ro"];
+        let mut with_usr = vec!["-v", "/usr:/usr:ro"];
+        with_usr.extend(opts);
+        self.run_image(IMAGE, &with_usr, cmd)
+    }
+
+    /// `docker run -d` of `cmd` (none: the image's own) in `image`, with `opts`.
+    pub fn run_image(&self, image: &str, opts: &[&str], cmd: &[&str]) -> Result<Container> {
+        let mut args = vec!["run", "-d"];
         if !opts.iter().any(|o| o.starts_with("--network")) {
             args.push("--network=none");
         }
         args.extend(opts);
-        args.push(IMAGE);
+        args.push(image);
         args.extend(cmd);
         let id = self.docker(&args)?;
         let pid = self.docker(&["inspect", "-f", "{{.State.Pid}}", &id])?;
@@ -128,6 +136,11 @@ impl Engine {
             );
         }
         Ok(Container { id, pid })
+    }
+
+    /// The engine's address, as `DOCKER_HOST` gives it to other Docker clients.
+    pub fn host(&self) -> &str {
+        &self.host
     }
 
     /// Waits for a container to end and returns what it printed on standard output.

@@ -187,10 +187,9 @@ root_test! {
         );
         // Without SYS_PTRACE it cannot open the host's namespace: one line says what to grant.
         let (_dir, engine) = engine("docker-cgroupns");
-        let bin = std::fs::canonicalize(BIN).unwrap();
-        let mount = format!("{}:/appease:ro", bin.display());
-        let refused = engine
-            .run(
+        // It may end before `docker run` returns (refused) or after (then waited for).
+        let refused = match engine.run_image(
+                &appease_image(&engine),
                 &[
                     "--pid=host",
                     "--cgroupns=private",
@@ -198,14 +197,16 @@ root_test! {
                     "--cap-add=SYS_ADMIN",
                     "--cap-add=SYS_NICE",
                     "--security-opt=seccomp=unconfined",
-                    "-v",
-                    &mount,
                 ],
-                &["/appease", "daemon"],
-            )
-            .map(|c| c.id)
-            .unwrap_err()
-            .to_string();
+                &[],
+            ) {
+            Err(e) => e.to_string(),
+            Ok(c) => {
+                let code = engine.docker(&["wait", &c.id]).unwrap();
+                assert_ne!(code, "0", "appease ran without the host's cgroup namespace");
+                engine.log_text(&c.id).unwrap()
+            }
+        };
         assert!(
             refused.contains("could not join the host's")
                 && refused.contains("SYS_PTRACE and SYS_ADMIN"),
@@ -214,8 +215,28 @@ root_test! {
     }
 }
 
-/// appease in a Docker container sharing the host's PIDs, in the cgroup namespace `cgroupns`
-/// with `caps` added: demotes the host's soakers and elevates its server, restores after
+/// The DaemonSet's image as `scripts/image.sh` builds it without a registry (the host's
+/// Debian packages and this build's binary), imported into `engine`; its tag.
+fn appease_image(engine: &Engine) -> String {
+    let tag = "appease:e2e".to_string();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/image.sh");
+    let out = std::process::Command::new(script)
+        .arg(&tag)
+        .env("APPEASE_BIN", std::fs::canonicalize(BIN).unwrap())
+        .env("DOCKER_HOST", engine.host())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/image.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tag
+}
+
+/// appease in a Docker container of its image sharing the host's PIDs, in the cgroup namespace
+/// `cgroupns` with `caps` added: demotes the host's soakers and elevates its server, restores after
 /// `kill -9` of the container when it restarts, and puts everything back on `docker stop`.
 /// Returns the container's log.
 fn appease_in_a_container(cgroupns: &str, caps: &[&str]) -> String {
@@ -229,11 +250,10 @@ fn appease_in_a_container(cgroupns: &str, caps: &[&str]) -> String {
     );
     let run_dir = dir.0.join("run");
     std::fs::create_dir_all(&run_dir).unwrap();
-    let bin = std::fs::canonicalize(BIN).unwrap();
+    let image = appease_image(&engine);
     let mounts = [
         "/sys/fs/cgroup:/sys/fs/cgroup".to_string(),
         format!("{}:/run/appease", run_dir.display()),
-        format!("{}:/appease:ro", bin.display()),
         format!("{}:/etc/appease/appease.toml:ro", cfg.display()),
     ];
     let mut opts = vec![
@@ -257,14 +277,10 @@ fn appease_in_a_container(cgroupns: &str, caps: &[&str]) -> String {
     let cpu_before = cpu_cgroup(soakers.0[0].id()).unwrap();
     let svc = Service::unix(Duration::from_micros(300), Duration::from_millis(20));
     let appease_ctr = engine
-        .run(
+        .run_image(
+            &image,
             &opts,
-            &[
-                "/appease",
-                "daemon",
-                "--config",
-                "/etc/appease/appease.toml",
-            ],
+            &["daemon", "--config", "/etc/appease/appease.toml"],
         )
         .unwrap();
     let _restore = RestoreAfter(&engine, appease_ctr.id.clone(), run_dir.clone());

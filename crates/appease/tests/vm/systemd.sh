@@ -162,8 +162,29 @@ POD=/kubepods.slice/kubepods-besteffort.slice/$BE_UNIT
 BURST=/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod56_78.slice
 systemd-run --quiet --scope --slice=$BE_UNIT --unit=cri-containerd-ab sleep 600 &
 systemd-run --quiet --scope --slice=kubepods-burstable-pod56_78.slice --unit=cri-containerd-cd sleep 600 &
+GUAR_UNIT=kubepods-pod9a_bc.slice
+GUAR=/kubepods.slice/$GUAR_UNIT
+systemd-run --quiet --scope --slice=$GUAR_UNIT --unit=cri-containerd-ef sleep 600 &
 wait_until 10 [ -d /sys/fs/cgroup$BURST/cri-containerd-cd.scope ]
-systemctl set-property --runtime $BE_UNIT CPUWeight=1   # as the kubelet sets a BestEffort pod
+wait_until 10 [ -d /sys/fs/cgroup$GUAR/cri-containerd-ef.scope ]
+# As the kubelet sets them: a BestEffort pod's weight and pids limit, the BestEffort tier's
+# weight, a Burstable pod's weight and limits, a Guaranteed pod's weight and limits.
+systemctl set-property --runtime $BE_UNIT CPUWeight=1 TasksMax=1024
+systemctl set-property --runtime kubepods-besteffort.slice CPUWeight=1
+systemctl set-property --runtime kubepods-burstable-pod56_78.slice CPUWeight=30 CPUQuota=150% MemoryMax=512M
+systemctl set-property --runtime $GUAR_UNIT CPUWeight=20 CPUQuota=50% MemoryMax=256M
+# Every limit of the three pods and the weights appease must not touch, one line each.
+limits() {
+  for g in $POD $BURST $GUAR; do
+    for f in cpu.max memory.max pids.max; do echo "$g/$f=$(cat /sys/fs/cgroup$g/$f 2>&1)"; done
+  done
+  for g in $BURST $GUAR /kubepods.slice/kubepods-besteffort.slice; do
+    echo "$g/cpu.weight=$(cat /sys/fs/cgroup$g/cpu.weight 2>&1)"
+  done
+}
+LIMITS=$(limits)
+echo "$LIMITS"
+check "the pods' limits are set" [ "$(cat /sys/fs/cgroup$GUAR/cpu.max)" = "50000 100000" ]
 unshare --cgroup $A daemon --config $CONFIG > /tmp/daemon.log 2>&1 &
 DAEMON=$!
 wait_until 30 $A status > /dev/null 2>&1 || { echo "daemon did not start:"; cat /tmp/daemon.log; }
@@ -172,11 +193,14 @@ check "and is in it now" [ "$(readlink /proc/$DAEMON/ns/cgroup)" = "$(readlink /
 check "the BestEffort pod's slice is made idle through systemd" wait_until 30 unit_idle $POD
 check "its CPUWeight is idle" [ "$(systemctl show -P CPUWeight $BE_UNIT)" = idle ]
 check "the Burstable pod's slice is not" unit_not_idle $BURST
+check "nor the Guaranteed pod's" unit_not_idle $GUAR
+check "the pods' limits and the tiers' weights are kept" [ "$(limits)" = "$LIMITS" ]
 systemctl set-property --runtime $BE_UNIT CPUWeight=1   # the kubelet setting it again
 check "the kubelet's rewrite is seen and the pod made idle afresh" wait_until 30 grep -q "made idle afresh" /tmp/daemon.log
 check "idle again" wait_until 30 unit_idle $POD
 stop_daemon
 check "on exit the pod's CPUWeight is the kubelet's again" wait_until 10 sh -c "[ \"\$(systemctl show -P CPUWeight $BE_UNIT)\" = 1 ]"
 check "on exit no journal is left" [ ! -e $APPEASE_RUN_DIR/journal.jsonl ]
-systemctl stop cri-containerd-ab.scope cri-containerd-cd.scope 2>/dev/null
+check "and the pods' limits and the tiers' weights are as they were" [ "$(limits)" = "$LIMITS" ]
+systemctl stop cri-containerd-ab.scope cri-containerd-cd.scope cri-containerd-ef.scope 2>/dev/null
 finish
