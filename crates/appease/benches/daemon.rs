@@ -1,9 +1,11 @@
 //! The daemon's own costs on the real kernel (needs root):
 //! 1. time from a request's socket read (in the kernel) to its elevation being applied,
 //!    p50/p99, with 2 soakers per CPU, from the daemon's own histogram; then the same on
-//!    a host with 10,000 more processes, which the scan reads every second meanwhile, and
-//!    what that scan costs;
-//! 2. the daemon's CPU use at 10k and 50k requests/s (embedded default config).
+//!    a host with 10,000 more processes, which the scans read meanwhile, and what they
+//!    cost (a scan of that many processes comes less often: at most half a percent of a
+//!    CPU);
+//! 2. the daemon's CPU use (all its threads) and resident memory, idle, at 10k and 50k
+//!    requests/s, and idle beside 10,000 more processes (embedded default config).
 //!
 //! Run: `cargo bench -p appease --bench daemon` (`APPEASE_BENCH_PROCESSES` changes the
 //! 10,000).
@@ -17,15 +19,15 @@ use std::time::{Duration, Instant};
 
 use support::{env_or, host_cpus, latency_config, Daemon, Load, Sleepers, Soakers, TempDir};
 
-/// CPU time of the daemon's (only) thread in seconds, from schedstat (ns resolution).
+/// CPU time of all the daemon's threads (event loop, scanner, log writer) in seconds, from
+/// each one's schedstat (ns resolution).
 fn cpu_seconds(pid: u32) -> f64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap();
-    text.split_whitespace()
-        .next()
+    let ns: u64 = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
-        .parse::<f64>()
-        .unwrap()
-        / 1e9
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|text| text.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
 }
 
 fn main() {
@@ -91,12 +93,13 @@ fn main() {
         let scanner_us = median(&|b| b["scan"]["cpu_us"].as_f64().unwrap_or(0.0));
         let loop_us = median(&|b| b["scan_loop_us"].as_f64().unwrap_or(0.0));
         let procs = median(&|b| b["scan"]["processes"].as_f64().unwrap_or(0.0));
+        let period_ms = median(&|b| b["scan_period_ms"].as_f64().unwrap_or(1000.0));
         println!(
             "  scan ({}) of {procs:.0} processes, median of {}: scanner thread {scanner_us:.0} us CPU, event loop {loop_us:.0} us; \
-             at the default 1 s interval {:.2} % of one core",
+             one every {period_ms:.0} ms on average: {:.2} % of one core",
             scans.last().map_or("?".into(), |b| b["scan"]["source"].to_string()),
             scans.len(),
-            (scanner_us + loop_us) / 1e6 * 100.0
+            (scanner_us + loop_us) / 1e3 / period_ms * 100.0
         );
     }
 
@@ -115,26 +118,36 @@ fn main() {
         }
     }
 
-    // 2. Daemon CPU use at given request rates, embedded default config.
+    // 2. Daemon CPU use at given request rates, and on a host of many more processes,
+    //    embedded default config.
     let cfg = dir.file("default.toml", "");
-    for rate in [0.0, 10_000.0, 50_000.0] {
+    for (rate, extra) in [(0.0, 0), (10_000.0, 0), (50_000.0, 0), (0.0, crowd)] {
+        let _sleepers = Sleepers::start(extra);
         let daemon = Daemon::start(&dir.0, &cfg);
         let pid = daemon.pid();
         let load = (rate > 0.0).then(|| Load::start(16, 4, rate));
-        thread::sleep(Duration::from_millis(500));
+        // Past the first scans, which read every process afresh.
+        thread::sleep(Duration::from_millis(if extra > 0 { 12_000 } else { 500 }));
         let (c0, t0) = (cpu_seconds(pid), Instant::now());
         let n0 = load.as_ref().map_or(0, |l| l.done.load(Ordering::Relaxed));
-        thread::sleep(Duration::from_secs_f64(secs));
+        // Beside the crowd a scan comes every few seconds: several of them in the window.
+        thread::sleep(Duration::from_secs_f64(if extra > 0 {
+            3.0 * secs
+        } else {
+            secs
+        }));
         let (c1, wall) = (cpu_seconds(pid), t0.elapsed().as_secs_f64());
         let n1 = load.as_ref().map_or(0, |l| l.done.load(Ordering::Relaxed));
         let st = daemon.status_json();
         drop(load);
         println!(
-            "daemon CPU at {:>6.0} req/s offered ({:>6.0} achieved, {} request events): {:.3} % of one core",
+            "daemon CPU at {:>6.0} req/s offered ({:>6.0} achieved, {} request events), {extra} extra processes: \
+             {:.3} % of one core, {:.1} MiB resident",
             rate,
             (n1 - n0) as f64 / wall,
             st["probe"]["request_events"],
-            100.0 * (c1 - c0) / wall
+            100.0 * (c1 - c0) / wall,
+            appease_cgroup::resident_kib(pid).expect("the daemon runs") as f64 / 1024.0
         );
     }
 }

@@ -22,12 +22,7 @@ use support::{env_or, host_cpus, latency_config, Daemon, Load, Soakers, TempDir}
 
 /// VmRSS of `pid`, KiB.
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/PID/status")
+    appease_cgroup::resident_kib(pid).expect("VmRSS in /proc/PID/status")
 }
 
 /// One short-lived process: `head -c1` reading one byte from a UNIX socket (a request).

@@ -93,6 +93,17 @@ pub fn status_value<'a>(text: &'a [u8], key: &str) -> Option<&'a str> {
     })
 }
 
+/// A process's resident memory (`VmRSS`), KiB; None once it is gone.
+pub fn resident_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read(format!("/proc/{pid}/status")).ok()?;
+    status_value(&status, "VmRSS")?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Reads and parses a stat file (`/proc/PID/stat`, `/proc/PID/task/TID/stat`).
 pub fn read_stat(path: impl AsRef<Path>) -> Option<ProcStat> {
     ProcStat::parse(std::fs::read(path).ok()?)
@@ -113,6 +124,14 @@ pub fn clock_tick_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resident_memory_is_read_for_a_live_process_and_none_for_a_gone_one() {
+        let own = resident_kib(std::process::id()).unwrap();
+        assert!(own > 100, "{own} KiB");
+        // Above the largest pid_max Linux allows (2^22).
+        assert_eq!(resident_kib(5_000_000), None);
+    }
 
     #[test]
     fn stat_fields_survive_a_command_name_with_spaces_and_parentheses() {

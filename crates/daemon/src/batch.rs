@@ -51,6 +51,12 @@ pub struct BatchManager {
     /// The last scan's cost: the scanner thread's, and the event loop's for the rest.
     cost: ScanCost,
     loop_us: u64,
+    /// The period scans are drawn around now: `scan_ms`, or longer on a host whose scan
+    /// costs more than the budget allows (`scan_period_ns`).
+    period_ns: u64,
+    /// The scan before the last one's cost, ns: the cheaper of the two sets the period,
+    /// so that one costly scan (the first, reading every process afresh) stretches none.
+    previous_cost_ns: u64,
     /// Scans that spread the idle group's threads: the plan turns by one at each.
     spread_round: u64,
     /// Threads pinned by the last spread.
@@ -75,6 +81,10 @@ pub struct BatchView {
     /// The event loop's time on the last scan's result (acting on it), µs.
     #[serde(default)]
     pub scan_loop_us: u64,
+    /// The mean period between scans now, ms: `[batch] scan_ms`, or longer where a scan
+    /// costs more than half a percent of a CPU at that period.
+    #[serde(default)]
+    pub scan_period_ms: u64,
     /// Busy threads of the idle group kept one CPU each (`[batch] spread`).
     #[serde(default)]
     pub pinned: usize,
@@ -102,6 +112,8 @@ impl BatchManager {
             configured: Configured::default(),
             cost: ScanCost::default(),
             loop_us: 0,
+            period_ns: cfg.batch.scan_ms * 1_000_000,
+            previous_cost_ns: 0,
             spread_round: 0,
             pinned: 0,
         }
@@ -127,6 +139,7 @@ impl BatchManager {
             floor_lifts: self.mode.floor.lifts,
             scan: self.cost.clone(),
             scan_loop_us: self.loop_us,
+            scan_period_ms: self.period_ns / 1_000_000,
             pinned: self.pinned,
             scans_raised,
         }
@@ -272,14 +285,19 @@ impl BatchManager {
     }
 
     /// A scan is due: what to ask the scanner for. The next is due about `scan_ms`
-    /// later (0.8–1.2 times it, `crate::cadence`).
+    /// later (0.8–1.2 times it, `crate::cadence`), or later where scans cost more than
+    /// their budget (`scan_period_ns`).
     pub fn scan_request(
         &mut self,
         now: u64,
         cfg: &Arc<Config>,
         actuator: &mut KernelActuator,
     ) -> ScanRequest {
-        self.next_scan = now + self.cadence.next(cfg.batch.scan_ms * 1_000_000);
+        let cost_ns = (self.cost.cpu_us + self.loop_us) * 1000;
+        let steady_ns = cost_ns.min(self.previous_cost_ns);
+        self.previous_cost_ns = cost_ns;
+        self.period_ns = scan_period_ns(cfg.batch.scan_ms * 1_000_000, steady_ns);
+        self.next_scan = now + self.cadence.next(self.period_ns);
         // A removed group was empty: what this daemon demoted has all left it.
         self.forget_demoted |= actuator.batch_group_vanished();
         ScanRequest {
@@ -490,9 +508,39 @@ pub(crate) fn log_failure(e: &ActError, root: u32, what: &str) {
     }
 }
 
+/// Scans, the scanner's work and the event loop's on its result, take at most this
+/// share of one CPU: on a host of 10,000 processes a scan costs about 20 ms, 2 % of a CPU
+/// at one a second.
+const SCAN_CPU_BUDGET: u64 = 200; // 1/200: half a percent
+
+/// However costly the scans, the period is at most this many times the configured one:
+/// demotion and the starvation floor act on scans, and must still act.
+const SCAN_STRETCH_MAX: u64 = 10;
+
+/// The mean period between scans: `nominal_ns`, stretched so that a scan costing `cost_ns`
+/// stays within the budget. Demotion and the starvation floor then act that much later.
+fn scan_period_ns(nominal_ns: u64, cost_ns: u64) -> u64 {
+    cost_ns
+        .saturating_mul(SCAN_CPU_BUDGET)
+        .clamp(nominal_ns, nominal_ns.saturating_mul(SCAN_STRETCH_MAX))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::lift_weight;
+    use super::{lift_weight, scan_period_ns};
+
+    #[test]
+    fn scans_come_less_often_only_where_they_cost_more_than_half_a_percent_of_a_cpu() {
+        const MS: u64 = 1_000_000;
+        // 77 processes: half a millisecond a scan, one a second as configured.
+        assert_eq!(scan_period_ns(1000 * MS, MS / 2), 1000 * MS);
+        assert_eq!(scan_period_ns(1000 * MS, 5 * MS), 1000 * MS, "just within");
+        // 10,000 processes: 22 ms a scan, one every 4.4 s.
+        assert_eq!(scan_period_ns(1000 * MS, 22 * MS), 4400 * MS);
+        // Never more than ten times the configured period.
+        assert_eq!(scan_period_ns(1000 * MS, 500 * MS), 10_000 * MS);
+        assert_eq!(scan_period_ns(200 * MS, 0), 200 * MS);
+    }
 
     #[test]
     fn a_lift_beside_raised_autogroups_weighs_as_much_more_as_they_do() {
