@@ -72,6 +72,8 @@ struct Daemon<'obj> {
     /// The applications the probe has been told of: those with sunk threads or demoted
     /// trees.
     marked_apps: HashSet<u32>,
+    /// Threads the probe knows as held elevated: their requests wake nobody.
+    held: HashSet<u32>,
     cpus: usize,
     /// The clock tick in ns, in which /proc counts start times.
     clock_tick_ns: u64,
@@ -138,6 +140,7 @@ impl<'obj> Daemon<'obj> {
             load: LoadTracker::new(cpus),
             restore_again: Default::default(),
             marked_apps: HashSet::new(),
+            held: HashSet::new(),
             cpus,
             clock_tick_ns: appease_cgroup::clock_tick_ns().max(1),
             started: appease_actuator::now_secs(),
@@ -243,6 +246,7 @@ impl<'obj> Daemon<'obj> {
                 // A watched thread is read every 100 ms: a file unread for a second is
                 // a thread no longer watched.
                 self.thread_cpu.close_unread(Duration::from_secs(1));
+                self.release_unheld();
                 self.handle_arrived();
                 self.resync_after_lost_events();
                 self.publish_status();
@@ -421,6 +425,8 @@ impl<'obj> Daemon<'obj> {
                     return;
                 }
                 self.policy.forget(tid);
+                // The kernel dropped its mark with it.
+                self.held.remove(&tid);
                 if pid == tid {
                     if let Some(b) = self.batch.as_mut() {
                         b.on_process_exit(pid);
@@ -564,6 +570,7 @@ impl<'obj> Daemon<'obj> {
             Decision::Elevate { reason, .. } | Decision::Sink { reason, .. } => (false, *reason),
             Decision::Restore { reason, .. } => (true, *reason),
         };
+        let holds = matches!(d, Decision::Elevate { .. });
         let (tid, result) = match d {
             Decision::Elevate {
                 pid,
@@ -586,6 +593,9 @@ impl<'obj> Daemon<'obj> {
                 reason,
             } => (tid, self.actuator.sink(pid, tid, levels, reason.as_str())),
         };
+        // Elevated, its further requests need not wake the daemon; anything else (restored,
+        // sunk, gone, failed) and they must again.
+        self.hold(tid, holds && result.is_ok());
         match result {
             Ok(()) => {
                 match counted {
@@ -615,6 +625,36 @@ impl<'obj> Daemon<'obj> {
                 }
                 false
             }
+        }
+    }
+
+    /// Tells the probe whether `tid` is held elevated, when that changed.
+    fn hold(&mut self, tid: u32, held: bool) {
+        let changed = if held {
+            self.held.insert(tid)
+        } else {
+            self.held.remove(&tid)
+        };
+        if changed {
+            if let Err(e) = self.probe.set_held(tid, held) {
+                // Unmarked, its requests wake the daemon as any other's.
+                tracing::debug!(error = %e, tid, "could not mark a held thread in the probe");
+                self.held.remove(&tid);
+            }
+        }
+    }
+
+    /// Threads the policy no longer holds elevated (forgotten by the audit, an exception
+    /// of a new config) wake the daemon again.
+    fn release_unheld(&mut self) {
+        let unheld: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|&&t| self.policy.levels(t) == 0)
+            .copied()
+            .collect();
+        for tid in unheld {
+            self.hold(tid, false);
         }
     }
 
@@ -673,6 +713,7 @@ impl<'obj> Daemon<'obj> {
                 lost_events: c.lost,
                 response_reads: c.responses,
                 throttled_events: c.throttled,
+                held_requests: c.held,
             },
             actuator: self.actuator.counters.clone().into(),
             elevation_latency_us: latency_view(&self.latency_us),

@@ -93,6 +93,10 @@ pub struct ProbeView {
     /// the kernel.
     #[serde(default)]
     pub throttled_events: u64,
+    /// Requests after a quiet spell of threads held elevated already, read at the next
+    /// tick instead of waking the daemon.
+    #[serde(default)]
+    pub held_requests: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

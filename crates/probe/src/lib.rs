@@ -217,6 +217,9 @@ pub struct Counters {
     pub responses: u64,
     /// Requests of unprivileged users beyond their events' bound, not reported.
     pub throttled: u64,
+    /// Requests after a quiet spell of a thread held elevated (`set_held`): reported
+    /// without waking the daemon.
+    pub held: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -452,6 +455,40 @@ impl<'obj> Probe<'obj> {
         }
     }
 
+    /// Marks thread `tid` as held elevated by the daemon, or clears the mark: a held
+    /// thread's requests wait for the daemon's next tick instead of waking it. A thread
+    /// gone meanwhile is skipped (the kernel drops its mark with it).
+    pub fn set_held(&mut self, tid: u32, held: bool) -> Result<(), ProbeError> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        // SAFETY: plain system call; a non-negative result is a new fd we own.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_open,
+                tid as libc::pid_t,
+                libc::O_EXCL, // PIDFD_THREAD: this thread, not its process
+            )
+        };
+        if r < 0 {
+            return Ok(());
+        }
+        // SAFETY: the kernel just returned this fd to us.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(r as i32) };
+        let key = pidfd.as_raw_fd().to_ne_bytes();
+        let map = &self.skel.maps.held;
+        let result = if held {
+            map.update(&key, &1u32.to_ne_bytes(), MapFlags::ANY)
+        } else {
+            map.delete(&key)
+        };
+        match result {
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+            other => other.map_err(|source| ProbeError::Bpf {
+                stage: "mark a thread held in",
+                source,
+            }),
+        }
+    }
+
     /// Forgets the waiters counted for `app` (one that ended without running again, a
     /// thread killed in its wait, would otherwise keep the count above zero and mute the
     /// application's next wait).
@@ -495,6 +532,7 @@ impl<'obj> Probe<'obj> {
             (2, &mut c.lost),
             (3, &mut c.responses),
             (4, &mut c.throttled),
+            (5, &mut c.held),
         ] {
             if let Ok(Some(per_cpu)) = self
                 .skel

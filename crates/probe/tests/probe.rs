@@ -799,6 +799,53 @@ fn a_stream_of_deferred_events_does_not_wake_the_reader() {
 
 #[test]
 #[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_request_of_a_thread_held_elevated_is_reported_without_waking_the_reader() {
+    let _serial = assert_root();
+    let mut storage = ProbeStorage::uninit();
+    // A request after 20 ms of quiet wakes the reader, unless its thread is held.
+    let cfg = ProbeConfig {
+        min_gap: Duration::from_millis(10),
+        ignore_pid: None,
+        ..ProbeConfig::default()
+    };
+    let mut probe = Probe::load(&cfg, &mut storage).expect("probe loads as root");
+    let (mut client, mut server) = UnixStream::pair().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = thread::spawn(move || {
+        tx.send(gettid()).unwrap();
+        let mut buf = [0u8; 1];
+        while server.read(&mut buf).is_ok_and(|n| n > 0) {}
+    });
+    let tid = rx.recv().unwrap();
+    // Each request after 50 ms of quiet: whether it woke the reader.
+    let mut request = |probe: &mut Probe| -> Vec<bool> {
+        thread::sleep(Duration::from_millis(50));
+        client.write_all(b"x").unwrap();
+        collect(probe, Duration::from_millis(30))
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Request { tid: t, woke, .. } if t == tid => Some(woke),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(request(&mut probe), [true], "not held: it wakes");
+    let held_before = probe.counters().held;
+    probe.set_held(tid, true).unwrap();
+    assert_eq!(request(&mut probe), [false], "held: read at the next poll");
+    assert_eq!(request(&mut probe), [false]);
+    assert_eq!(probe.counters().held, held_before + 2);
+    probe.set_held(tid, false).unwrap();
+    assert_eq!(request(&mut probe), [true], "let go: it wakes again");
+    // Clearing a mark twice, or marking a thread that has ended, is no error.
+    probe.set_held(tid, false).unwrap();
+    drop(client);
+    reader.join().unwrap();
+    probe.set_held(tid, true).unwrap();
+}
+
+#[test]
+#[ignore = "needs root (BPF, priorities, cgroups): make test runs it, or as root cargo test -- --include-ignored"]
 fn the_run_queues_count_idle_class_tasks_apart() {
     let _serial = assert_root();
     let mut storage = ProbeStorage::uninit();

@@ -212,13 +212,17 @@ root_test! {
 root_test! {
     fn an_elevation_does_not_wait_for_a_scan_under_way() {
         let dir = TempDir::new("slow-scan");
-        // Batch on (so there are scans), but no soaker demoted for the test's length.
+        // Batch on (so there are scans), but no soaker demoted for the test's length; fades
+        // of 5 ms a level, so that each request finds its thread back at its own nice (a
+        // thread still elevated is held: its requests wake nobody).
         let cfg = dir.file(
             "test.toml",
-            &test_config().replace(
-                "enabled = false",
-                "enabled = true\nafter_ms = 600000\nscan_ms = 200",
-            ),
+            &test_config()
+                .replace(
+                    "enabled = false",
+                    "enabled = true\nafter_ms = 600000\nscan_ms = 200",
+                )
+                .replace("decay_ms = 50", "decay_ms = 5"),
         );
         let _soak = Soakers::start(4);
         // Every scan takes 3 s (a host with very many processes, a slow /proc): a scan run

@@ -107,6 +107,17 @@ struct {
 	__type(value, u32);
 } listeners SEC(".maps");
 
+/* Threads the daemon holds elevated, marked from user space by a pidfd of the thread: a
+ * request of theirs after a quiet spell only keeps an elevation already there, so it waits
+ * for the daemon's next tick rather than wake it (a database's hundreds of busy backends
+ * would wake it a thousand times a second). */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, u32);
+} held SEC(".maps");
+
 /* A process's application: the server whose fork made it (a per-connection worker, a
  * CGI child), inherited down its tree; a process with no entry is its own application. */
 struct {
@@ -386,6 +397,10 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	/* A user's request is read at the daemon's next tick, as a busy thread's is: a user's
 	 * threads cannot wake the real-time daemon (ahead of every server) at will. */
 	e->woke = quiet >= wake_after_ns && !(user_event_cost_ns && unprivileged(uid));
+	if (e->woke && bpf_task_storage_get(&held, t, 0, 0)) {
+		e->woke = 0;
+		count(APPEASE_CNT_HELD);
+	}
 	bpf_ringbuf_submit(e, e->woke ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 	count(APPEASE_CNT_REQUESTS);
 	return 0;
