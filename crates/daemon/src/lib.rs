@@ -14,7 +14,7 @@ pub mod scanner;
 mod startup;
 pub mod status;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -72,8 +72,9 @@ struct Daemon<'obj> {
     /// The applications the probe has been told of: those with sunk threads or demoted
     /// trees.
     marked_apps: HashSet<u32>,
-    /// Threads the probe knows as held elevated: their requests wake nobody.
-    held: HashSet<u32>,
+    /// Threads the probe knows as held elevated (their requests wake nobody), with the
+    /// levels their last request gave them.
+    held: HashMap<u32, u32>,
     cpus: usize,
     /// The clock tick in ns, in which /proc counts start times.
     clock_tick_ns: u64,
@@ -140,7 +141,7 @@ impl<'obj> Daemon<'obj> {
             load: LoadTracker::new(cpus),
             restore_again: Default::default(),
             marked_apps: HashSet::new(),
-            held: HashSet::new(),
+            held: HashMap::new(),
             cpus,
             clock_tick_ns: appease_cgroup::clock_tick_ns().max(1),
             started: appease_actuator::now_secs(),
@@ -570,7 +571,7 @@ impl<'obj> Daemon<'obj> {
             Decision::Elevate { reason, .. } | Decision::Sink { reason, .. } => (false, *reason),
             Decision::Restore { reason, .. } => (true, *reason),
         };
-        let holds = matches!(d, Decision::Elevate { .. });
+        let hold = held_after(&d, seen.is_some(), &self.held);
         let (tid, result) = match d {
             Decision::Elevate {
                 pid,
@@ -593,9 +594,7 @@ impl<'obj> Daemon<'obj> {
                 reason,
             } => (tid, self.actuator.sink(pid, tid, levels, reason.as_str())),
         };
-        // Elevated, its further requests need not wake the daemon; anything else (restored,
-        // sunk, gone, failed) and they must again.
-        self.hold(tid, holds && result.is_ok());
+        self.hold(tid, hold.filter(|_| result.is_ok()));
         match result {
             Ok(()) => {
                 match counted {
@@ -628,15 +627,15 @@ impl<'obj> Daemon<'obj> {
         }
     }
 
-    /// Tells the probe whether `tid` is held elevated, when that changed.
-    fn hold(&mut self, tid: u32, held: bool) {
-        let changed = if held {
-            self.held.insert(tid)
-        } else {
-            self.held.remove(&tid)
+    /// Tells the probe whether `tid` is held elevated (`Some` of the levels a request
+    /// gave it), when that changed.
+    fn hold(&mut self, tid: u32, levels: Option<u32>) {
+        let changed = match levels {
+            Some(l) => self.held.insert(tid, l).is_none(),
+            None => self.held.remove(&tid).is_some(),
         };
         if changed {
-            if let Err(e) = self.probe.set_held(tid, held) {
+            if let Err(e) = self.probe.set_held(tid, levels.is_some()) {
                 // Unmarked, its requests wake the daemon as any other's.
                 tracing::debug!(error = %e, tid, "could not mark a held thread in the probe");
                 self.held.remove(&tid);
@@ -649,12 +648,12 @@ impl<'obj> Daemon<'obj> {
     fn release_unheld(&mut self) {
         let unheld: Vec<u32> = self
             .held
-            .iter()
+            .keys()
             .filter(|&&t| self.policy.levels(t) == 0)
             .copied()
             .collect();
         for tid in unheld {
-            self.hold(tid, false);
+            self.hold(tid, None);
         }
     }
 
@@ -765,6 +764,19 @@ fn notify_systemd(state: &[sd_notify::NotifyState]) {
     }
 }
 
+/// Whether a thread is held elevated once `d` is applied, and at what levels: elevated for
+/// a request (`for_request`), its further requests need not wake the daemon until it has
+/// faded below half of that; restored, sunk, or faded further, they must.
+fn held_after(d: &Decision, for_request: bool, held: &HashMap<u32, u32>) -> Option<u32> {
+    match d {
+        Decision::Elevate { levels, .. } if for_request => Some(*levels),
+        Decision::Elevate { tid, levels, .. } => {
+            held.get(tid).copied().filter(|full| levels * 2 >= *full)
+        }
+        _ => None,
+    }
+}
+
 fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid histogram bounds")
 }
@@ -775,5 +787,47 @@ fn latency_view(h: &Histogram<u64>) -> LatencyView {
         p50: h.value_at_quantile(0.5),
         p99: h.value_at_quantile(0.99),
         max: h.max(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use appease_policy::Reason;
+
+    fn elevate(levels: u32, reason: Reason) -> Decision {
+        Decision::Elevate {
+            pid: 7,
+            tid: 7,
+            levels,
+            slice: None,
+            reason,
+        }
+    }
+
+    #[test]
+    fn a_thread_is_held_from_its_requests_elevation_until_it_fades_below_half_of_it() {
+        let mut held = HashMap::new();
+        assert_eq!(
+            held_after(&elevate(8, Reason::UnixRequest), true, &held),
+            Some(8)
+        );
+        held.insert(7, 8);
+        assert_eq!(
+            held_after(&elevate(4, Reason::Decay), false, &held),
+            Some(8)
+        );
+        assert_eq!(held_after(&elevate(3, Reason::Decay), false, &held), None);
+        let restore = Decision::Restore {
+            pid: 7,
+            tid: 7,
+            reason: Reason::Faded,
+        };
+        assert_eq!(held_after(&restore, false, &held), None);
+        // A lift or decay of a thread no request elevated holds nothing.
+        assert_eq!(
+            held_after(&elevate(8, Reason::Decay), false, &HashMap::new()),
+            None
+        );
     }
 }
