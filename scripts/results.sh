@@ -31,6 +31,7 @@ containers|synthetic --batch docker --repeat 3 --modes unloaded,unmanaged,batch-
 web|web --modes $vs --repeat 5$peer_bin
 db|db --modes $vs --repeat 3$peer_bin
 db-analytic|db-analytic --modes $vs --repeat 3$peer_bin
+db-analytic-fresh|db-analytic-fresh --modes unloaded,unmanaged,batch-cgroup-idle,appease --repeat 3
 frames|frames --modes $vs --repeat 3$peer_bin
 pipeline|pipeline --modes $vs --repeat 3$peer_bin
 utilization|utilization

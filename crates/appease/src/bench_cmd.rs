@@ -10,7 +10,7 @@ use clap::Subcommand;
 
 #[derive(clap::Args)]
 pub(crate) struct BenchArgs {
-    /// synthetic, web, db, db-analytic, frames, pipeline, utilization, nested or fetch
+    /// synthetic, web, db, db-analytic, db-analytic-fresh, frames, pipeline, utilization, nested or fetch
     scenario: String,
     /// A short run (5 s per mode) for CI and a first look.
     #[arg(long)]

@@ -31,6 +31,39 @@ pub struct Postgres {
     log_dir: PathBuf,
 }
 
+/// The fresh-connection analytic query: each account joined to the next two of its
+/// branch, summed (two hash joins of 400,000 rows a side; about 350 ms alone here).
+const FRESH_ANALYTIC_QUERY: &str = "SELECT sum(a.abalance - b.abalance + c.abalance) \
+     FROM pgbench_accounts a JOIN pgbench_accounts b ON b.aid = a.aid + 1 AND b.bid = a.bid \
+     JOIN pgbench_accounts c ON c.aid = a.aid + 2 AND c.bid = a.bid";
+
+/// The fresh-connection analytic client of `Postgres::start_fresh_analytic`; stopped
+/// (after the query under way) when dropped.
+pub(crate) struct FreshAnalytic {
+    stop: Arc<AtomicBool>,
+    times: Arc<std::sync::Mutex<Vec<f64>>>,
+    failed: Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FreshAnalytic {
+    /// The queries completed since the last call, each one's time in ms, and how many
+    /// failed meanwhile.
+    pub(crate) fn take(&self) -> (Vec<f64>, u64) {
+        let times = std::mem::take(&mut *self.times.lock().unwrap_or_else(|p| p.into_inner()));
+        (times, self.failed.swap(0, Ordering::Relaxed))
+    }
+}
+
+impl Drop for FreshAnalytic {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ended = t.join();
+        }
+    }
+}
+
 /// The server binary of the newest PostgreSQL installed the Debian way.
 fn server_bin() -> Result<PathBuf> {
     let mut found: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
@@ -191,6 +224,55 @@ impl Postgres {
         // to leave, shuts down on its own terms.
         run.graceful.push(child);
         Ok(())
+    }
+
+    /// Analytic queries each on a fresh connection (a new `psql`, so a new backend
+    /// process), back to back until the returned client is dropped: each a self-join of
+    /// the accounts, a few hundred ms of one backend's CPU here. Each query's time,
+    /// connection included, is kept for the run to read.
+    pub fn start_fresh_analytic(&self) -> Result<FreshAnalytic> {
+        let psql = server_bin()?.join("psql");
+        if !psql.exists() {
+            bail!(
+                "the fresh-connection analytic client needs {}",
+                psql.display()
+            );
+        }
+        let mut cmd = Command::new(psql);
+        cmd.arg("-h")
+            .arg(&self.socket_dir)
+            .args(["-p", &PORT.to_string(), "-U", "postgres", "-d", "postgres"])
+            .args(["-X", "-q", "-t", "-c", FRESH_ANALYTIC_QUERY])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let stop = Arc::new(AtomicBool::new(false));
+        let times = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let thread = {
+            let (stop, times, failed) = (stop.clone(), times.clone(), failed.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    match cmd.status() {
+                        Ok(s) if s.success() => times
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(t.elapsed().as_secs_f64() * 1e3),
+                        _ => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                }
+            })
+        };
+        Ok(FreshAnalytic {
+            stop,
+            times,
+            failed,
+            thread: Some(thread),
+        })
     }
 
     /// Runs pgbench at `rate` transactions/s for `duration` (or until `stop`) and reads

@@ -178,6 +178,7 @@ pub const SCENARIOS: &[&str] = &[
     "web",
     "db",
     "db-analytic",
+    "db-analytic-fresh",
     "frames",
     "pipeline",
     "utilization",

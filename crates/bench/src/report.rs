@@ -96,6 +96,31 @@ pub struct ModeResult {
     /// The web scenario: seconds to download the whole site with wget -r (mean of 3).
     #[serde(default)]
     pub download_s: Option<f64>,
+    /// db-analytic-fresh: the analytic queries that ended within the measurement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analytic: Option<Analytic>,
+}
+
+/// Analytic queries on fresh connections: how many ended, and their times (connection
+/// included), ms.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Analytic {
+    pub queries: u64,
+    pub failed: u64,
+    pub p50_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Analytic {
+    pub fn new(mut times_ms: Vec<f64>, failed: u64) -> Self {
+        times_ms.sort_by(f64::total_cmp);
+        Analytic {
+            queries: times_ms.len() as u64,
+            failed,
+            p50_ms: times_ms.get(times_ms.len() / 2).copied().unwrap_or(0.0),
+            max_ms: times_ms.last().copied().unwrap_or(0.0),
+        }
+    }
 }
 
 /// A player's frames (the 2010 customer-appeasement paper's Figs 3–4): a frame not decoded within its period after
@@ -151,6 +176,7 @@ impl ModeResult {
                 .collect(),
             frames: None,
             download_s: None,
+            analytic: None,
             peer: None,
             latency_ms,
         }
@@ -304,6 +330,24 @@ impl ScenarioResult {
         }
         for n in &self.not_run {
             s += &format!("\nnot run: {}: {}\n", n.mode, n.why);
+        }
+        if self.modes.iter().any(|m| m.analytic.is_some()) {
+            s += &format!(
+                "\nanalytic queries on fresh connections (median per round)\n{:<18} {:>7} {:>9} {:>9} {:>7}\n",
+                "mode", "queries", "p50 ms", "max ms", "failed"
+            );
+            for m in &self.modes {
+                if let Some(a) = &m.analytic {
+                    s += &format!(
+                        "{:<18} {:>7} {:>9.1} {:>9.1} {:>7}\n",
+                        m.mode.name(),
+                        a.queries,
+                        a.p50_ms,
+                        a.max_ms,
+                        a.failed
+                    );
+                }
+            }
         }
         if self.modes.iter().any(|m| m.frames.is_some()) {
             s += &format!(
@@ -566,6 +610,16 @@ pub fn median(runs: &[ModeResult]) -> ModeResult {
         download_s: runs[0]
             .download_s
             .map(|_| median_of(runs.iter().filter_map(|r| r.download_s).collect())),
+        analytic: runs[0].analytic.as_ref().map(|_| {
+            let a: Vec<&Analytic> = runs.iter().filter_map(|r| r.analytic.as_ref()).collect();
+            let med = |f: &dyn Fn(&Analytic) -> f64| median_of(a.iter().map(|x| f(x)).collect());
+            Analytic {
+                queries: med(&|x| x.queries as f64).round() as u64,
+                failed: a.iter().map(|x| x.failed).sum(),
+                p50_ms: med(&|x| x.p50_ms),
+                max_ms: med(&|x| x.max_ms),
+            }
+        }),
         peer: runs.last().and_then(|r| r.peer.clone()),
         latency_ms,
     }
@@ -613,8 +667,20 @@ mod tests {
                 dropped_pct: x,
             }),
             download_s: Some(x / 10.0),
+            analytic: Some(Analytic::new(vec![x * 30.0, x * 10.0, x * 20.0], 1)),
             peer: None,
         }
+    }
+
+    #[test]
+    fn analytic_queries_give_their_median_and_slowest_and_none_is_zero() {
+        let a = Analytic::new(vec![300.0, 100.0, 200.0, 400.0], 2);
+        assert_eq!(
+            (a.queries, a.failed, a.p50_ms, a.max_ms),
+            (4, 2, 300.0, 400.0)
+        );
+        let none = Analytic::new(Vec::new(), 0);
+        assert_eq!((none.queries, none.p50_ms, none.max_ms), (0, 0.0, 0.0));
     }
 
     #[test]
@@ -624,6 +690,13 @@ mod tests {
         assert_eq!(m.batch_throughput, 60.0);
         assert_eq!(m.batch_cpus, 0.6);
         assert_eq!(m.unhappiness_ms, Some(lat(3.0)));
+        // Each round's median (x * 20) and slowest (x * 30), then their medians; the
+        // failures of all rounds.
+        let a = m.analytic.unwrap();
+        assert_eq!(
+            (a.queries, a.p50_ms, a.max_ms, a.failed),
+            (3, 120.0, 180.0, 3)
+        );
         assert_eq!(m.late, Some(6));
         assert_eq!(m.late_for_cpu_loss, Some(3));
         assert_eq!(m.cdf_ms, vec![(50.0, 6.0), (99.0, 12.0)]);

@@ -26,6 +26,8 @@ pub(crate) struct Run {
     pub(crate) reset_idle: Vec<(appease_cgroup::Cgroups, String)>,
     /// systemd units whose CPU quota the run set: reset once its processes are gone.
     pub(crate) quota_resets: Vec<crate::nested::QuotaReset>,
+    /// db-analytic-fresh's client: stopped first, while its server still answers.
+    pub(crate) analytic: Option<crate::db::FreshAnalytic>,
     pub(crate) tmp: Option<PathBuf>,
 }
 
@@ -48,6 +50,7 @@ impl Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
+        drop(self.analytic.take());
         let peer = self.peer.take();
         if let Some(mut d) = self.daemon.take() {
             // SAFETY: signalling our own child; it restores everything it changed.

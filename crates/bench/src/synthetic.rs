@@ -33,6 +33,15 @@ pub(crate) fn scenario_params(opts: &Options) -> Synthetic {
             100.0,
             client::Arrivals::Poisson,
         ),
+        // The same with a join of a few hundred ms on a fresh connection (a new backend
+        // process) each time.
+        "db-analytic-fresh" => (
+            "postgresql-analytic-fresh",
+            "unix",
+            0.0,
+            100.0,
+            client::Arrivals::Poisson,
+        ),
         // A 25 fps player: each frame arrives from its demuxer over a UNIX socket and is
         // decoded on 8 ms of CPU; it must be done before the next one is due.
         "frames" => ("player", "unix", 8.0, 25.0, client::Arrivals::Fixed),
@@ -198,6 +207,8 @@ fn run_mode(
     warm_up(opts, p, mode, &load, &soak_pids)?;
 
     let jobs_cpu0: Vec<u64> = soak_pids.iter().map(|&p| process_cpu_ns(p)).collect();
+    // The analytic queries that end within the measurement (those of the warm-up dropped).
+    drop(run.analytic.as_ref().map(db::FreshAnalytic::take));
     let (busy0, total0) = cpu_jiffies();
     let result = load.run(
         p,
@@ -206,6 +217,7 @@ fn run_mode(
         &opts.stop,
     )?;
     let (busy1, total1) = cpu_jiffies();
+    let analytic = run.analytic.as_ref().map(db::FreshAnalytic::take);
     // Each job's CPU over the measurement, while the server received requests.
     let jobs_cpu: Vec<f64> = soak_pids
         .iter()
@@ -224,6 +236,7 @@ fn run_mode(
         m.batch_jain = Some(utilization::jain(&jobs_cpu));
     }
     m.download_s = download_s;
+    m.analytic = analytic.map(|(times, failed)| report::Analytic::new(times, failed));
     m.peer = run.peer.as_mut().map(peer::PeerRun::report);
     if p.server == "player" {
         m.frames = Some(report::Frames::new(&result, p.rate_per_s));
@@ -311,6 +324,11 @@ pub(crate) fn start_server(
         "postgresql-analytic" => {
             let pg = db::start(run, tmp, opts.max_clients())?;
             pg.start_analytic(run, tmp)?;
+            Load::Pgbench(pg)
+        }
+        "postgresql-analytic-fresh" => {
+            let pg = db::start(run, tmp, opts.max_clients())?;
+            run.analytic = Some(pg.start_fresh_analytic()?);
             Load::Pgbench(pg)
         }
         "pipeline" => Load::OpenLoop(

@@ -280,6 +280,23 @@ root_test! {
 }
 
 root_test! {
+    fn bench_db_analytic_fresh_runs_each_analytic_query_on_a_new_connection_and_reports_them() {
+        let v = bench_json(&[
+            "db-analytic-fresh", "--quick", "--modes", "unloaded", "--seconds", "4",
+        ]);
+        let a = &v["modes"][0]["analytic"];
+        // A join of a few hundred ms, back to back for 4 s, each on a new psql.
+        let queries = a["queries"].as_u64().unwrap();
+        assert!((3..=40).contains(&queries), "{v}");
+        assert_eq!(a["failed"], 0, "{v}");
+        let p50 = a["p50_ms"].as_f64().unwrap();
+        assert!((50.0..2000.0).contains(&p50), "{v}");
+        assert!(v["modes"][0]["requests"].as_u64().unwrap() > 200, "{v}");
+        assert_eq!(bench_postgres_left(), Vec::<String>::new());
+    }
+}
+
+root_test! {
     fn bench_with_a_compile_load_demotes_the_whole_make_tree() {
         // The appease mode fails unless the daemon demotes the compile's tree within 30 s.
         let v = bench_json(&[
