@@ -22,7 +22,7 @@ for program in docker dpkg-query ldd strip tar; do
   command -v "$program" >/dev/null || die "$program is missing"
 done
 
-root=$(mktemp -d /tmp/appease-image.XXXXXX)
+root=$(mktemp -d)
 trap 'rm -rf --one-file-system "$root"' EXIT
 mkdir -p "$root"/usr/{bin,sbin,lib,lib64} "$root"/{etc,proc,sys,dev,run,tmp} "$root/usr/local/bin"
 chmod 1777 "$root/tmp"

@@ -345,22 +345,22 @@ fn run_mode(
             if opts.stop.load(Ordering::Relaxed) {
                 return Ok(out);
             }
-            let daemon = run.daemon.as_ref().map(|d| d.id());
-            let cost_from = daemon.map(|pid| (crate::procfs::process_cpu_ns(pid), Instant::now()));
+            // appease's own cost beside the clients: all its threads' CPU over the run.
+            let cost_from = run.daemon.as_ref().map(|d| {
+                let pid = d.id();
+                (pid, crate::procfs::process_cpu_ns(pid), Instant::now())
+            });
             let Some(s) = run_client(v, &target, clients, work, &tmp, &opts.stop)? else {
                 return Ok(out); // Ctrl-C in the middle of a run: not a measurement
             };
-            // appease's own cost beside the clients: all its threads' CPU over the run.
-            let cost = daemon
-                .zip(cost_from)
-                .map_or(String::new(), |(pid, (c0, t0))| {
-                    let cpu_ns = crate::procfs::process_cpu_ns(pid).saturating_sub(c0);
-                    format!(
-                        ", appease {:.2} % of a CPU, {:.1} MiB resident",
-                        cpu_ns as f64 / t0.elapsed().as_nanos() as f64 * 100.0,
-                        appease_cgroup::resident_kib(pid).unwrap_or(0) as f64 / 1024.0
-                    )
-                });
+            let cost = cost_from.map_or(String::new(), |(pid, c0, t0)| {
+                let cpu_ns = crate::procfs::process_cpu_ns(pid).saturating_sub(c0);
+                format!(
+                    ", appease {:.2} % of a CPU, {:.1} MiB resident",
+                    cpu_ns as f64 / t0.elapsed().as_nanos() as f64 * 100.0,
+                    appease_cgroup::resident_kib(pid).unwrap_or(0) as f64 / 1024.0
+                )
+            });
             eprintln!(
                 "    {:<15} {clients:>4} clients: {:.2} s, {:.0}/s, min {:.2} p95 {:.2} max {:.2} ms, client CPU {:.2} s{}{cost}",
                 v.name(),

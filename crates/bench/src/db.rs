@@ -41,8 +41,8 @@ const FRESH_ANALYTIC_QUERY: &str = "SELECT sum(a.abalance - b.abalance + c.abala
 /// (after the query under way) when dropped.
 pub(crate) struct FreshAnalytic {
     stop: Arc<AtomicBool>,
-    times: Arc<std::sync::Mutex<Vec<f64>>>,
-    failed: Arc<std::sync::atomic::AtomicU64>,
+    /// Each completed query's time in ms, and the failed queries, since the last `take`.
+    done: Arc<std::sync::Mutex<(Vec<f64>, u64)>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -50,8 +50,7 @@ impl FreshAnalytic {
     /// The queries completed since the last call, each one's time in ms, and how many
     /// failed meanwhile.
     pub(crate) fn take(&self) -> (Vec<f64>, u64) {
-        let times = std::mem::take(&mut *self.times.lock().unwrap_or_else(|p| p.into_inner()));
-        (times, self.failed.swap(0, Ordering::Relaxed))
+        std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -247,30 +246,27 @@ impl Postgres {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let stop = Arc::new(AtomicBool::new(false));
-        let times = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let done = Arc::new(std::sync::Mutex::new((Vec::new(), 0)));
         let thread = {
-            let (stop, times, failed) = (stop.clone(), times.clone(), failed.clone());
+            let (stop, done) = (stop.clone(), done.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let t = Instant::now();
-                    match cmd.status() {
-                        Ok(s) if s.success() => times
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(t.elapsed().as_secs_f64() * 1e3),
-                        _ => {
-                            failed.fetch_add(1, Ordering::Relaxed);
-                            std::thread::sleep(Duration::from_millis(100));
-                        }
+                    let ok = cmd.status().is_ok_and(|s| s.success());
+                    let mut done = done.lock().unwrap_or_else(|p| p.into_inner());
+                    if ok {
+                        done.0.push(t.elapsed().as_secs_f64() * 1e3);
+                    } else {
+                        done.1 += 1;
+                        drop(done);
+                        std::thread::sleep(Duration::from_millis(100));
                     }
                 }
             })
         };
         Ok(FreshAnalytic {
             stop,
-            times,
-            failed,
+            done,
             thread: Some(thread),
         })
     }

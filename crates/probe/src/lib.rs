@@ -431,14 +431,10 @@ impl<'obj> Probe<'obj> {
     /// then (the daemon reads which processes listened before it started): the processes
     /// it forks from now on belong to its application. A process gone meanwhile is skipped.
     pub fn mark_listener(&mut self, pid: u32) -> Result<(), ProbeError> {
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-        // SAFETY: plain system call; a non-negative result is a new fd we own.
-        let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-        if r < 0 {
+        use std::os::fd::AsRawFd;
+        let Some(pidfd) = pidfd_open(pid, 0) else {
             return Ok(());
-        }
-        // SAFETY: the kernel just returned this fd to us.
-        let pidfd = unsafe { OwnedFd::from_raw_fd(r as i32) };
+        };
         // Task storage is keyed by a pidfd from user space.
         let key = pidfd.as_raw_fd().to_ne_bytes();
         match self
@@ -459,20 +455,11 @@ impl<'obj> Probe<'obj> {
     /// thread's requests wait for the daemon's next tick instead of waking it. A thread
     /// gone meanwhile is skipped (the kernel drops its mark with it).
     pub fn set_held(&mut self, tid: u32, held: bool) -> Result<(), ProbeError> {
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-        // SAFETY: plain system call; a non-negative result is a new fd we own.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_open,
-                tid as libc::pid_t,
-                libc::O_EXCL, // PIDFD_THREAD: this thread, not its process
-            )
-        };
-        if r < 0 {
+        use std::os::fd::AsRawFd;
+        // PIDFD_THREAD (O_EXCL): this thread's storage, not its process leader's.
+        let Some(pidfd) = pidfd_open(tid, libc::O_EXCL as u32) else {
             return Ok(());
-        }
-        // SAFETY: the kernel just returned this fd to us.
-        let pidfd = unsafe { OwnedFd::from_raw_fd(r as i32) };
+        };
         let key = pidfd.as_raw_fd().to_ne_bytes();
         let map = &self.skel.maps.held;
         let result = if held {
@@ -642,6 +629,16 @@ pub fn nested_pid_namespace() -> Option<u32> {
 fn nested_pid_namespace_of(ino: u64) -> Option<u32> {
     const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
     (ino != PROC_PID_INIT_INO).then(|| u32::try_from(ino).ok())?
+}
+
+/// A pidfd of process or thread `id` (`flags`: 0, or PIDFD_THREAD); None once it is gone.
+/// Task storage is keyed by one from user space.
+fn pidfd_open(id: u32, flags: u32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain system call; a non-negative result is a new fd we own.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, id as libc::pid_t, flags) };
+    // SAFETY: the kernel just returned this fd to us.
+    (r >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(r as i32) })
 }
 
 pub fn monotonic_ns() -> u64 {
