@@ -97,6 +97,9 @@ pub struct Point {
     pub spread: Spread,
     /// CPU time of the client (user + system) in one run.
     pub client_cpu_s: f64,
+    /// Times the client was preempted (involuntary context switches) in one run.
+    #[serde(default)]
+    pub client_preempted: f64,
     /// Failed requests (ab) or errors sysbench ignored and retried, all runs together.
     pub failed: u64,
 }
@@ -144,6 +147,7 @@ struct Sample {
     per_s: f64,
     spread: Spread,
     client_cpu_s: f64,
+    client_preempted: u64,
     failed: u64,
 }
 
@@ -362,7 +366,7 @@ fn run_mode(
                 )
             });
             eprintln!(
-                "    {:<15} {clients:>4} clients: {:.2} s, {:.0}/s, min {:.2} p95 {:.2} max {:.2} ms, client CPU {:.2} s{}{cost}",
+                "    {:<15} {clients:>4} clients: {:.2} s, {:.0}/s, min {:.2} p95 {:.2} max {:.2} ms, client CPU {:.2} s, preempted {}{}{cost}",
                 v.name(),
                 s.completion_s,
                 s.per_s,
@@ -370,6 +374,7 @@ fn run_mode(
                 s.spread.p95_ms,
                 s.spread.max_ms,
                 s.client_cpu_s,
+                s.client_preempted,
                 if s.failed > 0 { format!(", {} failed", s.failed) } else { String::new() }
             );
             out.push((vi, ci, s));
@@ -496,6 +501,7 @@ fn run_client(
         Variant::Sysbench(_) => parse_sysbench(&done.stdout)?,
     };
     s.client_cpu_s = done.cpu_s;
+    s.client_preempted = done.preempted;
     Ok(Some(s))
 }
 
@@ -506,6 +512,8 @@ struct Finished {
     success: bool,
     /// Its user and system CPU time, s.
     cpu_s: f64,
+    /// Its involuntary context switches.
+    preempted: u64,
     /// Stopped by Ctrl-C before it finished.
     stopped: bool,
 }
@@ -573,6 +581,7 @@ fn run_measured(cmd: &mut Command, stop: &AtomicBool) -> Result<Finished> {
         stderr,
         success: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         cpu_s: secs(usage.ru_utime) + secs(usage.ru_stime),
+        preempted: usage.ru_nivcsw as u64,
         stopped: signalled.is_some(),
     })
 }
@@ -613,6 +622,7 @@ fn parse_ab(report: &str, percentiles: &str) -> Result<Sample> {
         per_s: need("Requests per second:")?,
         spread: Spread::new(pct(0)?, pct(95)?, longest.max(pct(99)?)),
         client_cpu_s: 0.0,
+        client_preempted: 0,
         failed: need("Failed requests:")? as u64,
     })
 }
@@ -633,6 +643,7 @@ fn parse_sysbench(report: &str) -> Result<Sample> {
         per_s,
         spread: Spread::new(need("min:")?, need("95th percentile:")?, need("max:")?),
         client_cpu_s: 0.0,
+        client_preempted: 0,
         failed: need("ignored errors:")? as u64,
     })
 }
@@ -653,6 +664,7 @@ fn point(clients: u32, runs: &[Sample]) -> Point {
             median_of,
         ),
         client_cpu_s: m(|s| s.client_cpu_s),
+        client_preempted: m(|s| s.client_preempted as f64),
         failed: runs.iter().map(|s| s.failed).sum(),
     }
 }
@@ -663,7 +675,7 @@ impl ClosedLoopResult {
         let mut s = format!(
             "{}: closed loop, {}; {}; {} {} per run, median of {} run(s) per point\n\
              (the Staircase study's closed-loop figures: a slow client hides a slow server, so the \
-             client runs at nice -10 in every mode and its CPU time is shown)\n",
+             client runs at nice -10 in every mode; its CPU time and the times it was preempted are shown)\n",
             self.scenario,
             self.client,
             self.batch.describe(self.soakers, self.load_per_cpu),
@@ -680,7 +692,7 @@ impl ClosedLoopResult {
                     .find(|v| v.name() == series.variant)
                     .map_or(series.variant.as_str(), |v| v.describe());
                 s += &format!(
-                    "\n{title}\n{:<18} {:>7} {:>9} {:>15} {:>9}{} {:>9} {:>7}\n",
+                    "\n{title}\n{:<18} {:>7} {:>9} {:>15} {:>9}{} {:>9} {:>9} {:>7}\n",
                     "mode",
                     "clients",
                     "time s",
@@ -688,6 +700,7 @@ impl ClosedLoopResult {
                     "per s",
                     Spread::headings(),
                     "client s",
+                    "preempted",
                     "scal."
                 );
             }
@@ -701,7 +714,7 @@ impl ClosedLoopResult {
                     })
                 });
                 s += &format!(
-                    "{:<18} {:>7} {:>9.3} {:>15} {:>9.0}{} {:>9.2} {:>7}{}\n",
+                    "{:<18} {:>7} {:>9.3} {:>15} {:>9.0}{} {:>9.2} {:>9.0} {:>7}{}\n",
                     series.mode.name(),
                     p.clients,
                     p.completion_s,
@@ -709,6 +722,7 @@ impl ClosedLoopResult {
                     p.per_s,
                     p.spread.columns(),
                     p.client_cpu_s,
+                    p.client_preempted,
                     scal.unwrap_or_else(|| "-".into()),
                     if p.failed > 0 {
                         format!("  {} failed", p.failed)
@@ -728,7 +742,7 @@ impl ClosedLoopResult {
     pub fn csv(&self) -> String {
         let mut s = String::from(
             "scenario,variant,mode,clients,runs,completion_s,completion_min_s,completion_max_s,\
-             per_s,min_ms,p95_ms,max_ms,max_minus_min_ms,p95_minus_min_ms,client_cpu_s,failed,\
+             per_s,min_ms,p95_ms,max_ms,max_minus_min_ms,p95_minus_min_ms,client_cpu_s,client_preempted,failed,\
              scalability_base,scalability\n",
         );
         for series in &self.series {
@@ -742,7 +756,7 @@ impl ClosedLoopResult {
                     .unwrap_or_default();
                 let spread = p.spread.figures().map(|v| v.to_string()).join(",");
                 s += &format!(
-                    "{},{},{},{},{},{},{},{},{},{spread},{},{},{},{}\n",
+                    "{},{},{},{},{},{},{},{},{},{spread},{},{},{},{},{}\n",
                     self.scenario,
                     series.variant,
                     series.mode.name(),
@@ -753,6 +767,7 @@ impl ClosedLoopResult {
                     p.completion_max_s,
                     p.per_s,
                     p.client_cpu_s,
+                    p.client_preempted,
                     p.failed,
                     base,
                     value
@@ -799,6 +814,7 @@ Percentage of the requests served within a certain time (ms)
                 // The longest request is in whole ms: never below the 99th percentile.
                 spread: Spread::new(0.961, 2.126, 3.066),
                 client_cpu_s: 0.0,
+                client_preempted: 0,
                 failed: 2,
             }
         );
@@ -838,6 +854,7 @@ Latency (ms):
             per_s: 100.0 / t,
             spread: Spread::new(min, min + 1.0, max),
             client_cpu_s: 0.5,
+            client_preempted: 7,
             failed: 1,
         };
         let p = point(
@@ -851,6 +868,7 @@ Latency (ms):
         assert_eq!(p.spread.max_minus_min_ms, 9.0);
         assert_eq!(p.spread.p95_minus_min_ms, 1.0);
         assert_eq!(p.failed, 3);
+        assert_eq!(p.client_preempted, 7.0);
         assert_eq!(p.runs, 3);
     }
 }

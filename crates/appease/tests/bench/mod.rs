@@ -167,6 +167,9 @@ root_test! {
                 assert!((p["max_minus_min_ms"].as_f64().unwrap() - (max - min)).abs() < 1e-9);
                 // The client ran and its CPU time was counted.
                 assert!(p["client_cpu_s"].as_f64().unwrap() > 0.0, "{p}");
+                // And its preemptions, a median of whole counts.
+                let preempted = p["client_preempted"].as_f64().unwrap();
+                assert!(preempted >= 0.0 && (2.0 * preempted).fract() == 0.0, "{p}");
             }
             assert_scalability_recomputes(s, "completion_s");
         }
