@@ -349,19 +349,27 @@ fn run_mode(
             if opts.stop.load(Ordering::Relaxed) {
                 return Ok(out);
             }
-            // appease's own cost beside the clients: all its threads' CPU over the run.
+            // appease's own cost beside the clients: its live threads' CPU over the run (ns),
+            // and the process's own count in ticks, which keeps exited threads': a check.
+            let ticks = |pid: u32| {
+                appease_cgroup::procstat::read_stat(format!("/proc/{pid}/stat")).map_or(0, |s| {
+                    s.run_ticks * appease_cgroup::procstat::clock_tick_ns()
+                })
+            };
             let cost_from = run.daemon.as_ref().map(|d| {
                 let pid = d.id();
-                (pid, crate::procfs::process_cpu_ns(pid), Instant::now())
+                let from = (crate::procfs::process_cpu_ns(pid), ticks(pid));
+                (pid, from, Instant::now())
             });
             let Some(s) = run_client(v, &target, clients, work, &tmp, &opts.stop)? else {
                 return Ok(out); // Ctrl-C in the middle of a run: not a measurement
             };
-            let cost = cost_from.map_or(String::new(), |(pid, c0, t0)| {
-                let cpu_ns = crate::procfs::process_cpu_ns(pid).saturating_sub(c0);
+            let cost = cost_from.map_or(String::new(), |(pid, (c0, k0), t0)| {
+                let pct = |ns: u64| ns as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
                 format!(
-                    ", appease {:.2} % of a CPU, {:.1} MiB resident",
-                    cpu_ns as f64 / t0.elapsed().as_nanos() as f64 * 100.0,
+                    ", appease {:.2} % of a CPU ({:.1} % by its stat), {:.1} MiB resident",
+                    pct(crate::procfs::process_cpu_ns(pid).saturating_sub(c0)),
+                    pct(ticks(pid).saturating_sub(k0)),
                     appease_cgroup::resident_kib(pid).unwrap_or(0) as f64 / 1024.0
                 )
             });
