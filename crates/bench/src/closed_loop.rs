@@ -349,16 +349,12 @@ fn run_mode(
             if opts.stop.load(Ordering::Relaxed) {
                 return Ok(out);
             }
-            // appease's own cost beside the clients: its live threads' CPU over the run (ns),
-            // and the process's own count in ticks, which keeps exited threads': a check.
-            let ticks = |pid: u32| {
-                appease_cgroup::procstat::read_stat(format!("/proc/{pid}/stat")).map_or(0, |s| {
-                    s.run_ticks * appease_cgroup::procstat::clock_tick_ns()
-                })
-            };
+            // appease's own cost beside the clients: its live threads' CPU over the run, and
+            // the process's own count, which keeps exited threads': a check.
+            use crate::procfs::{process_cpu_ns, process_stat_cpu_ns};
             let cost_from = run.daemon.as_ref().map(|d| {
                 let pid = d.id();
-                let from = (crate::procfs::process_cpu_ns(pid), ticks(pid));
+                let from = (process_cpu_ns(pid), process_stat_cpu_ns(pid));
                 (pid, from, Instant::now())
             });
             let Some(s) = run_client(v, &target, clients, work, &tmp, &opts.stop)? else {
@@ -368,8 +364,8 @@ fn run_mode(
                 let pct = |ns: u64| ns as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
                 format!(
                     ", appease {:.2} % of a CPU ({:.1} % by its stat), {:.1} MiB resident",
-                    pct(crate::procfs::process_cpu_ns(pid).saturating_sub(c0)),
-                    pct(ticks(pid).saturating_sub(k0)),
+                    pct(process_cpu_ns(pid).saturating_sub(c0)),
+                    pct(process_stat_cpu_ns(pid).saturating_sub(k0)),
                     appease_cgroup::resident_kib(pid).unwrap_or(0) as f64 / 1024.0
                 )
             });

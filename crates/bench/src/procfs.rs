@@ -29,6 +29,14 @@ pub(crate) fn descendants(roots: &[u32]) -> Vec<u32> {
     appease_policy::tree::Children::new(pairs).below(roots)
 }
 
+/// CPU time of a process by its own stat line, exited threads included, ns at the clock
+/// tick's resolution (0 once it is gone): a check on [`process_cpu_ns`].
+pub(crate) fn process_stat_cpu_ns(pid: u32) -> u64 {
+    appease_cgroup::procstat::read_stat(format!("/proc/{pid}/stat")).map_or(0, |s| {
+        s.run_ticks * appease_cgroup::procstat::clock_tick_ns()
+    })
+}
+
 /// CPU time of a process's live threads, ns (0 once it is gone).
 pub(crate) fn process_cpu_ns(pid: u32) -> u64 {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
