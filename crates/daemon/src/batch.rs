@@ -28,6 +28,9 @@ pub struct BatchManager {
     /// serves is not batch), but raise no session's autogroup or branch's weight, which
     /// would give a user's every process a priority the kernel refuses them.
     users_requests: HashSet<u32>,
+    /// Of those, the processes whose session's autogroup is not raised: users' and
+    /// server workers in a session of their own (`crate::connection_sessions`).
+    unraised: HashSet<u32>,
     /// Every process in a demoted tree, as the last scan left them.
     demoted: HashSet<u32>,
     /// The applications with a process in a demoted tree.
@@ -99,6 +102,7 @@ impl BatchManager {
         BatchManager {
             last_request: HashMap::new(),
             users_requests: HashSet::new(),
+            unraised: HashSet::new(),
             demoted: HashSet::new(),
             demoted_apps: HashSet::new(),
             lift: GroupLift::full(cfg.elevation.sink.lift_ms * 1_000_000, now),
@@ -156,11 +160,13 @@ impl BatchManager {
 
     /// A request arrived: a quiet batch group becomes idle again at once, and a demoted
     /// tree that receives one is scanned (and promoted) at once.
-    /// `user`: the process is an unprivileged user's.
+    /// `user`: the process is an unprivileged user's; `raise`: its session's autogroup
+    /// may be raised.
     pub fn on_request(
         &mut self,
         (pid, start): Process,
         user: bool,
+        raise: bool,
         ts_ns: u64,
         cfg: &Config,
         actuator: &mut KernelActuator,
@@ -169,6 +175,10 @@ impl BatchManager {
         match user {
             true => self.users_requests.insert(pid),
             false => self.users_requests.remove(&pid),
+        };
+        match raise {
+            false => self.unraised.insert(pid),
+            true => self.unraised.remove(&pid),
         };
         self.mode.on_request(ts_ns);
         self.sync_mode(ts_ns, cfg, actuator);
@@ -282,6 +292,7 @@ impl BatchManager {
     pub fn on_process_exit(&mut self, pid: u32) {
         self.last_request.remove(&pid);
         self.users_requests.remove(&pid);
+        self.unraised.remove(&pid);
     }
 
     /// A scan is due: what to ask the scanner for. The next is due about `scan_ms`
@@ -370,6 +381,7 @@ impl BatchManager {
             {
                 self.last_request.remove(&pid);
                 self.users_requests.remove(&pid);
+                self.unraised.remove(&pid);
             }
         }
         self.cost = snap.cost;
@@ -382,8 +394,10 @@ impl BatchManager {
     /// for a lock leaves them (it lasts less than a scan, and the kernel spaces autogroup
     /// writes 100 ms apart): the lift's weight is scaled to match instead (`lift_weight`).
     fn raise_serving_autogroups(&self, now: u64, cfg: &Config, actuator: &mut KernelActuator) {
+        let mut serving = self.serving_beside_batch(now, cfg);
+        serving.retain(|(pid, _)| !self.unraised.contains(pid));
         actuator.sync_serving_autogroups(
-            &self.serving_beside_batch(now, cfg),
+            &serving,
             cfg.batch.serving_autogroup_nice,
             "serving beside batch in the idle group",
         );

@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod cadence;
 mod configured;
+mod connection_sessions;
 pub mod control;
 pub mod host;
 pub mod lock;
@@ -75,6 +76,9 @@ struct Daemon<'obj> {
     /// Threads the probe knows as held elevated (their requests wake nobody), with the
     /// levels their last request gave them.
     held: HashMap<u32, u32>,
+    /// Server workers in a session (and autogroup) of their own: elevated without the
+    /// short slice or the autogroup's raise.
+    connection_sessions: connection_sessions::ConnectionSessions,
     cpus: usize,
     /// The clock tick in ns, in which /proc counts start times.
     clock_tick_ns: u64,
@@ -142,6 +146,7 @@ impl<'obj> Daemon<'obj> {
             restore_again: Default::default(),
             marked_apps: HashSet::new(),
             held: HashMap::new(),
+            connection_sessions: Default::default(),
             cpus,
             clock_tick_ns: appease_cgroup::clock_tick_ns().max(1),
             started: appease_actuator::now_secs(),
@@ -367,9 +372,18 @@ impl<'obj> Daemon<'obj> {
         }
         self.metrics.request(family);
         let process = (pid, proc_start_ns / self.clock_tick_ns);
+        let own_session = self.connection_sessions.check(process, app, &self.actuator);
         if let Some(b) = self.batch.as_mut() {
             let user = appease_config::unprivileged(uid, self.uid_min);
-            b.on_request(process, user, ts_ns, &self.opts.config, &mut self.actuator);
+            let raise = !user && !own_session;
+            b.on_request(
+                process,
+                user,
+                raise,
+                ts_ns,
+                &self.opts.config,
+                &mut self.actuator,
+            );
         }
         // Roles have fixed priorities: requests do not move them.
         let role = self.batch.as_ref().is_some_and(|b| b.is_role(process));
@@ -429,6 +443,7 @@ impl<'obj> Daemon<'obj> {
                 // The kernel dropped its mark with it.
                 self.held.remove(&tid);
                 if pid == tid {
+                    self.connection_sessions.forget(pid);
                     if let Some(b) = self.batch.as_mut() {
                         b.on_process_exit(pid);
                     }
@@ -579,11 +594,14 @@ impl<'obj> Daemon<'obj> {
                 levels,
                 slice,
                 reason,
-            } => (
-                tid,
-                self.actuator
-                    .elevate(pid, tid, levels, slice, reason.as_str(), seen),
-            ),
+            } => {
+                let slice = slice.filter(|_| !self.connection_sessions.contains(pid));
+                (
+                    tid,
+                    self.actuator
+                        .elevate(pid, tid, levels, slice, reason.as_str(), seen),
+                )
+            }
             Decision::Restore { tid, reason, .. } => {
                 (tid, self.actuator.restore(tid, reason.as_str()))
             }

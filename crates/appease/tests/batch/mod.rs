@@ -350,12 +350,7 @@ root_test! {
 root_test! {
     fn a_server_beside_demoted_batch_has_its_sessions_autogroup_raised_and_put_back_after_a_stop_or_kill_9() {
         let _on = AutogroupsOn::new();
-        let me = std::process::id();
-        assert_eq!(
-            cpu_cgroup(me).as_deref(),
-            Some("/"),
-            "the server (started by this test) must run in the root CPU cgroup, where the kernel schedules it in its session's autogroup"
-        );
+        assert_in_root_cpu_group();
         let (dir, _gpath, _soakers, daemon) = demoted_soaker("session", "");
         let server = SessionServer::start(&dir.0);
         let pid = server.pid();
@@ -428,6 +423,41 @@ root_test! {
         assert_eq!(autogroup_nice(pid), -5, "the administrator's nice kept: {log}");
         assert!(log.contains("reniced by someone else since"), "and logged: {log}");
         drop(server);
+    }
+}
+
+root_test! {
+    fn a_forking_servers_children_in_sessions_of_their_own_keep_their_autogroups_as_they_are() {
+        let _on = AutogroupsOn::new();
+        assert_in_root_cpu_group();
+        let (dir, _gpath, _soakers, daemon) = demoted_soaker("conn-session", "");
+        // A server in a session of its own: raised, as each serving session is.
+        let single = SessionServer::start(&dir.0);
+        // A forking server whose child holds the connection's own session (PostgreSQL's
+        // shape): one autogroup per connection, left as it is.
+        let (server, port) = perl_server(&session_forking_server());
+        let addr = format!("127.0.0.1:{port}");
+        let (mut c, child) = connect_child(&addr, server.0[0].id(), &[]);
+        ask(&mut c, b"s");
+        let before = autogroup_nice(child);
+        let raised = wait_for(Duration::from_secs(5), || {
+            ask(&mut c, b"s");
+            autogroup_nice(single.pid()) == -10
+        });
+        assert!(raised.is_some(), "the single server's session raised: {}", daemon.log_text());
+        // Ten more scans of requests: never raised.
+        let end = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < end {
+            ask(&mut c, b"s");
+            assert_eq!(autogroup_nice(child), before, "{}", daemon.log_text());
+            thread::sleep(Duration::from_millis(20));
+        }
+        let sessions = daemon.status_json()["autogroups"].to_string();
+        assert!(
+            !sessions.contains(&format!("[{child}]")),
+            "not listed as raised: {sessions}"
+        );
+        drop((c, server, single));
     }
 }
 

@@ -95,25 +95,7 @@ root_test! {
         let (server, port) = perl_server(FORKING_SERVER);
         let addr = format!("127.0.0.1:{port}");
         let server_pid = server.0[0].id();
-        // A connection and the child that serves it.
-        let connect = |known: &[u32]| -> (TcpStream, u32) {
-            let c = TcpStream::connect(&addr).unwrap();
-            c.set_nodelay(true).unwrap();
-            let mut child = None;
-            wait_for(Duration::from_secs(3), || {
-                child = children_of(server_pid)
-                    .into_iter()
-                    .find(|p| !known.contains(p));
-                child.is_some()
-            })
-            .expect("a child per connection");
-            (c, child.unwrap())
-        };
-        let ask = |c: &mut TcpStream, b: &[u8]| {
-            c.write_all(b).unwrap();
-            let mut r = [0u8; 1];
-            c.read_exact(&mut r).unwrap();
-        };
+        let connect = |known: &[u32]| connect_child(&addr, server_pid, known);
         let (mut heavy, heavy_pid) = connect(&[]);
         // The heavy request: elevated at its read like any other, sunk past 50 ms of CPU.
         heavy.write_all(b"h").unwrap();
@@ -142,6 +124,41 @@ root_test! {
         let mut r = [0u8; 1];
         heavy.read_exact(&mut r).unwrap();
         drop((heavy, short, server));
+    }
+}
+
+root_test! {
+    fn a_forking_servers_child_in_a_session_of_its_own_is_elevated_with_the_kernels_slice() {
+        let _on = AutogroupsOn::new();
+        assert_in_root_cpu_group();
+        let (_dir, _cfg, _soak, daemon) = loaded("own-session", 4);
+        let default_slice = appease_actuator::sys::sched_getattr(gettid()).unwrap().slice_ns;
+        // A child of each kind of forking server, elevated by its requests.
+        let elevated_child = |script: &str| {
+            let (server, port) = perl_server(script);
+            let addr = format!("127.0.0.1:{port}");
+            let (mut c, child) = connect_child(&addr, server.0[0].id(), &[]);
+            let up = wait_for(Duration::from_secs(3), || {
+                ask(&mut c, b"s");
+                nice_of_process(child) == -4
+            });
+            assert!(up.is_some(), "the child is elevated: {}", daemon.log_text());
+            let slice = appease_actuator::sys::sched_getattr(child).unwrap().slice_ns;
+            (server, c, child, slice)
+        };
+        let own = elevated_child(&session_forking_server());
+        assert_eq!(
+            stat_of(&format!("/proc/{}/stat", own.2)).unwrap().session,
+            own.2,
+            "the child leads its session"
+        );
+        let shared = elevated_child(FORKING_SERVER);
+        // In a session of its own the child is alone at the top level: a short slice
+        // would act on every other session, its clients' first. In the server's session
+        // it orders the child among the server's own.
+        assert_eq!(own.3, default_slice, "the kernel's slice: {}", daemon.log_text());
+        assert_eq!(shared.3, 500_000, "the short slice: {}", daemon.log_text());
+        drop((own, shared));
     }
 }
 

@@ -17,6 +17,16 @@ pub(crate) fn set_nice(tid: u32, nice: i32) {
     assert_eq!(r, 0, "setpriority");
 }
 
+/// Fails unless this test runs in the root CPU cgroup, where the kernel schedules each
+/// session in its autogroup (the servers it starts are there too).
+pub(crate) fn assert_in_root_cpu_group() {
+    assert_eq!(
+        cpu_cgroup(std::process::id()).as_deref(),
+        Some("/"),
+        "the servers (started by this test) must run in the root CPU cgroup, where a session is an autogroup"
+    );
+}
+
 pub(crate) fn cpu_cgroup(pid: u32) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     appease_cgroup::parse_proc_cgroup(&text, appease_cgroup::Version::V1)

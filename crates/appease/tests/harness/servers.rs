@@ -153,7 +153,7 @@ impl ShortRequests {
 /// child answers one-byte requests, `h` after 400 ms of work, anything else after 2 ms.
 /// Prints its port.
 pub(crate) const FORKING_SERVER: &str = r#"
-use IO::Socket::INET; use Time::HiRes qw(time);
+use IO::Socket::INET; use Time::HiRes qw(time); use POSIX ();
 my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 64,
     ReuseAddr => 1) or die "listen: $!";
 $| = 1; print $s->sockport, "\n"; $SIG{CHLD} = 'IGNORE';
@@ -171,6 +171,35 @@ while (1) {
     close $c;
 }
 "#;
+
+/// `FORKING_SERVER` whose children each call `setsid()` first, as PostgreSQL's backends
+/// do: each in a session, hence an autogroup, of its own.
+pub(crate) fn session_forking_server() -> String {
+    FORKING_SERVER.replace("close $s;\n", "close $s; POSIX::setsid();\n")
+}
+
+/// A new connection to the forking server `server_pid` at `addr`, and the child that
+/// serves it (one not in `known`).
+pub(crate) fn connect_child(addr: &str, server_pid: u32, known: &[u32]) -> (TcpStream, u32) {
+    let c = TcpStream::connect(addr).unwrap();
+    c.set_nodelay(true).unwrap();
+    let mut child = None;
+    wait_for(Duration::from_secs(3), || {
+        child = children_of(server_pid)
+            .into_iter()
+            .find(|p| !known.contains(p));
+        child.is_some()
+    })
+    .expect("a child per connection");
+    (c, child.unwrap())
+}
+
+/// One request `b` on `c`, and its answer.
+pub(crate) fn ask(c: &mut TcpStream, b: &[u8]) {
+    c.write_all(b).unwrap();
+    let mut r = [0u8; 1];
+    c.read_exact(&mut r).unwrap();
+}
 
 /// A perl server that prints its port first; ended on drop, also when an assertion
 /// fails (its children end with their connections).

@@ -1,0 +1,87 @@
+//! Servers with a session per connection. A worker forked by a listening server that
+//! calls `setsid()` for its connection (PostgreSQL's backends) is, outside any CPU
+//! cgroup, an autogroup of its own: one top-level entity per connection, alone in it, so
+//! its nice acts on nothing. What an elevation gives it is then its short slice and its
+//! autogroup's raise, and both act on every other session on the host, its own client's
+//! first: a client on the server's host was preempted at each of its requests and took
+//! up to 1.3 times as long as beside the idle group made by hand (docs/findings.md, "A
+//! client's demand"). Such a worker keeps its elevation's nice (it orders it in a CPU
+//! group, should it move to one) but neither the slice nor the raise.
+
+use std::collections::HashMap;
+
+use appease_actuator::KernelActuator;
+
+use crate::batch::Process;
+
+/// Beyond this many processes known, the answers are read again (exits forget their
+/// own; this bounds what lost exit events leave).
+const MAX_KNOWN: usize = 1 << 16;
+
+#[derive(Default)]
+pub struct ConnectionSessions {
+    /// pid -> (start, whether it is a connection's own session), read once per process.
+    known: HashMap<u32, (u64, bool)>,
+}
+
+impl ConnectionSessions {
+    /// Whether process `(pid, start)` of application `app` (its listening ancestor, or
+    /// itself) is a worker in a session and autogroup of its own. Read from /proc on the
+    /// process's first request, then remembered until it exits.
+    pub fn check(&mut self, (pid, start): Process, app: u32, actuator: &KernelActuator) -> bool {
+        if app == pid {
+            return false; // the server itself, or a process serving on its own
+        }
+        if let Some(&(s, own)) = self.known.get(&pid) {
+            if s == start {
+                return own;
+            }
+        }
+        if self.known.len() >= MAX_KNOWN {
+            self.known.clear();
+        }
+        let own = actuator.leads_own_autogroup(pid, start);
+        self.known.insert(pid, (start, own));
+        own
+    }
+
+    /// Whether `pid` was found to be a connection's own session.
+    pub fn contains(&self, pid: u32) -> bool {
+        self.known.get(&pid).is_some_and(|&(_, own)| own)
+    }
+
+    pub fn forget(&mut self, pid: u32) {
+        self.known.remove(&pid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_itself_is_never_a_connection_session() {
+        let actuator = KernelActuator::new(None, Vec::new()).expect("an actuator");
+        let mut s = ConnectionSessions::default();
+        // This test process leads no session of its own here, and is its own app.
+        let me = std::process::id();
+        assert!(!s.check((me, 0), me, &actuator));
+        assert!(!s.contains(me));
+    }
+
+    #[test]
+    fn a_remembered_answer_is_for_the_same_process_only() {
+        let actuator = KernelActuator::new(None, Vec::new()).expect("an actuator");
+        let mut s = ConnectionSessions::default();
+        s.known.insert(42, (7, true));
+        assert!(s.contains(42));
+        assert!(s.check((42, 7), 1, &actuator), "remembered, not read");
+        // Another process under the pid (another start) is read again: here none is
+        // there (beyond any pid_max), so it is not one.
+        s.known.insert(4_999_999, (7, true));
+        assert!(!s.check((4_999_999, 8), 1, &actuator));
+        assert!(!s.contains(4_999_999));
+        s.forget(42);
+        assert!(!s.contains(42));
+    }
+}
