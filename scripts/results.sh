@@ -5,12 +5,15 @@
 #   scripts/results.sh                 # every row
 #   scripts/results.sh db frames       # only these rows
 #   scripts/results.sh --list          # the rows and their commands
+#   scripts/results.sh --tables        # rewrite the docs' generated tables from docs/results/
 #
 # PEER_BIN=ananicy=PATH,system76-scheduler=PATH adds the peer daemons to the rows that
 # compare them (built as docs/RESULTS.md, "Compared with other daemons", says); without it
 # those rows run without the peers, whose columns then keep their dates.
 # Each row's text output, JSON, CSV and plots land in ${OUT:-bench-out}/ROW/; a line per row
-# with its time goes to ${OUT:-bench-out}/times.txt.
+# with its time goes to ${OUT:-bench-out}/times.txt. A row whose table the docs generate
+# (docs/results/ROW.json exists) gets its new result.json copied there, and the tables
+# rewritten: review with `git diff docs/`.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 appease=${APPEASE:-$repo/target/release/appease}
@@ -52,6 +55,31 @@ if [ "${1:-}" = --list ]; then
     rows | sed 's/|/: appease bench /'
     exit 0
 fi
+
+# Each block between `<!-- generated: appease ARGS -->` and `<!-- end generated -->` in
+# README.md and docs/*.md becomes the output of `appease ARGS` run at the repository's root.
+tables() {
+    [ -x "$appease" ] || { echo "$0: no $appease: run \`make build\` first" >&2; exit 1; }
+    cd "$repo"
+    for page in README.md docs/*.md; do
+        grep -q '^<!-- generated: appease ' "$page" || continue
+        awk -v bin="$appease" '
+            /^<!-- generated: appease .* -->$/ {
+                print; cmd = $0; sub(/^<!-- generated: appease /, "", cmd); sub(/ -->$/, "", cmd)
+                while (((bin " " cmd) | getline line) > 0) print line
+                if (close(bin " " cmd) != 0) { print "failed: appease " cmd > "/dev/stderr"; exit 1 }
+                skipping = 1; next
+            }
+            /^<!-- end generated -->$/ { skipping = 0 }
+            !skipping { print }
+        ' "$page" >"$page.new" && mv "$page.new" "$page" || { rm -f "$page.new"; exit 1; }
+        echo "$page: tables written" >&2
+    done
+}
+if [ "${1:-}" = --tables ]; then
+    tables
+    exit 0
+fi
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (the bench changes priorities and cgroups)" >&2; exit 1; }
 [ -x "$appease" ] || { echo "$0: no $appease: run \`make build\` first" >&2; exit 1; }
 known=$(rows | cut -d'|' -f1)
@@ -74,5 +102,8 @@ while IFS='|' read -r name args; do
     "$appease" bench $args --out "$out/$name" >"$out/$name/table.txt" ||
         { echo "$0: row $name failed" >&2; exit 1; }
     echo "$(date -u +%F) $name $((SECONDS - t0)) s: appease bench $args" | tee -a "$out/times.txt" >&2
+    kept="$repo/docs/results/$name.json"
+    if [ -f "$kept" ]; then cp "$out/$name/result.json" "$kept"; fi
 done < <(rows)
+tables
 echo "all asked rows: $(((SECONDS - start) / 60)) min" >&2

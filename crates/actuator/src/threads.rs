@@ -295,10 +295,17 @@ impl KernelActuator {
         self.apply_nice(pid, tid, Target::Fixed(nice), None, why, None)
     }
 
-    /// Sets a thread `levels` nice levels below its original nice with its original
-    /// slice (a long request), recorded and restored like an elevation.
-    pub fn sink(&mut self, pid: u32, tid: u32, levels: u32, why: &str) -> Result<(), ActError> {
-        self.apply_nice(pid, tid, Target::Below(levels), None, why, None)
+    /// Sets a thread `levels` nice levels below its original nice, with `slice` or its
+    /// original slice (a long request), recorded and restored like an elevation.
+    pub fn sink(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        levels: u32,
+        slice: Option<Duration>,
+        why: &str,
+    ) -> Result<(), ActError> {
+        self.apply_nice(pid, tid, Target::Below(levels), slice, why, None)
     }
 
     pub(crate) fn apply_nice(

@@ -193,6 +193,26 @@ pub(crate) fn plot(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Prints the Markdown tables of closed-loop result files, one table over them all.
+pub(crate) fn table(files: &[PathBuf]) -> Result<()> {
+    let results = files
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str::<appease_bench::closed_loop::ClosedLoopResult>(&text)
+                .with_context(|| {
+                    format!(
+                        "{} is no client sweep's result.json (`appease bench web|db --clients …`)",
+                        path.display()
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    print!("{}", appease_bench::markdown::closed_loop(&results));
+    Ok(())
+}
+
 /// `--seconds`: a positive duration of at most an hour.
 fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {

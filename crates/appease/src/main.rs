@@ -88,6 +88,12 @@ enum Command {
     Bench(Box<bench_cmd::BenchArgs>),
     /// Redraw the SVG plots of a bench run from the result.json in DIR (no root).
     BenchPlot { dir: PathBuf },
+    /// Print the Markdown tables of the client sweeps' result files (result.json of
+    /// `bench web --clients` and `bench db --clients`), as docs/RESULTS.md shows them (no root).
+    BenchTable {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// The deterministic scheduler simulator with the 2010 customer-appeasement paper's unhappiness model.
     Sim {
         #[command(subcommand)]
@@ -239,6 +245,7 @@ fn run(cmd: Command) -> Result<()> {
                 },
         } => roles_cmd::suggest_cmd(&file, &app, top_nice),
         Command::BenchPlot { dir } => bench_cmd::plot(&dir),
+        Command::BenchTable { files } => bench_cmd::table(&files),
         Command::BenchWorker { worker } => bench_cmd::worker(worker),
         Command::CheckConfig { file } => {
             appease_config::Config::load(&file)?;

@@ -14,6 +14,10 @@ use appease_actuator::KernelActuator;
 
 use crate::batch::Process;
 
+/// The slice of such a worker's sunk thread (a long request): its nice acts on nothing,
+/// but a slice longer than the kernel's lets every woken task of a shorter one preempt it.
+pub const SUNK_SLICE: std::time::Duration = std::time::Duration::from_millis(6);
+
 /// Beyond this many processes known, the answers are read again (exits forget their
 /// own; this bounds what lost exit events leave).
 const MAX_KNOWN: usize = 1 << 16;

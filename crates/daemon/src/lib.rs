@@ -610,7 +610,16 @@ impl<'obj> Daemon<'obj> {
                 tid,
                 levels,
                 reason,
-            } => (tid, self.actuator.sink(pid, tid, levels, reason.as_str())),
+            } => {
+                let slice = self
+                    .connection_sessions
+                    .contains(pid)
+                    .then_some(connection_sessions::SUNK_SLICE);
+                (
+                    tid,
+                    self.actuator.sink(pid, tid, levels, slice, reason.as_str()),
+                )
+            }
         };
         self.hold(tid, hold.filter(|_| result.is_ok()));
         match result {

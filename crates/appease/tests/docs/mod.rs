@@ -385,3 +385,4 @@ fn every_command_of_the_results_summary_is_a_row_of_the_results_script() {
         "summary commands scripts/results.sh does not run: {missing:?}\nit runs: {script:#?}"
     );
 }
+mod generated;

@@ -128,7 +128,7 @@ root_test! {
 }
 
 root_test! {
-    fn a_forking_servers_child_in_a_session_of_its_own_is_elevated_with_the_kernels_slice() {
+    fn a_forking_servers_child_in_a_session_of_its_own_is_elevated_with_the_kernels_slice_and_sunk_with_a_long_one() {
         let _on = AutogroupsOn::new();
         assert_in_root_cpu_group();
         let (_dir, _cfg, _soak, daemon) = loaded("own-session", 4);
@@ -158,6 +158,21 @@ root_test! {
         // it orders the child among the server's own.
         assert_eq!(own.3, default_slice, "the kernel's slice: {}", daemon.log_text());
         assert_eq!(shared.3, 500_000, "the short slice: {}", daemon.log_text());
+        // A heavy request sinks both 10 levels; alone in its autogroup, where the nice acts
+        // on nothing, the child is given a long slice as well, which every woken task of
+        // a shorter one preempts.
+        let sunk = |child: &(Soakers, TcpStream, u32, u64)| {
+            let mut c = child.1.try_clone().unwrap();
+            c.write_all(b"h").unwrap();
+            let down = wait_for(Duration::from_secs(3), || nice_of_process(child.2) == 10);
+            assert!(down.is_some(), "sunk: {}", daemon.log_text());
+            let slice = appease_actuator::sys::sched_getattr(child.2).unwrap().slice_ns;
+            let mut r = [0u8; 1];
+            c.read_exact(&mut r).unwrap();
+            slice
+        };
+        assert_eq!(sunk(&own), 6_000_000, "a long slice: {}", daemon.log_text());
+        assert_eq!(sunk(&shared), default_slice, "its own slice: {}", daemon.log_text());
         drop((own, shared));
     }
 }
