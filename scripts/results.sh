@@ -58,24 +58,28 @@ fi
 
 # Each block between `<!-- generated: appease ARGS -->` and `<!-- end generated -->` in
 # README.md and docs/*.md becomes the output of `appease ARGS` run at the repository's root.
-tables() {
+# A page is replaced only once all its blocks were written (a command that fails, or a
+# block without its end marker, leaves it as it was).
+tables() (
     [ -x "$appease" ] || { echo "$0: no $appease: run \`make build\` first" >&2; exit 1; }
     cd "$repo"
     for page in README.md docs/*.md; do
         grep -q '^<!-- generated: appease ' "$page" || continue
-        awk -v bin="$appease" '
+        BIN=$appease awk '
             /^<!-- generated: appease .* -->$/ {
                 print; cmd = $0; sub(/^<!-- generated: appease /, "", cmd); sub(/ -->$/, "", cmd)
-                while (((bin " " cmd) | getline line) > 0) print line
-                if (close(bin " " cmd) != 0) { print "failed: appease " cmd > "/dev/stderr"; exit 1 }
+                run = "\"" ENVIRON["BIN"] "\" " cmd
+                while ((run | getline line) > 0) print line
+                if (close(run) != 0) { print "failed: appease " cmd > "/dev/stderr"; exit 1 }
                 skipping = 1; next
             }
             /^<!-- end generated -->$/ { skipping = 0 }
             !skipping { print }
+            END { if (skipping) { print FILENAME ": a generated block without its end" > "/dev/stderr"; exit 1 } }
         ' "$page" >"$page.new" && mv "$page.new" "$page" || { rm -f "$page.new"; exit 1; }
         echo "$page: tables written" >&2
     done
-}
+)
 if [ "${1:-}" = --tables ]; then
     tables
     exit 0
@@ -103,7 +107,6 @@ while IFS='|' read -r name args; do
         { echo "$0: row $name failed" >&2; exit 1; }
     echo "$(date -u +%F) $name $((SECONDS - t0)) s: appease bench $args" | tee -a "$out/times.txt" >&2
     kept="$repo/docs/results/$name.json"
-    if [ -f "$kept" ]; then cp "$out/$name/result.json" "$kept"; fi
+    if [ -f "$kept" ]; then cp "$out/$name/result.json" "$kept" && tables; fi
 done < <(rows)
-tables
 echo "all asked rows: $(((SECONDS - start) / 60)) min" >&2

@@ -33,8 +33,11 @@ impl ConnectionSessions {
     /// itself) is a worker in a session and autogroup of its own. Read from /proc on the
     /// process's first request, then remembered until it exits.
     pub fn check(&mut self, (pid, start): Process, app: u32, actuator: &KernelActuator) -> bool {
-        if app == pid {
-            return false; // the server itself, or a process serving on its own
+        if app == pid || app == 1 {
+            // The server itself, a process serving on its own, or a service: under a pid
+            // a worker may have had before (its exit unseen).
+            self.known.remove(&pid);
+            return false;
         }
         if let Some(&(s, own)) = self.known.get(&pid) {
             if s == start {
@@ -42,7 +45,12 @@ impl ConnectionSessions {
             }
         }
         if self.known.len() >= MAX_KNOWN {
-            self.known.clear();
+            // The workers stay known (an elevation between requests must not give one
+            // the short slice); the rest are read again at their next request.
+            self.known.retain(|_, &mut (_, own)| own);
+            if self.known.len() >= MAX_KNOWN {
+                self.known.clear();
+            }
         }
         let own = actuator.leads_own_autogroup(pid, start);
         self.known.insert(pid, (start, own));
@@ -79,13 +87,20 @@ mod tests {
         let mut s = ConnectionSessions::default();
         s.known.insert(42, (7, true));
         assert!(s.contains(42));
-        assert!(s.check((42, 7), 1, &actuator), "remembered, not read");
+        assert!(s.check((42, 7), 2, &actuator), "remembered, not read");
         // Another process under the pid (another start) is read again: here none is
         // there (beyond any pid_max), so it is not one.
         s.known.insert(4_999_999, (7, true));
-        assert!(!s.check((4_999_999, 8), 1, &actuator));
+        assert!(!s.check((4_999_999, 8), 2, &actuator));
         assert!(!s.contains(4_999_999));
         s.forget(42);
         assert!(!s.contains(42));
+        // A service PID 1 started is no connection's worker.
+        s.known.insert(44, (7, true));
+        assert!(!s.check((44, 7), 1, &actuator));
+        // A server (its own application) under a worker's old pid is not taken for it.
+        s.known.insert(43, (7, true));
+        assert!(!s.check((43, 9), 43, &actuator));
+        assert!(!s.contains(43));
     }
 }

@@ -440,6 +440,7 @@ root_test! {
         let (mut c, child) = connect_child(&addr, server.0[0].id(), &[]);
         ask(&mut c, b"s");
         let before = autogroup_nice(child);
+        assert!(before > -10, "the child's new autogroup is at nice {before} already");
         let raised = wait_for(Duration::from_secs(5), || {
             ask(&mut c, b"s");
             autogroup_nice(single.pid()) == -10

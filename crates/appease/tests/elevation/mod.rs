@@ -173,7 +173,15 @@ root_test! {
         };
         assert_eq!(sunk(&own), 6_000_000, "a long slice: {}", daemon.log_text());
         assert_eq!(sunk(&shared), default_slice, "its own slice: {}", daemon.log_text());
-        drop((own, shared));
+        // Its next request brings it back, with the kernel's slice again.
+        let mut c = own.1.try_clone().unwrap();
+        let back = wait_for(Duration::from_secs(3), || {
+            ask(&mut c, b"s");
+            nice_of_process(own.2) == -4
+                && appease_actuator::sys::sched_getattr(own.2).unwrap().slice_ns == default_slice
+        });
+        assert!(back.is_some(), "surfaced: {}", daemon.log_text());
+        drop((c, own, shared));
     }
 }
 

@@ -129,7 +129,8 @@ pub enum Decision {
     },
     /// Put the thread back to its original nice and slice.
     Restore { pid: u32, tid: u32, reason: Reason },
-    /// Set the thread `levels` nice levels below its original nice, original slice.
+    /// Set the thread `levels` nice levels below its original nice (the daemon chooses
+    /// its slice: its original one, or a long one where nice acts on nothing).
     Sink {
         pid: u32,
         tid: u32,

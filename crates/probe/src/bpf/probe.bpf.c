@@ -445,6 +445,9 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	barrier_var(app);
 	if (!app)
 		return 0; /* outside appease's PID namespace */
+	if (app == 1)
+		return 0; /* the service manager (it listens for socket activation): each
+			   * service it starts is an application of its own */
 	u32 *inherited = bpf_task_storage_get(&apps, leader, 0, 0);
 	if (inherited)
 		app = *inherited;
