@@ -1,7 +1,7 @@
 //! The bench's result files as the Markdown tables docs/RESULTS.md shows: the page's
 //! tables are this output, and a docs test holds them to the files kept in the repository.
 
-use crate::closed_loop::{ClosedLoopResult, Series};
+use crate::closed_loop::{ClosedLoopResult, Point, Series};
 use crate::Mode;
 
 /// The client sweeps' tables, one column per variant of every result (web's `ab` and
@@ -29,10 +29,11 @@ pub fn closed_loop(results: &[ClosedLoopResult]) -> String {
             .find(|s| s.variant == variant && s.mode == mode)
             .and_then(|s| s.points.iter().find(|p| p.clients == n))
     };
-    let ratio = |variant: &str, n: u32, f: fn(&crate::closed_loop::Point) -> f64| {
-        let hand = point(variant, Mode::BatchCgroupIdle, n)?;
-        let appease = point(variant, Mode::Appease, n)?;
-        Some(f(appease) / f(hand))
+    // By hand's and appease's figure `f` at a point, and their ratio.
+    let pair = |variant: &str, n: u32, f: fn(&Point) -> f64| {
+        let hand = f(point(variant, Mode::BatchCgroupIdle, n)?);
+        let appease = f(point(variant, Mode::Appease, n)?);
+        Some((hand, appease, appease / hand))
     };
     let names: Vec<&str> = modes.iter().map(|m| m.name()).collect();
     let mut out = format!(
@@ -48,8 +49,8 @@ pub fn closed_loop(results: &[ClosedLoopResult]) -> String {
                     point(v, m, n).map_or("–".to_string(), |p| format!("{:.2}", p.completion_s))
                 })
                 .collect();
-            match ratio(v, n, |p| p.completion_s) {
-                Some(r) => format!("{} ({r:.2})", times.join(" / ")),
+            match pair(v, n, |p| p.completion_s) {
+                Some((_, _, r)) => format!("{} ({r:.2})", times.join(" / ")),
                 None => times.join(" / "),
             }
         });
@@ -59,18 +60,9 @@ pub fn closed_loop(results: &[ClosedLoopResult]) -> String {
     out += &header(&variants);
     for &n in &clients {
         let cells = variants.iter().map(|&v| {
-            match (
-                point(v, Mode::BatchCgroupIdle, n),
-                point(v, Mode::Appease, n),
-            ) {
-                (Some(h), Some(a)) => format!(
-                    "{:.2} / {:.2} ({:.2})",
-                    h.client_cpu_s,
-                    a.client_cpu_s,
-                    a.client_cpu_s / h.client_cpu_s
-                ),
-                _ => "–".to_string(),
-            }
+            pair(v, n, |p| p.client_cpu_s).map_or("–".to_string(), |(h, a, r)| {
+                format!("{h:.2} / {a:.2} ({r:.2})")
+            })
         });
         out += &row(n, cells);
     }
