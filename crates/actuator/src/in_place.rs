@@ -630,6 +630,7 @@ impl KernelActuator {
                 let _logged_by_journal = self.journal(Record::UnitRestored { unit });
                 return false;
             }
+            crate::crash_point("unit-set");
         }
         audit!(
             self.trail,
@@ -657,49 +658,6 @@ impl KernelActuator {
             },
         );
         true
-    }
-
-    /// Gives a unit back its CPUWeight and runtime drop-in.
-    pub(crate) fn unidle_unit(&mut self, unit: &str, why: &str, report: &mut RestoreReport) {
-        let Some(u) = self.idle_units.remove(unit) else {
-            return;
-        };
-        if !self.dry_run {
-            let units = self.groups.as_ref().and_then(|g| g.units.as_deref());
-            if units.is_some_and(|c| changed_since(c, unit, u.weight)) {
-                report.left_alone += 1;
-                let _logged_by_journal = self.journal(Record::UnitRestored {
-                    unit: unit.to_string(),
-                });
-                return;
-            }
-            match units.map(|c| c.set_cpu_weight(unit, u.orig)) {
-                Some(Ok(())) => {
-                    report.restored += 1;
-                    let (from, to) = (weight_text(u.weight), weight_text(u.orig));
-                    audit!(self.trail, Change::Unit, tree = u.root, unit, from, to, why);
-                }
-                Some(Err(e)) if units.is_some_and(|c| c.unit_gone(unit)) => {
-                    tracing::debug!(unit, error = %e, "unit gone");
-                    report.gone += 1;
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(unit, error = %e, "could not give the unit its CPUWeight back");
-                    report.failed += 1;
-                    self.idle_units.insert(unit.to_string(), u);
-                    return;
-                }
-                None => {
-                    report.failed += 1;
-                    self.idle_units.insert(unit.to_string(), u);
-                    return;
-                }
-            }
-            systemd::put_back_dropin(unit, u.transient, u.dropin.as_deref());
-        }
-        let _logged_by_journal = self.journal(Record::UnitRestored {
-            unit: unit.to_string(),
-        });
     }
 
     /// Units made idle for the tree `root` get their CPUWeight back. Returns how many.
@@ -830,63 +788,6 @@ pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> 
         base_slice_ns,
         report,
     );
-    done
-}
-
-/// Whether someone set the unit's CPUWeight since appease set it to `set` (`systemctl
-/// set-property`): theirs then, logged and left as it is. Unreadable: not known to be.
-fn changed_since(units: &dyn UnitControl, unit: &str, set: u64) -> bool {
-    let Some(found) = units.cpu_weight(unit).ok().filter(|&w| w != set) else {
-        return false;
-    };
-    tracing::info!(
-        unit,
-        expected = weight_text(set),
-        found = weight_text(found),
-        "the unit's CPUWeight was changed by someone else since: left as it is"
-    );
-    true
-}
-
-/// After a crash: every unit the journal says was made idle gets its CPUWeight and
-/// runtime drop-in back, through systemd.
-pub(crate) fn restore_journaled_units(c: &FromJournal, report: &mut RestoreReport) -> Vec<Record> {
-    let (k, state) = (c.k, c.state);
-    let mut done = Vec::new();
-    if state.units.is_empty() {
-        return done;
-    }
-    let bus = match k.system_bus() {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::warn!(error = %e, "the journal lists systemd units made idle, but the system bus is not reachable");
-            report.failed += state.units.len() as u32;
-            return done;
-        }
-    };
-    for (unit, u) in &state.units {
-        if u.set
-            .is_some_and(|set| changed_since(bus.as_ref(), unit, set))
-        {
-            report.left_alone += 1;
-            done.push(Record::UnitRestored { unit: unit.clone() });
-            continue;
-        }
-        match bus.set_cpu_weight(unit, u.orig) {
-            Ok(()) => report.restored += 1,
-            Err(e) if bus.unit_gone(unit) => {
-                tracing::debug!(unit, error = %e, "unit gone");
-                report.gone += 1;
-            }
-            Err(e) => {
-                tracing::warn!(unit, error = %e, "could not give the unit its CPUWeight back");
-                report.failed += 1;
-                continue;
-            }
-        }
-        systemd::put_back_dropin(unit, u.transient, u.dropin.as_deref());
-        done.push(Record::UnitRestored { unit: unit.clone() });
-    }
     done
 }
 

@@ -17,6 +17,7 @@ pub mod sys;
 pub mod systemd;
 mod threads;
 pub mod trail;
+mod unit_restore;
 mod unit_weight;
 
 use std::collections::HashMap;

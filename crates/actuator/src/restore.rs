@@ -10,8 +10,8 @@ use std::path::Path;
 use crate::journal::{self, JournalState, Record};
 use crate::sys::{self, Kernel};
 use crate::{
-    autogroup, group_idle, groups, in_place, spread, threads, Journal, KernelActuator,
-    RestoreReport,
+    autogroup, group_idle, groups, in_place, spread, threads, unit_restore, Journal,
+    KernelActuator, RestoreReport,
 };
 
 /// What a part needs to put back a change from the journal alone.
@@ -49,7 +49,7 @@ pub(crate) static PARTS: &[Part] = &[
     part("pins",                      |st| st.pinned.len(),                  |a, _| a.restore_pins(),             spread::restore_journaled),
     part("groups",                    |st| st.moves.len() + st.groups.len(), KernelActuator::restore_groups,      groups::restore_journaled),
     part("threads idled in place",    |st| st.idled.len(),                   KernelActuator::restore_in_place,    in_place::restore_journaled),
-    part("systemd units",             |st| st.units.len(),                   KernelActuator::restore_units,       in_place::restore_journaled_units),
+    part("systemd units",             |st| st.units.len(),                   KernelActuator::restore_units,       unit_restore::restore_journaled_units),
     part("groups made idle in place", |st| st.idle_groups.len(),             KernelActuator::restore_idle_groups, group_idle::restore_journaled),
 ];
 

@@ -474,3 +474,62 @@ impl Drop for TempDir {
         let _best_effort = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// systemd as the actuator sees it through `UnitControl`: one unit owning the root of
+/// the in-place tests' fake tree, which can refuse calls or go away.
+#[derive(Default)]
+pub struct FakeSystemd {
+    pub weight: u64,
+    pub refuse_set: bool,
+    pub gone: bool,
+    /// Every call, in order.
+    pub calls: Vec<String>,
+}
+
+pub struct Bus(pub Arc<Mutex<FakeSystemd>>);
+
+pub const UNIT: &str = "backup.service";
+
+fn refused(what: &str) -> UnitError {
+    UnitError::Unit {
+        unit: UNIT.into(),
+        what: what.into(),
+    }
+}
+
+impl UnitControl for Bus {
+    fn unit_of(&self, pid: u32) -> Result<Unit, UnitError> {
+        let mut s = self.0.lock().unwrap();
+        s.calls.push(format!("unit_of {pid}"));
+        if s.gone {
+            return Err(refused("not loaded"));
+        }
+        Ok(Unit {
+            id: UNIT.into(),
+            cgroup: "/".into(),
+            transient: true,
+        })
+    }
+    fn cpu_weight(&self, _: &str) -> Result<u64, UnitError> {
+        let s = self.0.lock().unwrap();
+        if s.gone {
+            return Err(refused("not loaded"));
+        }
+        Ok(s.weight)
+    }
+    fn set_cpu_weight(&self, _: &str, weight: u64) -> Result<(), UnitError> {
+        let mut s = self.0.lock().unwrap();
+        s.calls.push(format!("set {weight}"));
+        if s.refuse_set || s.gone {
+            return Err(refused("access denied"));
+        }
+        s.weight = weight;
+        Ok(())
+    }
+    fn unit_gone(&self, _: &str) -> bool {
+        self.0.lock().unwrap().gone
+    }
+    fn unit_at(&self, cgroup: &str) -> Result<Unit, UnitError> {
+        Err(refused(&format!("no unit owns {cgroup} here")))
+    }
+}

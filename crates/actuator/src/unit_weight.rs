@@ -172,6 +172,7 @@ impl KernelActuator {
                 });
                 return Err(e.into());
             }
+            crate::crash_point("unit-set");
         }
         audit!(
             self.trail,

@@ -286,6 +286,7 @@ fn daemon(
 }
 
 fn restore() -> Result<()> {
+    let _crash_points = appease_daemon::crash_points();
     appease_daemon::preflight()?;
     let dir = appease_daemon::run_dir();
     // A daemon killed a moment ago holds the lock until its exit ends (its probe is

@@ -29,7 +29,7 @@ use appease_probe::{monotonic_ns, Event, Family, Probe};
 use hdrhistogram::Histogram;
 
 pub use lock::RunLock;
-pub use startup::{preflight, restore_leftovers, run};
+pub use startup::{crash_points, preflight, restore_leftovers, run};
 
 /// Load is sampled this often; it is smoothed over a second anyway.
 const LOAD_SAMPLE_NS: u64 = 100_000_000;

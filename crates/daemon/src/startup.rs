@@ -75,12 +75,20 @@ pub fn restore_leftovers(dir: &Path) -> Result<RestoreReport> {
     restore_journal(dir).with_context(|| format!("restoring from the journal in {}", dir.display()))
 }
 
+/// Test builds: the chaos harness's crash points, from FAILPOINTS, while the value lives.
+#[cfg(feature = "failpoints")]
+pub fn crash_points() -> fail::FailScenario<'static> {
+    fail::FailScenario::setup()
+}
+
+/// Builds without crash points have none to set up.
+#[cfg(not(feature = "failpoints"))]
+pub fn crash_points() {}
+
 /// Runs the daemon until `controls` asks it to stop; every change is put back on the
 /// way out, whatever ends the loop (signal, error, panic).
 pub fn run(opts: DaemonOptions, controls: Controls) -> Result<()> {
-    // Test builds: the chaos harness's crash points, from FAILPOINTS.
-    #[cfg(feature = "failpoints")]
-    let _failpoints = fail::FailScenario::setup();
+    let _failpoints = crash_points();
     preflight()?;
     let _locks = take_locks(&opts)?;
     let mut storage = ProbeStorage::uninit();

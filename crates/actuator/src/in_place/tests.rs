@@ -5,66 +5,7 @@ use appease_cgroup::{Cgroups, Version};
 use super::*;
 use crate::groups::Groups;
 use crate::journal::Journal;
-use crate::systemd::{Unit, UnitError};
-
-/// systemd as the actuator sees it through `UnitControl`: one unit owning the fake
-/// tree's root, which can refuse calls or go away.
-#[derive(Default)]
-struct FakeSystemd {
-    weight: u64,
-    refuse_set: bool,
-    gone: bool,
-    /// Every call, in order.
-    calls: Vec<String>,
-}
-
-struct Bus(Arc<Mutex<FakeSystemd>>);
-
-const UNIT: &str = "backup.service";
-
-fn refused(what: &str) -> UnitError {
-    UnitError::Unit {
-        unit: UNIT.into(),
-        what: what.into(),
-    }
-}
-
-impl UnitControl for Bus {
-    fn unit_of(&self, pid: u32) -> Result<Unit, UnitError> {
-        let mut s = self.0.lock().unwrap();
-        s.calls.push(format!("unit_of {pid}"));
-        if s.gone {
-            return Err(refused("not loaded"));
-        }
-        Ok(Unit {
-            id: UNIT.into(),
-            cgroup: "/".into(),
-            transient: true,
-        })
-    }
-    fn cpu_weight(&self, _: &str) -> Result<u64, UnitError> {
-        let s = self.0.lock().unwrap();
-        if s.gone {
-            return Err(refused("not loaded"));
-        }
-        Ok(s.weight)
-    }
-    fn set_cpu_weight(&self, _: &str, weight: u64) -> Result<(), UnitError> {
-        let mut s = self.0.lock().unwrap();
-        s.calls.push(format!("set {weight}"));
-        if s.refuse_set || s.gone {
-            return Err(refused("access denied"));
-        }
-        s.weight = weight;
-        Ok(())
-    }
-    fn unit_gone(&self, _: &str) -> bool {
-        self.0.lock().unwrap().gone
-    }
-    fn unit_at(&self, cgroup: &str) -> Result<Unit, UnitError> {
-        Err(refused(&format!("no unit owns {cgroup} here")))
-    }
-}
+use crate::testing::{Bus, FakeSystemd};
 
 /// A child process alone in a fake v2 tree that systemd owns, and an actuator
 /// journaling into `dir` that talks to `fake`.

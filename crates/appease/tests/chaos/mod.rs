@@ -485,3 +485,11 @@ root_test! {
         );
     }
 }
+
+root_test! {
+    fn chaos_kills_while_systemd_units_are_set_and_every_unit_is_put_back() {
+        // The unit paths run only under systemd on cgroup v2: in the VM (crates/appease/
+        // tests/vm/chaos.sh), CHAOS_UNIT_ROUNDS rounds, sharing the boot of the vm tests.
+        in_systemd_vm("chaos.sh");
+    }
+}

@@ -8,7 +8,7 @@ pub(crate) fn in_vm(mode: &str, script: &str) {
 
 /// The scripts that share one boot of the systemd VM (a boot and power-off on emulated
 /// CPUs take about a minute), with the files they need.
-const SYSTEMD_PARTS: [&str; 2] = ["systemd.sh", "service.sh"];
+const SYSTEMD_PARTS: [&str; 3] = ["systemd.sh", "service.sh", "chaos.sh"];
 const SYSTEMD_FILES: [&str; 1] = ["deploy/appease.service"];
 
 /// Runs `script`, one of `SYSTEMD_PARTS`, in the systemd VM: the first test to ask boots it
@@ -24,7 +24,11 @@ pub(crate) fn in_systemd_vm(script: &str) {
         let dir = std::env::temp_dir().join(format!("appease-vm-parts-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let driver = dir.join("parts.sh");
-        let mut lines = String::new();
+        // `make chaos`'s unit rounds (chaos.sh); `make test` runs its short form.
+        let mut lines = match std::env::var("CHAOS_UNIT_ROUNDS") {
+            Ok(n) => format!("export CHAOS_UNIT_ROUNDS={}\n", n.parse::<u32>().expect("CHAOS_UNIT_ROUNDS is a number")),
+            Err(_) => String::new(),
+        };
         for part in SYSTEMD_PARTS {
             lines += &format!(
                 "echo '=== PART {part}'; sh /opt/appease/{part}; echo \"=== PART END {part} rc=$?\"\n"
@@ -69,7 +73,15 @@ pub(crate) fn in_vm_with(mode: &str, script: &str, files: &[&str]) {
 fn run_vm(mode: &str, script: &std::path::Path, files: &[&str]) -> (bool, String) {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let vm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
-    let out = Command::new(repo.join("scripts/vm/run.sh"))
+    let mut cmd = Command::new(repo.join("scripts/vm/run.sh"));
+    // `make chaos`'s unit rounds take about 20 s each on the emulated CPUs.
+    if let Some(rounds) = std::env::var("CHAOS_UNIT_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        cmd.env("APPEASE_VM_TIMEOUT", (900 + 40 * rounds).to_string());
+    }
+    let out = cmd
         .arg(mode)
         .arg(script)
         .arg(vm.join("lib.sh"))

@@ -1,0 +1,135 @@
+# The chaos harness's unit rounds (cgroup v2 under systemd): the daemon killed while it
+# sets units through systemd, then everything put back, by `appease restore` or by the
+# next daemon's start. Each round kills it one way: at a random moment; right after the
+# journal record of a unit's CPUWeight, before the call (`written-unit-idle`); right after
+# the call (`unit-set`); or, after a kill, in the middle of the restore itself, between
+# systemd's call and the drop-in (`unit-put-back`), and then restored again. Some rounds an
+# administrator sets the batch's scope's CPUWeight between the crash and the restore: theirs
+# is kept. After each round every unit has its CPUWeight, runtime drop-in and cpu.idle as
+# before, and no journal is left.
+#
+# The units: a server in serve.slice answering a client, a soaker alone in a scope of
+# user.slice. The scope is made idle for its tree (in_place), user.slice for the branch
+# where the batch meets the server (unit_weight): both paths that set a unit.
+. /opt/appease/lib.sh
+
+ROUNDS=${CHAOS_UNIT_ROUNDS:-4}
+BATCH=chaos-batch.scope
+UNITS="user.slice $BATCH serve.slice"
+# What a unit has: its CPUWeight, its runtime drop-ins' text, whether it is idle. (With no
+# CPU setting left in the subtree, systemd may take the cpu controller off a group, or not
+# yet: cpu.idle 0 and no cpu.idle at all are the same here.)
+unit_state() {
+  u=$1
+  g=$(systemctl show -P ControlGroup "$u")
+  echo "$u weight=$(systemctl show -P CPUWeight "$u")" \
+    "dropin=$(cat /run/systemd/transient/$u.d/50-CPUWeight.conf /run/systemd/system.control/$u.d/50-CPUWeight.conf 2>/dev/null | md5sum | cut -c1-8)" \
+    "idle=$(unit_idle "$g" && echo yes || echo no)"
+}
+state() { for u in $UNITS; do unit_state $u; done; }
+state_is() { [ "$(state)" = "$1" ]; }
+rand() { od -An -N2 -tu2 /dev/urandom | tr -d ' '; }
+# ended PID: the child has exited (a zombie until waited for).
+ended() { [ ! -e /proc/$1 ] || [ "$(cut -d' ' -f3 /proc/$1/stat)" = Z ]; }
+both_set() { unit_idle /user.slice && unit_idle /user.slice/$BATCH; }
+unit_idle() { [ "$(cat "/sys/fs/cgroup$1/cpu.idle" 2>/dev/null)" = 1 ]; }
+
+systemd-run --quiet --unit=chaos-web --slice=serve.slice $A bench-worker server --cpu-ms 1 --port 7003
+wait_until 10 sh -c "bash -c ': < /dev/tcp/127.0.0.1/7003' 2>/dev/null"
+bash -c "exec 3<>/dev/tcp/127.0.0.1/7003; while :; do printf x >&3; dd bs=16 count=1 <&3 status=none > /dev/null; sleep 0.2; done" &
+CLIENT=$!
+systemd-run --quiet --scope --unit=${BATCH%.scope} --slice=user.slice sh -c "$SOAK" &
+SOAKER=$!
+wait_until 10 systemctl is-active --quiet $BATCH
+BEFORE=$(state)
+echo "before appease:"; echo "$BEFORE"
+
+# A first daemon shows the units this harness kills it over are set at all.
+start_daemon $CONFIG
+check "user.slice and the batch's scope are made idle" wait_until 60 both_set || tail -20 /tmp/daemon.log
+stop_daemon
+check "and given back at exit" [ "$(state)" = "$BEFORE" ]
+
+fired_written=0; fired_set=0; fired_put_back=0; timed=0; admin_rounds=0; clean=0
+round=0
+while [ $round -lt "$ROUNDS" ]; do
+  round=$((round + 1))
+  kind=$((round % 4))
+  n=$(( $(rand) % 2 + 1 ))
+  case $kind in
+    1) point=written-unit-idle ;;
+    2) point=unit-set ;;
+    *) point= ;;
+  esac
+  if [ -n "$point" ]; then
+    FAILPOINTS="$point=$((n - 1))*off->return" $A daemon --config $CONFIG > /tmp/crashed.log 2>&1 &
+  else
+    $A daemon --config $CONFIG > /tmp/crashed.log 2>&1 &
+  fi
+  DAEMON=$!
+  how=""
+  case $kind in
+    1|2)
+      if wait_until 60 ended $DAEMON; then how="at $point #$n"; else how="$point #$n not reached"; fi ;;
+    3)
+      wait_until 60 both_set
+      how="after both were set, then in the restore at unit-put-back" ;;
+    0)
+      ms=$(( $(rand) % 6000 + 500 ))
+      sleep "$(echo $ms | awk '{ printf "%.3f", $1 / 1000 }')"
+      how="after $ms ms" ;;
+  esac
+  kill -KILL $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null
+  case $how in at\ written*) fired_written=$((fired_written + 1)) ;; at\ unit-set*) fired_set=$((fired_set + 1)) ;; after\ *ms) timed=$((timed + 1)) ;; esac
+  if [ $kind = 3 ]; then
+    FAILPOINTS="unit-put-back=return" $A restore > /tmp/restore1.log 2>&1
+    rc=$?
+    if [ $rc = 137 ]; then fired_put_back=$((fired_put_back + 1)); else how="$how (not reached: rc $rc)"; fi
+  fi
+  EXPECTED=$BEFORE
+  admin=""
+  if [ $((round % 5)) = 4 ]; then
+    systemctl set-property --runtime $BATCH CPUWeight=77
+    EXPECTED=$(echo "$BEFORE" | grep -v "^$BATCH "; unit_state $BATCH)
+    EXPECTED=$(for u in $UNITS; do echo "$EXPECTED" | grep "^$u "; done)
+    admin=", an administrator's CPUWeight=77 on the scope"
+    admin_rounds=$((admin_rounds + 1))
+  fi
+  # Each kind of kill with each way of putting back, over eight rounds.
+  if [ $(((round + round / 4) % 2)) = 0 ]; then
+    way="appease restore"
+    $A restore > /tmp/restore.log 2>&1 || echo "restore failed: $(cat /tmp/restore.log)"
+  else
+    way="the next daemon's start"
+    start_daemon $CONFIG
+    cp /tmp/daemon.log /tmp/restore.log
+    stop_daemon
+  fi
+  # systemd applies a property to the cgroup from its event loop, just after the call.
+  wait_until 5 state_is "$EXPECTED"
+  AFTER=$(state)
+  if [ "$AFTER" = "$EXPECTED" ] && [ ! -e $APPEASE_RUN_DIR/journal.jsonl ]; then
+    clean=$((clean + 1))
+    ok "round $round/$ROUNDS: killed $how$admin, put back by $way: every unit as it was"
+  else
+    fail "round $round/$ROUNDS: killed $how$admin, put back by $way" "expected:
+$EXPECTED
+found:
+$AFTER
+journal: $(cat $APPEASE_RUN_DIR/journal.jsonl 2>/dev/null)
+the killed daemon's log: $(grep -v libbpf /tmp/crashed.log | tail -15)
+the restore's log: $(tail -15 /tmp/restore.log)"
+  fi
+  if [ -n "$admin" ]; then
+    systemctl set-property --runtime $BATCH CPUWeight=
+    rm -f /run/systemd/transient/$BATCH.d/50-CPUWeight.conf
+    BEFORE=$(state)
+  fi
+done
+echo "chaos units: $clean of $ROUNDS rounds clean; killed at written-unit-idle $fired_written," \
+  "at unit-set $fired_set, in the restore at unit-put-back $fired_put_back, at a random moment $timed;" \
+  "$admin_rounds with an administrator's change"
+check "a kill at each crash point fired" [ $((fired_written * fired_set * fired_put_back)) -gt 0 ]
+kill $CLIENT $SOAKER 2>/dev/null
+systemctl stop chaos-web $BATCH 2>/dev/null
+finish
