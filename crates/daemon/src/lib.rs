@@ -422,6 +422,11 @@ impl<'obj> Daemon<'obj> {
                 };
                 let _saturates_instead = h.record(us.max(1));
             }
+        } else if self.policy.spent(tid) {
+            // Its application's (or user's) budget is spent: its requests raise nothing
+            // until refilled, so they wait for the next tick instead of waking the daemon
+            // (a database's hundreds of backends, each request a wake-up otherwise).
+            self.hold(tid, Some(0));
         }
         // After the elevation: a surfaced thread's application may need telling.
         self.tell_probe();
@@ -654,8 +659,8 @@ impl<'obj> Daemon<'obj> {
         }
     }
 
-    /// Tells the probe whether `tid` is held elevated (`Some` of the levels a request
-    /// gave it), when that changed.
+    /// Tells the probe whether `tid` is held (`Some` of the levels a request gave it, 0 for
+    /// a thread whose budget is spent), when that changed.
     fn hold(&mut self, tid: u32, levels: Option<u32>) {
         let changed = match levels {
             Some(l) => self.held.insert(tid, l).is_none(),
@@ -671,12 +676,12 @@ impl<'obj> Daemon<'obj> {
     }
 
     /// Threads the policy no longer holds elevated (forgotten by the audit, an exception
-    /// of a new config) wake the daemon again.
+    /// of a new config) and threads whose budget has refilled wake the daemon again.
     fn release_unheld(&mut self) {
         let unheld: Vec<u32> = self
             .held
             .keys()
-            .filter(|&&t| self.policy.levels(t) == 0)
+            .filter(|&&t| self.policy.levels(t) == 0 && !self.policy.spent(t))
             .copied()
             .collect();
         for tid in unheld {
@@ -740,6 +745,7 @@ impl<'obj> Daemon<'obj> {
                 response_reads: c.responses,
                 throttled_events: c.throttled,
                 held_requests: c.held,
+                waking_requests: c.woke,
             },
             actuator: self.actuator.counters.clone().into(),
             elevation_latency_us: latency_view(&self.latency_us),

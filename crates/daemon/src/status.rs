@@ -97,6 +97,9 @@ pub struct ProbeView {
     /// tick instead of waking the daemon.
     #[serde(default)]
     pub held_requests: u64,
+    /// Requests that woke the daemon: its wake-ups for requests, the most of its cost.
+    #[serde(default)]
+    pub waking_requests: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

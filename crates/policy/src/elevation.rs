@@ -714,6 +714,14 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         self.thread(tid).map_or(0, |t| t.levels)
     }
 
+    /// Whether a request of `tid` now would raise nothing because its application's or
+    /// its user's budget is spent (until refilled, when its requests count again).
+    pub fn spent(&self, tid: u32) -> bool {
+        self.thread(tid).is_some_and(|t| {
+            self.apps.get(t.app).is_some_and(|a| a.exhausted) || user_exhausted(&self.users, t.user)
+        })
+    }
+
     pub fn tracked(&self) -> usize {
         self.threads.len()
     }

@@ -220,6 +220,8 @@ pub struct Counters {
     /// Requests after a quiet spell of a thread held elevated (`set_held`): reported
     /// without waking the daemon.
     pub held: u64,
+    /// Requests that woke the daemon (after a quiet spell, of a thread not held).
+    pub woke: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -520,6 +522,7 @@ impl<'obj> Probe<'obj> {
             (3, &mut c.responses),
             (4, &mut c.throttled),
             (5, &mut c.held),
+            (6, &mut c.woke),
         ] {
             if let Ok(Some(per_cpu)) = self
                 .skel

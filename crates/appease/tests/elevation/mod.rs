@@ -357,6 +357,35 @@ root_test! {
 }
 
 root_test! {
+    fn a_server_whose_budget_is_spent_no_longer_wakes_the_daemon_per_request() {
+        let (_dir, _cfg, _soak, daemon) = loaded("spent", 2);
+        // One serving thread (its client's reads are responses: not watched), 40 ms of CPU
+        // per request and the next request 30 ms after each answer: over half a CPU beside
+        // the soakers, its application's budget 0.3 of one. Each request comes after a quiet
+        // spell long enough to wake the daemon.
+        let _service = Service::tcp(Duration::from_millis(40), Duration::from_millis(30));
+        // The 200 ms bucket runs dry within a second.
+        thread::sleep(Duration::from_secs(2));
+        let counts = |st: &serde_json::Value| {
+            ["request_events", "waking_requests", "held_requests"]
+                .map(|k| st["probe"][k].as_u64().unwrap_or(0))
+        };
+        let before = counts(&daemon.status_json());
+        thread::sleep(Duration::from_secs(4));
+        let st = daemon.status_json();
+        let after = counts(&st);
+        let [requests, woke, held] = [0, 1, 2].map(|i| after[i] - before[i]);
+        eprintln!("over 4 s: {requests} requests, {woke} woke the daemon, {held} waited for a tick");
+        assert!(requests >= 20, "the servers were asked: {st}");
+        assert!(
+            woke * 10 <= requests,
+            "{woke} of {requests} requests of a spent application woke the daemon\n{}",
+            daemon.log_text()
+        );
+    }
+}
+
+root_test! {
     fn a_thread_reniced_by_hand_is_left_alone() {
         let (_dir, _cfg, _soak, mut daemon) = loaded("renice", 4);
         let unix = Service::unix(Duration::from_millis(1), Duration::from_millis(10));

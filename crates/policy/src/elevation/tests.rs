@@ -528,6 +528,7 @@ fn a_server_using_a_fifth_of_a_cpu_keeps_its_elevation() {
 fn exhausted_thread_recovers_once_it_stops_burning() {
     let mut p = ElevationPolicy::new(params());
     p.on_request(0, 1, 1, 1, Source::Unix, 0, load(2.0));
+    assert!(!p.spent(1), "a fresh bucket");
     // 600 ms of CPU within the first 100 ms (several threads' worth: a clear overrun).
     let d = p.on_tick(100 * MS, |_, _| Some(600 * MS));
     assert_eq!(
@@ -547,9 +548,13 @@ fn exhausted_thread_recovers_once_it_stops_burning() {
         p.on_request(700 * MS, 1, 1, 1, Source::Unix, 600 * MS, load(2.0)),
         None
     );
+    // Spent: the daemon lets its requests wait for a tick rather than wake it.
+    assert!(p.spent(1));
     assert!(p
         .on_request(1000 * MS, 1, 1, 1, Source::Unix, 600 * MS, load(2.0))
         .is_some());
+    assert!(!p.spent(1), "refilled");
+    assert!(!p.spent(2), "a thread not watched has no budget spent");
 }
 
 #[test]

@@ -107,10 +107,11 @@ struct {
 	__type(value, u32);
 } listeners SEC(".maps");
 
-/* Threads the daemon holds elevated, marked from user space by a pidfd of the thread: a
- * request of theirs after a quiet spell only keeps an elevation already there, so it waits
- * for the daemon's next tick rather than wake it (a database's hundreds of busy backends
- * would wake it a thousand times a second). */
+/* Threads the daemon holds elevated, or whose application's budget is spent, marked from
+ * user space by a pidfd of the thread: a request of theirs after a quiet spell only keeps
+ * an elevation already there, or raises nothing, so it waits for the daemon's next tick
+ * rather than wake it (a database's hundreds of busy backends would wake it a thousand
+ * times a second). */
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -401,6 +402,8 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 		e->woke = 0;
 		count(APPEASE_CNT_HELD);
 	}
+	if (e->woke)
+		count(APPEASE_CNT_WOKE);
 	bpf_ringbuf_submit(e, e->woke ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 	count(APPEASE_CNT_REQUESTS);
 	return 0;
