@@ -26,8 +26,12 @@ pub(crate) struct UnitChange<'a> {
 pub(crate) enum PutBack {
     /// The old CPUWeight and drop-in are back.
     Restored,
+    /// The old CPUWeight was there already (appease's call never happened, or a put-back
+    /// was cut short before the drop-in): only the drop-in went back.
+    AlreadyBack,
     /// Someone set the CPUWeight since: theirs, left as it is.
     LeftAlone,
+    /// The unit is no more (its drop-in put back all the same).
     Gone,
     /// systemd refused: still appease's to put back.
     Failed,
@@ -42,7 +46,7 @@ pub(crate) fn put_back(
     let found = units.cpu_weight(c.unit).ok();
     let outcome = match (found, c.set) {
         // The old value already: only the drop-in may still be appease's.
-        (Some(w), _) if w == c.orig => PutBack::Restored,
+        (Some(w), _) if w == c.orig => PutBack::AlreadyBack,
         (Some(w), Some(set)) if w != set => {
             tracing::info!(
                 unit = c.unit,
@@ -95,11 +99,13 @@ impl KernelActuator {
                     let (from, to) = (weight_text(u.weight), weight_text(u.orig));
                     audit!(self.trail, Change::Unit, tree = u.root, unit, from, to, why);
                 }
-                Some(PutBack::LeftAlone | PutBack::Gone) => {}
-                Some(PutBack::Failed) | None => {
-                    if units.is_none() {
-                        report.failed += 1;
-                    }
+                Some(PutBack::AlreadyBack | PutBack::LeftAlone | PutBack::Gone) => {}
+                Some(PutBack::Failed) => {
+                    self.idle_units.insert(unit.to_string(), u);
+                    return;
+                }
+                None => {
+                    report.failed += 1;
                     self.idle_units.insert(unit.to_string(), u);
                     return;
                 }
@@ -153,10 +159,20 @@ mod tests {
     /// Puts back a unit appease set idle over no CPUWeight (no drop-in before), the unit
     /// having `now`; what it ended as, the unit's weight after, and the calls made.
     fn put_back_with(now: u64, set: Option<u64>) -> (PutBack, u64, Vec<String>, RestoreReport) {
-        let fake = Arc::new(Mutex::new(FakeSystemd {
-            weight: now,
-            ..FakeSystemd::default()
-        }));
+        put_back_on(
+            FakeSystemd {
+                weight: now,
+                ..FakeSystemd::default()
+            },
+            set,
+        )
+    }
+
+    fn put_back_on(
+        systemd: FakeSystemd,
+        set: Option<u64>,
+    ) -> (PutBack, u64, Vec<String>, RestoreReport) {
+        let fake = Arc::new(Mutex::new(systemd));
         let change = UnitChange {
             unit: UNIT,
             orig: WEIGHT_UNSET,
@@ -184,7 +200,7 @@ mod tests {
         // The crash came between the record and the call, or between a put-back's call and
         // its drop-in: nobody else's change, and only the drop-in may be left to put back.
         let (outcome, weight, calls, report) = put_back_with(WEIGHT_UNSET, Some(WEIGHT_IDLE));
-        assert_eq!(outcome, PutBack::Restored);
+        assert_eq!(outcome, PutBack::AlreadyBack);
         assert_eq!(weight, WEIGHT_UNSET);
         assert!(calls.is_empty(), "{calls:?}");
         assert_eq!((report.restored, report.left_alone), (1, 0));
@@ -204,5 +220,24 @@ mod tests {
         let (outcome, weight, _, _) = put_back_with(77, None);
         assert_eq!(outcome, PutBack::Restored);
         assert_eq!(weight, WEIGHT_UNSET);
+    }
+
+    #[test]
+    fn a_refused_put_back_stays_appeases_and_a_gone_unit_is_closed() {
+        let refusing = FakeSystemd {
+            weight: WEIGHT_IDLE,
+            refuse_set: true,
+            ..FakeSystemd::default()
+        };
+        let (outcome, weight, _, report) = put_back_on(refusing, Some(WEIGHT_IDLE));
+        assert_eq!((outcome, weight), (PutBack::Failed, WEIGHT_IDLE));
+        assert_eq!((report.failed, report.restored), (1, 0));
+        let gone = FakeSystemd {
+            gone: true,
+            ..FakeSystemd::default()
+        };
+        let (outcome, _, _, report) = put_back_on(gone, Some(WEIGHT_IDLE));
+        assert_eq!(outcome, PutBack::Gone);
+        assert_eq!((report.gone, report.failed), (1, 0));
     }
 }

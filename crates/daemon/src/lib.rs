@@ -73,8 +73,8 @@ struct Daemon<'obj> {
     /// The applications the probe has been told of: those with sunk threads or demoted
     /// trees.
     marked_apps: HashSet<u32>,
-    /// Threads the probe knows as held elevated (their requests wake nobody), with the
-    /// levels their last request gave them.
+    /// Threads the probe knows as held (their requests wake nobody): elevated, with the
+    /// levels their last request gave them, or 0 while their budget is spent.
     held: HashMap<u32, u32>,
     /// Server workers in a session (and autogroup) of their own: elevated without the
     /// short slice or the autogroup's raise.
@@ -422,10 +422,11 @@ impl<'obj> Daemon<'obj> {
                 };
                 let _saturates_instead = h.record(us.max(1));
             }
-        } else if self.policy.spent(tid) {
+        } else if self.policy.spent(tid) && !self.held.contains_key(&tid) {
             // Its application's (or user's) budget is spent: its requests raise nothing
-            // until refilled, so they wait for the next tick instead of waking the daemon
-            // (a database's hundreds of backends, each request a wake-up otherwise).
+            // until refilled, so they wait for the next tick instead of waking the daemon.
+            // (One held elevated keeps its levels: the tick's restore for the budget
+            // releases it.)
             self.hold(tid, Some(0));
         }
         // After the elevation: a surfaced thread's application may need telling.

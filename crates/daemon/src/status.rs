@@ -93,8 +93,8 @@ pub struct ProbeView {
     /// the kernel.
     #[serde(default)]
     pub throttled_events: u64,
-    /// Requests after a quiet spell of threads held elevated already, read at the next
-    /// tick instead of waking the daemon.
+    /// Requests after a quiet spell of held threads (elevated already, or their budget
+    /// spent), read at the next tick instead of waking the daemon.
     #[serde(default)]
     pub held_requests: u64,
     /// Requests that woke the daemon: its wake-ups for requests, the most of its cost.

@@ -217,8 +217,8 @@ pub struct Counters {
     pub responses: u64,
     /// Requests of unprivileged users beyond their events' bound, not reported.
     pub throttled: u64,
-    /// Requests after a quiet spell of a thread held elevated (`set_held`): reported
-    /// without waking the daemon.
+    /// Requests after a quiet spell of a held thread (`set_held`): reported without
+    /// waking the daemon.
     pub held: u64,
     /// Requests that woke the daemon (after a quiet spell, of a thread not held).
     pub woke: u64,
@@ -453,8 +453,8 @@ impl<'obj> Probe<'obj> {
         }
     }
 
-    /// Marks thread `tid` as held elevated by the daemon, or clears the mark: a held
-    /// thread's requests wait for the daemon's next tick instead of waking it. A thread
+    /// Marks thread `tid` as held by the daemon (elevated, or its budget spent), or clears
+    /// the mark: a held thread's requests wait for the daemon's next tick instead of waking it. A thread
     /// gone meanwhile is skipped (the kernel drops its mark with it).
     pub fn set_held(&mut self, tid: u32, held: bool) -> Result<(), ProbeError> {
         use std::os::fd::AsRawFd;

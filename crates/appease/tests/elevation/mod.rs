@@ -363,7 +363,7 @@ root_test! {
         // per request and the next request 30 ms after each answer: over half a CPU beside
         // the soakers, its application's budget 0.3 of one. Each request comes after a quiet
         // spell long enough to wake the daemon.
-        let _service = Service::tcp(Duration::from_millis(40), Duration::from_millis(30));
+        let service = Service::tcp(Duration::from_millis(40), Duration::from_millis(30));
         // The 200 ms bucket runs dry within a second.
         thread::sleep(Duration::from_secs(2));
         let counts = |st: &serde_json::Value| {
@@ -376,7 +376,10 @@ root_test! {
         let after = counts(&st);
         let [requests, woke, held] = [0, 1, 2].map(|i| after[i] - before[i]);
         eprintln!("over 4 s: {requests} requests, {woke} woke the daemon, {held} waited for a tick");
-        assert!(requests >= 20, "the servers were asked: {st}");
+        assert!(requests >= 20, "the server was asked: {st}");
+        // Spent: restored for its budget and not elevated again (so not held elevated).
+        assert!(st["actuator"]["restores"].as_u64().unwrap_or(0) >= 1, "{st}");
+        assert_eq!(nice_of(service.server_tid), 0, "the spent server at its own nice");
         assert!(
             woke * 10 <= requests,
             "{woke} of {requests} requests of a spent application woke the daemon\n{}",

@@ -16,7 +16,7 @@ enum appease_counter {
 	APPEASE_CNT_LOST = 2,         /* events dropped because the ring buffer was full */
 	APPEASE_CNT_RESPONSES = 3,    /* reads on a side that connected, one per thread and socket per quiet period */
 	APPEASE_CNT_THROTTLED = 4,    /* requests of unprivileged users beyond their events' bound, not reported */
-	APPEASE_CNT_HELD = 5,         /* requests reported without a wakeup: their thread is elevated already */
+	APPEASE_CNT_HELD = 5,         /* requests reported without a wakeup: their thread is held (elevated, or its budget spent) */
 	APPEASE_CNT_WOKE = 6,         /* requests that woke the daemon */
 	APPEASE_NR_COUNTERS = 7,
 };
