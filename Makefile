@@ -113,8 +113,9 @@ test: test-deps
 # The chaos harness at length (root; about an hour): the daemon killed 1,000 times at
 # random moments and at its crash points, each time restored and checked, then 100 times
 # while it sets systemd units, in the VM (about 35 minutes on its emulated CPUs). `make
-# test` runs 7 and 4 (each kind of kill, each way of putting back, an administrator's
-# changes). CHAOS_ROUNDS, CHAOS_UNIT_ROUNDS and CHAOS_SEED override.
+# test` runs 7 (each kind of kill, each way of putting back, an administrator's changes)
+# and 1 (inside a restore, an administrator's change). CHAOS_ROUNDS, CHAOS_UNIT_ROUNDS and
+# CHAOS_SEED override.
 CHAOS_ROUNDS ?= 1000
 CHAOS_UNIT_ROUNDS ?= 100
 chaos: test-deps
