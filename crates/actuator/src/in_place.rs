@@ -13,7 +13,7 @@ use crate::restore::FromJournal;
 use crate::sys::{self, Kernel, Sched};
 use crate::systemd::{self, UnitControl, WEIGHT_IDLE};
 use crate::trail::{audit, Change};
-use crate::{groups::MovedView, now_secs, KernelActuator, RestoreReport};
+use crate::{groups::MovedView, now_secs, ActError, KernelActuator, RestoreReport};
 
 /// A thread appease put in SCHED_IDLE where it is.
 pub(crate) struct Idled {
@@ -613,24 +613,18 @@ impl KernelActuator {
         };
         let dropin = systemd::read_dropin(&unit, transient);
         if !self.dry_run {
-            let rec = Record::UnitIdle {
-                unit: unit.clone(),
-                orig,
-                transient,
-                dropin: dropin.clone(),
-                set: Some(WEIGHT_IDLE),
-            };
-            if self.journal(rec).is_err() {
-                self.counters.fail("journal");
-                return false;
+            let was = (orig, transient, dropin.clone());
+            match self.set_unit_journaled(units, &unit, was, WEIGHT_IDLE) {
+                Ok(()) => {}
+                Err(ActError::Unit(e)) => {
+                    tracing::warn!(unit, error = %e, "systemd refused CPUWeight=idle");
+                    return false;
+                }
+                Err(_) => {
+                    self.counters.fail("journal");
+                    return false;
+                }
             }
-            if let Err(e) = units.set_cpu_weight(&unit, WEIGHT_IDLE) {
-                self.counters.fail("systemd");
-                tracing::warn!(unit, error = %e, "systemd refused CPUWeight=idle");
-                let _logged_by_journal = self.journal(Record::UnitRestored { unit });
-                return false;
-            }
-            crate::crash_point("unit-set");
         }
         audit!(
             self.trail,

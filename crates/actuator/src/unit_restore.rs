@@ -37,14 +37,14 @@ pub(crate) enum PutBack {
     Failed,
 }
 
-/// Gives `c.unit` its CPUWeight and drop-in back unless someone changed it since.
+/// Gives `c.unit` its CPUWeight and drop-in back unless someone changed it since;
+/// `report` counts how it ended.
 pub(crate) fn put_back(
     units: &dyn UnitControl,
     c: &UnitChange,
     report: &mut RestoreReport,
 ) -> PutBack {
-    let found = units.cpu_weight(c.unit).ok();
-    let outcome = match (found, c.set) {
+    let outcome = match (units.cpu_weight(c.unit).ok(), c.set) {
         // The old value already: only the drop-in may still be appease's.
         (Some(w), _) if w == c.orig => PutBack::AlreadyBack,
         (Some(w), Some(set)) if w != set => {
@@ -54,8 +54,7 @@ pub(crate) fn put_back(
                 found = weight_text(w),
                 "the unit's CPUWeight was changed by someone else since: left as it is"
             );
-            report.left_alone += 1;
-            return PutBack::LeftAlone;
+            PutBack::LeftAlone
         }
         _ => match units.set_cpu_weight(c.unit, c.orig) {
             Ok(()) => PutBack::Restored,
@@ -65,17 +64,23 @@ pub(crate) fn put_back(
             }
             Err(e) => {
                 tracing::warn!(unit = c.unit, error = %e, "could not give the unit its CPUWeight back");
-                report.failed += 1;
-                return PutBack::Failed;
+                PutBack::Failed
             }
         },
     };
     match outcome {
+        PutBack::Restored | PutBack::AlreadyBack => report.restored += 1,
         PutBack::Gone => report.gone += 1,
-        _ => report.restored += 1,
+        PutBack::LeftAlone => report.left_alone += 1,
+        PutBack::Failed => report.failed += 1,
     }
-    crate::crash_point("unit-put-back");
-    systemd::put_back_dropin(c.unit, c.transient, c.dropin);
+    if matches!(
+        outcome,
+        PutBack::Restored | PutBack::AlreadyBack | PutBack::Gone
+    ) {
+        crate::crash_point("unit-put-back");
+        systemd::put_back_dropin(c.unit, c.transient, c.dropin);
+    }
     outcome
 }
 

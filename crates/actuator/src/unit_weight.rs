@@ -158,21 +158,8 @@ impl KernelActuator {
         }
         let dropin = systemd::read_dropin(&unit.id, unit.transient);
         if !self.dry_run {
-            self.journal(Record::UnitIdle {
-                unit: unit.id.clone(),
-                orig,
-                transient: unit.transient,
-                dropin: dropin.clone(),
-                set: Some(weight),
-            })?;
-            if let Err(e) = units.set_cpu_weight(&unit.id, weight) {
-                self.counters.fail("systemd");
-                let _logged_by_journal = self.journal(Record::UnitRestored {
-                    unit: unit.id.clone(),
-                });
-                return Err(e.into());
-            }
-            crate::crash_point("unit-set");
+            let was = (orig, unit.transient, dropin.clone());
+            self.set_unit_journaled(units, &unit.id, was, weight)?;
         }
         audit!(
             self.trail,
@@ -199,6 +186,35 @@ impl KernelActuator {
             },
         );
         Ok(true)
+    }
+
+    /// Journals that appease sets `unit` to `weight` over `was` (its CPUWeight, whether it
+    /// is transient, its drop-in's text), then sets it through systemd; a refusal closes
+    /// the record again. Every path that sets a unit goes through here, so each journals
+    /// first and the chaos harness's crash point follows every call.
+    pub(crate) fn set_unit_journaled(
+        &mut self,
+        units: &dyn UnitControl,
+        unit: &str,
+        (orig, transient, dropin): (u64, bool, Option<String>),
+        weight: u64,
+    ) -> Result<(), ActError> {
+        self.journal(Record::UnitIdle {
+            unit: unit.to_string(),
+            orig,
+            transient,
+            dropin,
+            set: Some(weight),
+        })?;
+        if let Err(e) = units.set_cpu_weight(unit, weight) {
+            self.counters.fail("systemd");
+            let _logged_by_journal = self.journal(Record::UnitRestored {
+                unit: unit.to_string(),
+            });
+            return Err(e.into());
+        }
+        crate::crash_point("unit-set");
+        Ok(())
     }
 
     /// Gives back the unit set for the branch rule `why` at `cgroup`, if any.

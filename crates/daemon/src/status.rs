@@ -97,7 +97,7 @@ pub struct ProbeView {
     /// spent), read at the next tick instead of waking the daemon.
     #[serde(default)]
     pub held_requests: u64,
-    /// Requests that woke the daemon: its wake-ups for requests, the most of its cost.
+    /// Requests that woke the daemon at once (the rest are read at its next tick).
     #[serde(default)]
     pub waking_requests: u64,
 }

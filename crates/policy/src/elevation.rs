@@ -222,8 +222,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         self.params = params;
         let watch = self.sink_ns.is_some();
         for (due, t) in self.due.iter_mut().zip(&self.threads) {
-            let exhausted = self.apps.get(t.app).is_some_and(|a| a.exhausted)
-                || user_exhausted(&self.users, t.user);
+            let exhausted = budget_spent(&self.apps, &self.users, t);
             *due = due_time(t, exhausted, self.forget_ns, watch);
         }
     }
@@ -717,9 +716,8 @@ impl<I: SlotIndex> ElevationPolicy<I> {
     /// Whether a request of `tid` now would raise nothing because its application's or
     /// its user's budget is spent (until refilled, when its requests count again).
     pub fn spent(&self, tid: u32) -> bool {
-        self.thread(tid).is_some_and(|t| {
-            self.apps.get(t.app).is_some_and(|a| a.exhausted) || user_exhausted(&self.users, t.user)
-        })
+        self.thread(tid)
+            .is_some_and(|t| budget_spent(&self.apps, &self.users, t))
     }
 
     pub fn tracked(&self) -> usize {
@@ -861,6 +859,15 @@ fn due_now(threads: &[Thread], due: &mut [Nanos], user: Option<u32>) {
 }
 
 /// Whether the user of a thread has spent its elevation.
+/// Whether `t`'s application's or user's budget is spent.
+fn budget_spent<I: SlotIndex>(
+    apps: &Apps<I>,
+    users: &FxHashMap<u32, UserBucket>,
+    t: &Thread,
+) -> bool {
+    apps.get(t.app).is_some_and(|a| a.exhausted) || user_exhausted(users, t.user)
+}
+
 fn user_exhausted(users: &FxHashMap<u32, UserBucket>, user: Option<u32>) -> bool {
     user.and_then(|uid| users.get(&uid))
         .is_some_and(|u| u.exhausted)

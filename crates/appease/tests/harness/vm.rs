@@ -25,10 +25,8 @@ pub(crate) fn in_systemd_vm(script: &str) {
         std::fs::create_dir_all(&dir).unwrap();
         let driver = dir.join("parts.sh");
         // `make chaos`'s unit rounds (chaos.sh); `make test` runs its short form.
-        let mut lines = match std::env::var("CHAOS_UNIT_ROUNDS") {
-            Ok(n) => format!("export CHAOS_UNIT_ROUNDS={}\n", n.parse::<u32>().expect("CHAOS_UNIT_ROUNDS is a number")),
-            Err(_) => String::new(),
-        };
+        let mut lines = unit_rounds()
+            .map_or(String::new(), |n| format!("export CHAOS_UNIT_ROUNDS={n}\n"));
         for part in SYSTEMD_PARTS {
             lines += &format!(
                 "echo '=== PART {part}'; sh /opt/appease/{part}; echo \"=== PART END {part} rc=$?\"\n"
@@ -61,6 +59,12 @@ pub(crate) fn in_systemd_vm(script: &str) {
     );
 }
 
+/// The chaos harness's unit rounds `make chaos` asks for (CHAOS_UNIT_ROUNDS), if any.
+fn unit_rounds() -> Option<u32> {
+    let n = std::env::var("CHAOS_UNIT_ROUNDS").ok()?;
+    Some(n.parse().expect("CHAOS_UNIT_ROUNDS is a number of rounds"))
+}
+
 /// With these files of the repository beside the script in the VM's /opt/appease.
 pub(crate) fn in_vm_with(mode: &str, script: &str, files: &[&str]) {
     let vm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
@@ -75,10 +79,7 @@ fn run_vm(mode: &str, script: &std::path::Path, files: &[&str]) -> (bool, String
     let vm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
     let mut cmd = Command::new(repo.join("scripts/vm/run.sh"));
     // `make chaos`'s unit rounds take about 20 s each on the emulated CPUs.
-    if let Some(rounds) = std::env::var("CHAOS_UNIT_ROUNDS")
-        .ok()
-        .and_then(|n| n.parse::<u64>().ok())
-    {
+    if let Some(rounds) = unit_rounds() {
         cmd.env("APPEASE_VM_TIMEOUT", (900 + 40 * rounds).to_string());
     }
     let out = cmd

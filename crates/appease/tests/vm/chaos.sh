@@ -105,8 +105,8 @@ while [ $i -lt "$ROUNDS" ]; do
   fi
   EXPECTED=$BEFORE
   admin=""
-  # Every fifth round from the second: through each kind in turn, in make test's four
-  # after a kill at unit-set, once a unit was set.
+  # Every fifth round from the second: through each kind in turn (make test's one round
+  # is the seventh's kind: inside a restore).
   if [ $((round % 5)) = 2 ]; then
     systemctl set-property --runtime $BATCH CPUWeight=77
     # The administrator's drop-in is written before the call returns; the cgroup's idle
