@@ -154,8 +154,8 @@ impl Cgroups {
         })
     }
 
-    /// Creates a top-level group `/name` (if missing) with the given settings (`weight` as
-    /// `set_weight` takes it).
+    /// Creates a top-level group `/name` (if missing, else takes it as found) with the
+    /// given settings (`weight` as `set_weight` takes it, for a group that is not idle).
     pub fn ensure_top_group(
         &self,
         name: &str,
@@ -176,8 +176,13 @@ impl Cgroups {
                 root: self.root.clone(),
             });
         }
-        self.set_weight(&group, weight)?;
+        // The kernel refuses a weight for an idle group (EINVAL), and the group may be one
+        // an earlier run left idle: an idle group's weight is the kernel's own, so the
+        // weight is written only once the group is not idle.
         self.set_idle(&group, idle)?;
+        if !idle {
+            self.set_weight(&group, weight)?;
+        }
         Ok(group)
     }
 

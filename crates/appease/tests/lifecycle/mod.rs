@@ -1,5 +1,6 @@
 //! The daemon's life: start, stop, kill -9 and restore, bad config, no root, dry run, a
-//! second daemon, capabilities, a full disk, a cgroup filesystem that refuses writes.
+//! second daemon, capabilities, a full disk, a cgroup filesystem that refuses writes, a
+//! group left idle by a daemon whose run directory was lost.
 
 use super::*;
 
@@ -440,5 +441,31 @@ root_test! {
         drop(svc);
         drop(soakers);
         assert!(!fs.0.join("journal.jsonl").exists(), "nothing left to undo");
+    }
+}
+
+root_test! {
+    fn a_batch_group_left_idle_by_a_daemon_whose_run_directory_was_lost_is_used_as_found() {
+        // A daemon killed together with its run directory leaves its group idle, with no
+        // journal to say so. The kernel refuses a weight for an idle group: the next
+        // daemon must take the group as it finds it, not fail every demotion.
+        let dir = TempDir::new("left-idle");
+        let group = format!("appease-e2e-left{}", std::process::id());
+        let gpath = format!("/{group}");
+        let cg = appease_cgroup::Cgroups::detect().unwrap();
+        cg.ensure_top_group(&group, true, 100).unwrap();
+        let home = cpu_cgroup(std::process::id()).unwrap();
+        let cfg = dir.file("batch.toml", &batch_config(&group));
+        let soakers = Soakers(vec![forking_soaker()]);
+        let pid = soakers.0[0].id();
+        let mut daemon = Daemon::start(&dir.0, &cfg);
+        let demoted = wait_for(Duration::from_secs(8), || in_idle_group(pid, &gpath));
+        let log = daemon.log_text();
+        assert!(demoted.is_some(), "demoted into the group found idle: {log}");
+        assert!(!log.contains("could not demote"), "{log}");
+        assert!(daemon.signal(libc::SIGTERM).success());
+        assert_eq!(cpu_cgroup(pid).unwrap(), home);
+        assert!(!cg.exists(&gpath), "removed on exit");
+        drop(soakers);
     }
 }
