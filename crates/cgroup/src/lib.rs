@@ -154,8 +154,9 @@ impl Cgroups {
         })
     }
 
-    /// Creates a top-level group `/name` (if missing, else takes it as found) with the
-    /// given settings (`weight` as `set_weight` takes it, for a group that is not idle).
+    /// Creates a top-level group `/name` (if missing) with the given settings (`weight` as
+    /// `set_weight` takes it, for a group that is not idle). One found idle is taken as it
+    /// is for an idle group and refused (unchanged) for a weighted one.
     pub fn ensure_top_group(
         &self,
         name: &str,
@@ -176,13 +177,13 @@ impl Cgroups {
                 root: self.root.clone(),
             });
         }
-        // The kernel refuses a weight for an idle group (EINVAL), and the group may be one
-        // an earlier run left idle: an idle group's weight is the kernel's own, so the
-        // weight is written only once the group is not idle.
-        self.set_idle(&group, idle)?;
+        // The kernel refuses a weight for an idle group (EINVAL). An idle group's weight is
+        // the kernel's own, so none is written for one: an idle group found (one an earlier
+        // run left) is taken as it is. A weighted group found idle is refused, unchanged.
         if !idle {
             self.set_weight(&group, weight)?;
         }
+        self.set_idle(&group, idle)?;
         Ok(group)
     }
 

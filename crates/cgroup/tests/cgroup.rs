@@ -45,14 +45,13 @@ fn top_group_idle_weight_move_and_remove() {
     // A vanished task is reported as gone, not as a failure.
     let err = cg.move_process(pid, &group).unwrap_err();
     assert!(err.is_gone(), "{err}");
-    // A group found idle (left by a run that was killed) is taken as it is, and one
-    // found idle is made a weighted one on request.
+    // A group found idle (left by a run that was killed) is taken as it is for an idle
+    // group, and refused, unchanged, for a weighted one.
     cg.set_idle(&group, true).unwrap();
     assert_eq!(cg.ensure_top_group(&name, true, 10).unwrap(), group);
     assert!(cg.idle(&group).unwrap());
-    cg.ensure_top_group(&name, false, 250).unwrap();
-    assert!(!cg.idle(&group).unwrap());
-    assert_eq!(cg.weight_raw(&group).unwrap(), want);
+    assert!(cg.ensure_top_group(&name, false, 100).is_err());
+    assert!(cg.idle(&group).unwrap());
 
     cg.remove(&group).unwrap();
     assert!(!cg.exists(&group));

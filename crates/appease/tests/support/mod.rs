@@ -282,13 +282,47 @@ pub fn status_of(run_dir: &Path) -> Option<serde_json::Value> {
         .flatten()
 }
 
-/// Runs `appease ARGS` against a run directory.
+/// Runs `appease ARGS` against a run directory: a command that ends (a restore, a status,
+/// a daemon that must refuse to start). One still running after a minute is stopped with
+/// SIGTERM (a daemon puts back what it changed) and fails the test instead of hanging it.
 pub fn appease(run_dir: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
+    let mut child = Command::new(BIN)
         .args(args)
         .env("APPEASE_RUN_DIR", run_dir)
-        .output()
-        .unwrap()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let read_all = |mut from: Box<dyn Read + Send>| {
+        thread::spawn(move || {
+            let mut bytes = Vec::new();
+            drop(from.read_to_end(&mut bytes));
+            bytes
+        })
+    };
+    let stdout = read_all(Box::new(child.stdout.take().unwrap()));
+    let stderr = read_all(Box::new(child.stderr.take().unwrap()));
+    let mut ended = None;
+    wait_for(Duration::from_secs(60), || {
+        ended = child.try_wait().unwrap();
+        ended.is_some()
+    });
+    let Some(status) = ended else {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        drop(child.wait());
+        panic!(
+            "`appease {}` had not ended after 60 s: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&stderr.join().unwrap())
+        );
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
 }
 
 pub fn host_cpus() -> usize {
