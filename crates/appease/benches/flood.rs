@@ -1,17 +1,17 @@
 //! A local user's flood of socket reads beside a real server (needs root): an
 //! unprivileged user's threads (uid 50,000, 10,000 of them by default) each read a byte from
 //! a socketpair once a second, while a server answers an open-loop client (1 ms of CPU a
-//! request, 100 requests a second) beside 2 soakers per CPU, under the daemon with its
-//! embedded default config. Rounds with and without the flood, interleaved; for each, the
+//! request, 100 requests a second) beside 2 soakers per CPU. Two setups, each with and
+//! without the flood, interleaved (each round starts one run later than the one before):
+//! the daemon with its embedded default config, and the soakers in an idle group made by
+//! hand with no daemon, which gives the flood's own cost to the server. For each run, the
 //! server's p50 and p99 (from each request's intended send time), the daemon's read ->
-//! elevation p99 and its CPU (all its threads), and the probe's events: reported, lost
-//! (a full ring buffer) and dropped over the users' bounds. Medians over the rounds.
+//! elevation p99 and its CPU (all its threads), and the probe's events: reported, lost (a
+//! full ring buffer) and dropped over the users' bounds. Medians over the rounds.
 //!
 //! Run: `cargo bench -p appease --bench flood` (`APPEASE_FLOOD_THREADS`,
 //! `APPEASE_FLOOD_ROUNDS`, `APPEASE_FLOOD_SECONDS` change 10,000, 3 and 20;
 //! `APPEASE_FLOOD_CONFIG` adds config text, e.g. "[users]\nevents_per_s = 50\n").
-//! `APPEASE_FLOOD_BY_HAND=1` runs no daemon: the soakers go to an idle group made by hand,
-//! which gives the flood's own cost to the server.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -55,47 +55,86 @@ fn main() {
         "a server (1 ms a request, 100/s, open loop) beside {} soakers on {cpus} CPUs; flood: {threads} threads of uid {FLOOD_UID}, each reading once a second; {rounds} rounds of {secs} s",
         2 * cpus
     );
-    let mut results: Vec<(bool, Round)> = Vec::new();
+    // (by hand, flooded) for each run of a round, rotated from round to round.
+    let runs = [(false, false), (false, true), (true, false), (true, true)];
+    let name = |(by_hand, flooded): (bool, bool)| {
+        format!(
+            "{} {}",
+            if by_hand { "by hand" } else { "appease" },
+            if flooded {
+                "with flood"
+            } else {
+                "without flood"
+            }
+        )
+    };
+    let mut results: Vec<((bool, bool), Round)> = Vec::new();
     for round in 0..rounds {
-        for flooded in [false, true] {
-            let r = run_round(&dir, &cfg, flooded.then_some(threads), secs, cpus);
-            println!(
-                "  round {round} {:<13} server p50 {:.2} ms p99 {:.2} ms; read -> elevation p99 {} us of {} elevation(s); daemon {:.2} % of a CPU; events {} reported, {} lost, {} over the users' bounds",
-                if flooded { "with flood" } else { "without flood" },
-                r.p50_ms, r.p99_ms, r.elevation_p99_us, r.elevations, r.daemon_cpu_pct, r.events, r.lost, r.throttled
+        for i in 0..runs.len() {
+            let run = runs[(i + round as usize) % runs.len()];
+            let r = run_round(
+                &dir,
+                (!run.0).then_some(&cfg),
+                run.1.then_some(threads),
+                secs,
+                cpus,
             );
-            results.push((flooded, r));
+            println!(
+                "  round {round} {:<26} server p50 {:.2} ms p99 {:.2} ms; read -> elevation p99 {} us of {} elevation(s); daemon {:.2} % of a CPU; events {} reported, {} lost, {} over the users' bounds",
+                name(run), r.p50_ms, r.p99_ms, r.elevation_p99_us, r.elevations, r.daemon_cpu_pct, r.events, r.lost, r.throttled
+            );
+            results.push((run, r));
         }
     }
-    let median = |flooded: bool, f: &dyn Fn(&Round) -> f64| {
+    let median = |run: (bool, bool), f: &dyn Fn(&Round) -> f64| {
         let mut v: Vec<f64> = results
             .iter()
-            .filter(|(w, _)| *w == flooded)
+            .filter(|(r, _)| *r == run)
             .map(|(_, r)| f(r))
             .collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     println!("medians of {rounds} rounds: without flood / with flood (ratio)");
-    for (what, f) in [
-        (
-            "server p50 ms",
-            &(|r: &Round| r.p50_ms) as &dyn Fn(&Round) -> f64,
-        ),
-        ("server p99 ms", &|r: &Round| r.p99_ms),
-        ("read -> elevation p99 us", &|r: &Round| {
-            r.elevation_p99_us as f64
-        }),
-        ("daemon CPU %", &|r: &Round| r.daemon_cpu_pct),
-        ("events lost", &|r: &Round| r.lost as f64),
-        ("events over the bounds", &|r: &Round| r.throttled as f64),
-    ] {
-        let (a, b) = (median(false, f), median(true, f));
+    for by_hand in [false, true] {
         println!(
-            "  {what:<26} {a:>10.2} / {b:>10.2} ({:.2})",
-            b / a.max(1e-9)
+            "  {}",
+            if by_hand {
+                "by hand (no daemon)"
+            } else {
+                "appease"
+            }
         );
+        for (what, f) in [
+            (
+                "server p50 ms",
+                &(|r: &Round| r.p50_ms) as &dyn Fn(&Round) -> f64,
+            ),
+            ("server p99 ms", &|r: &Round| r.p99_ms),
+            ("read -> elevation p99 us", &|r: &Round| {
+                r.elevation_p99_us as f64
+            }),
+            ("daemon CPU %", &|r: &Round| r.daemon_cpu_pct),
+            ("events lost", &|r: &Round| r.lost as f64),
+            ("events over the bounds", &|r: &Round| r.throttled as f64),
+        ] {
+            if by_hand && !what.starts_with("server") {
+                continue;
+            }
+            let (a, b) = (median((by_hand, false), f), median((by_hand, true), f));
+            println!(
+                "    {what:<26} {a:>10.2} / {b:>10.2} ({:.2})",
+                b / a.max(1e-9)
+            );
+        }
     }
+    let p99 = |run| median(run, &|r: &Round| r.p99_ms);
+    println!(
+        "server p99 with the flood, appease against by hand: {:.2} / {:.2} ms ({:.2} times)",
+        p99((false, true)),
+        p99((true, true)),
+        p99((false, true)) / p99((true, true))
+    );
 }
 
 struct Round {
@@ -117,17 +156,19 @@ fn process_cpu_s(pid: u32) -> f64 {
     s.run_ticks as f64 * appease_cgroup::clock_tick_ns() as f64 / 1e9
 }
 
+/// One run: the daemon on `cfg`, or without one (`None`) the soakers idle by hand.
 fn run_round(
     dir: &TempDir,
-    cfg: &std::path::Path,
+    cfg: Option<&std::path::Path>,
     flood: Option<u64>,
     secs: u64,
     cpus: usize,
 ) -> Round {
     let soak = Soakers::start(2 * cpus);
-    let by_hand = std::env::var_os("APPEASE_FLOOD_BY_HAND").is_some();
-    let daemon = (!by_hand).then(|| Daemon::start(&dir.0, cfg));
-    let _idle = by_hand.then(|| IdleByHand::new(soak.0.iter().map(|c| c.id())));
+    let daemon = cfg.map(|cfg| Daemon::start(&dir.0, cfg));
+    let _idle = cfg
+        .is_none()
+        .then(|| IdleByHand::new(soak.0.iter().map(|c| c.id())));
     // The flood, as another user, in a process group of its own.
     let flooder = flood.map(|n| {
         let exe = std::env::current_exe().unwrap();
