@@ -319,6 +319,26 @@ impl Cgroups {
         self.dir(group).is_dir()
     }
 
+    /// Removes the empty groups below `group`, deepest first: what an earlier run that lost
+    /// its journal left inside a group of ours. The kernel removes no group that holds a
+    /// process or a group, so nothing in use goes. Returns how many went.
+    pub fn remove_empty_below(&self, group: &str) -> usize {
+        fn below(dir: &Path) -> usize {
+            let Ok(entries) = fs::read_dir(dir) else {
+                return 0;
+            };
+            let mut removed = 0;
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    removed += below(&e.path());
+                    removed += usize::from(fs::remove_dir(e.path()).is_ok());
+                }
+            }
+            removed
+        }
+        below(&self.dir(group))
+    }
+
     /// Removes an (empty) group; a missing group is fine.
     pub fn remove(&self, group: &str) -> Result<(), CgroupError> {
         let dir = self.dir(group);

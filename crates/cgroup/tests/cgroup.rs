@@ -26,6 +26,16 @@ fn top_group_idle_weight_move_and_remove() {
     assert_eq!(cg.group_of(pid).unwrap(), group);
     assert_eq!(cg.processes(&group).unwrap(), vec![pid]);
 
+    // Empty groups below go, deepest first; one holding a process stays.
+    let dir = cg.root().join(&name);
+    std::fs::create_dir_all(dir.join("a/b")).unwrap();
+    std::fs::create_dir(dir.join("busy")).unwrap();
+    cg.move_process(pid, &format!("{group}/busy")).unwrap();
+    assert_eq!(cg.remove_empty_below(&group), 2);
+    assert!(!dir.join("a").exists() && dir.join("busy").is_dir());
+    cg.move_process(pid, &group).unwrap();
+    assert_eq!(cg.remove_empty_below(&group), 1);
+
     cg.set_idle(&group, false).unwrap();
     assert!(!cg.idle(&group).unwrap());
     // The weight lands in the version's own file and scale, and reads back.

@@ -448,12 +448,16 @@ root_test! {
     fn a_batch_group_left_idle_by_a_daemon_whose_run_directory_was_lost_is_used_as_found() {
         // A daemon killed together with its run directory leaves its group idle, with no
         // journal to say so. The kernel refuses a weight for an idle group: the next
-        // daemon must take the group as it finds it, not fail every demotion.
+        // daemon must take the group as it finds it, not fail every demotion, and remove
+        // it on exit with the empty groups left inside.
         let dir = TempDir::new("left-idle");
         let group = format!("appease-e2e-left{}", std::process::id());
         let gpath = format!("/{group}");
         let cg = appease_cgroup::Cgroups::detect().unwrap();
         cg.ensure_top_group(&group, true, 100).unwrap();
+        // With an empty job's group inside it, which no journal names.
+        let stray = cg.root().join(&group).join("job-1");
+        std::fs::create_dir(&stray).unwrap();
         let home = cpu_cgroup(std::process::id()).unwrap();
         let cfg = dir.file("batch.toml", &batch_config(&group));
         let soakers = Soakers(vec![forking_soaker()]);
@@ -465,7 +469,7 @@ root_test! {
         assert!(!log.contains("could not demote"), "{log}");
         assert!(daemon.signal(libc::SIGTERM).success());
         assert_eq!(cpu_cgroup(pid).unwrap(), home);
-        assert!(!cg.exists(&gpath), "removed on exit");
+        assert!(!cg.exists(&gpath), "removed on exit, with the empty group left in it");
         drop(soakers);
     }
 }
