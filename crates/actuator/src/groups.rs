@@ -462,11 +462,11 @@ impl KernelActuator {
             g.moved.retain(|_, m| m.to != group);
             return;
         }
-        remove_stray_groups(&g.cg, group);
         for attempt in 0..attempts {
             if attempt >= 2 {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
+            remove_stray_groups(&g.cg, group);
             for pid in g.cg.processes(group).unwrap_or_default() {
                 let origin = |p: u32| {
                     g.moved
@@ -638,11 +638,11 @@ pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> 
     };
     // A job's group before the idle group it is in (paths sort parent first).
     for group in state.groups.iter().rev() {
-        remove_stray_groups(&cg, group);
         // A process that is exiting stays listed, and keeps the group busy, until it is
         // reaped: tried again for up to 2 s.
         let t = std::time::Instant::now();
         loop {
+            remove_stray_groups(&cg, group);
             for pid in cg.processes(group).unwrap_or_default() {
                 match cg.move_process(pid, &destination(pid, origin)) {
                     Ok(()) => report.restored += 1,
@@ -669,12 +669,16 @@ pub(crate) fn restore_journaled(c: &FromJournal, report: &mut RestoreReport) -> 
     done
 }
 
-/// Empty groups inside one of ours that no journal names (left by a run killed with its
-/// run directory) would keep it from being removed: they go first.
+/// Empty job groups inside one of ours that no journal names (left by a run killed with
+/// its run directory) would keep it from being removed: they go first.
 fn remove_stray_groups(cg: &Cgroups, group: &str) {
-    let stray = cg.remove_empty_below(group);
+    let stray = cg.remove_empty_job_groups(group);
     if stray > 0 {
-        tracing::info!(group, stray, "removed empty groups left inside the group");
+        tracing::info!(
+            group,
+            stray,
+            "removed empty job groups left inside the group"
+        );
     }
 }
 

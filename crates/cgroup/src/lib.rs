@@ -319,24 +319,28 @@ impl Cgroups {
         self.dir(group).is_dir()
     }
 
-    /// Removes the empty groups below `group`, deepest first: what an earlier run that lost
-    /// its journal left inside a group of ours. The kernel removes no group that holds a
-    /// process or a group, so nothing in use goes. Returns how many went.
-    pub fn remove_empty_below(&self, group: &str) -> usize {
-        fn below(dir: &Path) -> usize {
-            let Ok(entries) = fs::read_dir(dir) else {
-                return 0;
-            };
-            let mut removed = 0;
-            for e in entries.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    removed += below(&e.path());
-                    removed += usize::from(fs::remove_dir(e.path()).is_ok());
-                }
-            }
-            removed
+    /// Removes the empty job groups (`job-N`) directly inside `group`: what an earlier run
+    /// of appease that lost its journal left in a group of its own. Nothing else is
+    /// touched (a group another tool made there is not appease's), never at the root, and
+    /// the kernel removes no group that holds a process or a group. Returns how many went.
+    pub fn remove_empty_job_groups(&self, group: &str) -> usize {
+        if group.trim_matches('/').is_empty() {
+            return 0;
         }
-        below(&self.dir(group))
+        let Ok(entries) = fs::read_dir(self.dir(group)) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter(|e| {
+                e.file_name().to_str().is_some_and(|n| {
+                    n.strip_prefix("job-")
+                        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+                })
+            })
+            .filter(|e| fs::remove_dir(e.path()).is_ok())
+            .count()
     }
 
     /// Removes an (empty) group; a missing group is fine.

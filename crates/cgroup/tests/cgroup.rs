@@ -26,15 +26,22 @@ fn top_group_idle_weight_move_and_remove() {
     assert_eq!(cg.group_of(pid).unwrap(), group);
     assert_eq!(cg.processes(&group).unwrap(), vec![pid]);
 
-    // Empty groups below go, deepest first; one holding a process stays.
+    // Empty job groups directly inside go; one holding a process stays, and so does any
+    // other group (not appease's).
     let dir = cg.root().join(&name);
-    std::fs::create_dir_all(dir.join("a/b")).unwrap();
-    std::fs::create_dir(dir.join("busy")).unwrap();
-    cg.move_process(pid, &format!("{group}/busy")).unwrap();
-    assert_eq!(cg.remove_empty_below(&group), 2);
-    assert!(!dir.join("a").exists() && dir.join("busy").is_dir());
+    for sub in ["job-1", "job-2", "job-", "other"] {
+        std::fs::create_dir(dir.join(sub)).unwrap();
+    }
+    cg.move_process(pid, &format!("{group}/job-2")).unwrap();
+    assert_eq!(cg.remove_empty_job_groups(&group), 1);
+    assert!(!dir.join("job-1").exists() && dir.join("job-2").is_dir());
+    assert!(dir.join("job-").is_dir() && dir.join("other").is_dir());
     cg.move_process(pid, &group).unwrap();
-    assert_eq!(cg.remove_empty_below(&group), 1);
+    assert_eq!(cg.remove_empty_job_groups(&group), 1);
+    assert_eq!(cg.remove_empty_job_groups("/"), 0, "never at the root");
+    for sub in ["job-", "other"] {
+        std::fs::remove_dir(dir.join(sub)).unwrap();
+    }
 
     cg.set_idle(&group, false).unwrap();
     assert!(!cg.idle(&group).unwrap());

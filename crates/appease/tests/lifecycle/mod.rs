@@ -449,7 +449,7 @@ root_test! {
         // A daemon killed together with its run directory leaves its group idle, with no
         // journal to say so. The kernel refuses a weight for an idle group: the next
         // daemon must take the group as it finds it, not fail every demotion, and remove
-        // it on exit with the empty groups left inside.
+        // it on exit with the empty job groups left inside.
         let dir = TempDir::new("left-idle");
         let group = format!("appease-e2e-left{}", std::process::id());
         let gpath = format!("/{group}");
@@ -469,7 +469,7 @@ root_test! {
         assert!(!log.contains("could not demote"), "{log}");
         assert!(daemon.signal(libc::SIGTERM).success());
         assert_eq!(cpu_cgroup(pid).unwrap(), home);
-        assert!(!cg.exists(&gpath), "removed on exit, with the empty group left in it");
+        assert!(!cg.exists(&gpath), "removed on exit, with the empty job group left in it");
         drop(soakers);
     }
 }
