@@ -330,17 +330,19 @@ impl Cgroups {
         let Ok(entries) = fs::read_dir(self.dir(group)) else {
             return 0;
         };
-        entries
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .filter(|e| {
-                e.file_name().to_str().is_some_and(|n| {
-                    n.strip_prefix("job-")
-                        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-                })
-            })
-            .filter(|e| fs::remove_dir(e.path()).is_ok())
-            .count()
+        let is_job = |name: &str| {
+            name.strip_prefix("job-")
+                .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if dir && e.file_name().to_str().is_some_and(is_job) && fs::remove_dir(e.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        removed
     }
 
     /// Removes an (empty) group; a missing group is fine.

@@ -858,7 +858,6 @@ fn due_now(threads: &[Thread], due: &mut [Nanos], user: Option<u32>) {
     }
 }
 
-/// Whether the user of a thread has spent its elevation.
 /// Whether `t`'s application's or user's budget is spent.
 fn budget_spent<I: SlotIndex>(
     apps: &Apps<I>,
@@ -868,6 +867,7 @@ fn budget_spent<I: SlotIndex>(
     apps.get(t.app).is_some_and(|a| a.exhausted) || user_exhausted(users, t.user)
 }
 
+/// Whether the user of a thread has spent its elevation.
 fn user_exhausted(users: &FxHashMap<u32, UserBucket>, user: Option<u32>) -> bool {
     user.and_then(|uid| users.get(&uid))
         .is_some_and(|u| u.exhausted)
