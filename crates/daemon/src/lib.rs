@@ -190,16 +190,17 @@ impl<'obj> Daemon<'obj> {
             }
             let now = monotonic_ns();
             let next_scan = self.batch.as_ref().map_or(u64::MAX, |b| b.next_scan());
+            let scanning = self.scanner.as_ref().is_some_and(|s| s.pending());
             let stall = self
                 .scanner
                 .as_ref()
                 .and_then(|s| s.stall_due())
                 .unwrap_or(u64::MAX);
-            let due = next_tick
-                .min(next_load)
-                .min(next_status)
-                .min(next_scan)
-                .min(stall);
+            let due = next_wake(
+                [next_tick, next_load, next_status, stall],
+                next_scan,
+                scanning,
+            );
             // The ring buffer waits in whole milliseconds: round up, or the last
             // fraction of a millisecond before each deadline would spin.
             let wait = Duration::from_millis(due.saturating_sub(now).div_ceil(1_000_000));
@@ -799,6 +800,16 @@ fn notify_systemd(state: &[sd_notify::NotifyState]) {
     }
 }
 
+/// When the loop must wake next: the earliest of its deadlines. A scan due while one is
+/// under way waits for that one's snapshot, which wakes the loop by itself: counted here,
+/// its deadline (often 0, asked by a request of a demoted tree or a lost event) would make
+/// every wait zero, and the real-time loop spin until the scan ended. It did, for
+/// seconds, as 256 new database connections kept asking for scans while a slow one ran.
+fn next_wake(deadlines: [u64; 4], next_scan: u64, scanning: bool) -> u64 {
+    let scan = if scanning { u64::MAX } else { next_scan };
+    deadlines.into_iter().fold(scan, u64::min)
+}
+
 /// Whether a thread is held elevated once `d` is applied, and at what levels: elevated for
 /// a request (`for_request`), its further requests need not wake the daemon until it has
 /// faded below half of that; restored, sunk, or faded further, they must.
@@ -838,6 +849,17 @@ mod tests {
             slice: None,
             reason,
         }
+    }
+
+    #[test]
+    fn a_scan_due_while_one_runs_never_makes_the_loop_wake_at_once() {
+        let later = [5_000, 7_000, 9_000, u64::MAX];
+        // Asked for now while one runs: the loop sleeps until its next deadline (the
+        // running scan's snapshot wakes it sooner).
+        assert_eq!(next_wake(later, 0, true), 5_000);
+        assert_eq!(next_wake(later, 0, false), 0);
+        assert_eq!(next_wake(later, 3_000, false), 3_000);
+        assert_eq!(next_wake([u64::MAX; 4], 3_000, true), u64::MAX);
     }
 
     #[test]
