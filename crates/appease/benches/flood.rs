@@ -122,10 +122,12 @@ fn main() {
                 continue;
             }
             let (a, b) = (median((by_hand, false), f), median((by_hand, true), f));
-            println!(
-                "    {what:<26} {a:>10.2} / {b:>10.2} ({:.2})",
-                b / a.max(1e-9)
-            );
+            // A ratio to nothing (no event lost, no elevation measured) says nothing.
+            let ratio = match a > 0.0 {
+                true => format!("{:.2}", b / a),
+                false => "–".to_string(),
+            };
+            println!("    {what:<26} {a:>10.2} / {b:>10.2} ({ratio})");
         }
     }
     let p99 = |run| median(run, &|r: &Round| r.p99_ms);
