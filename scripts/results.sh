@@ -11,9 +11,10 @@
 # compare them (built as docs/RESULTS.md, "Compared with other daemons", says); without it
 # those rows run without the peers, whose columns then keep their dates.
 # Each row's text output, JSON, CSV and plots land in ${OUT:-bench-out}/ROW/; a line per row
-# with its time goes to ${OUT:-bench-out}/times.txt. A row whose table the docs generate
-# (docs/results/ROW.json exists) gets its new result.json copied there, and the tables
-# rewritten: review with `git diff docs/`.
+# with its time goes to ${OUT:-bench-out}/times.txt. Each row's result.json is kept as
+# docs/results/ROW.json and the docs' tables are written again from the kept files: review
+# with `git diff docs/`. A summary row that still lists typed `cells` in
+# docs/results/summary.toml takes its kept file once given `file = "ROW.json"` instead.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 appease=${APPEASE:-$repo/target/release/appease}
@@ -106,7 +107,7 @@ while IFS='|' read -r name args; do
     "$appease" bench $args --out "$out/$name" >"$out/$name/table.txt" ||
         { echo "$0: row $name failed" >&2; exit 1; }
     echo "$(date -u +%F) $name $((SECONDS - t0)) s: appease bench $args" | tee -a "$out/times.txt" >&2
-    kept="$repo/docs/results/$name.json"
-    if [ -f "$kept" ]; then cp "$out/$name/result.json" "$kept" && tables; fi
+    cp "$out/$name/result.json" "$repo/docs/results/$name.json"
+    tables
 done < <(rows)
 echo "all asked rows: $(((SECONDS - start) / 60)) min" >&2

@@ -158,59 +158,122 @@ pub(crate) enum Worker {
 }
 
 pub(crate) fn plot(dir: &Path) -> Result<()> {
-    let path = dir.join("result.json");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    if value.get("scenario").and_then(|s| s.as_str()) == Some("utilization") {
-        let u: appease_bench::utilization::UtilizationResult =
-            serde_json::from_value(value).with_context(|| format!("parsing {}", path.display()))?;
-        let file = dir.join("fairness.svg");
-        std::fs::write(&file, appease_bench::plot::fairness(&u)?)?;
-        println!("wrote {}", file.display());
-        return Ok(());
-    }
-    if value.get("client_loop").is_some() {
-        let r: appease_bench::closed_loop::ClosedLoopResult =
-            serde_json::from_value(value).with_context(|| format!("parsing {}", path.display()))?;
-        for (name, svg) in appease_bench::plot::completion_vs_clients(&r)? {
-            std::fs::write(dir.join(&name), svg)?;
-            println!("wrote {}", dir.join(name).display());
-        }
-        return Ok(());
-    }
-    // One batch level is one object; a --load sweep keeps every level under "sweep".
-    let results: Vec<appease_bench::report::ScenarioResult> = match value.get("sweep") {
-        Some(sweep) => serde_json::from_value(sweep.clone()),
-        None => serde_json::from_value(value).map(|r| vec![r]),
-    }
-    .with_context(|| format!("{} holds no latency results to plot", path.display()))?;
-    for (name, svg) in appease_bench::plot::all(&results)? {
+    let report = report_of(&dir.join("result.json"))?;
+    for (name, svg) in plots_of(&report)? {
         std::fs::write(dir.join(&name), svg)?;
         println!("wrote {}", dir.join(name).display());
     }
     Ok(())
 }
 
-/// Prints the Markdown tables of closed-loop result files, one table over them all.
+/// A result file's report, as the run that wrote it had it.
+pub(crate) fn report_of(path: &Path) -> Result<Report> {
+    let value = read_json(path)?;
+    let what = value.get("scenario").and_then(|s| s.as_str()).unwrap_or("");
+    fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value, path: &Path) -> Result<T> {
+        serde_json::from_value(v)
+            .with_context(|| format!("{} is no bench result.json", path.display()))
+    }
+    Ok(match what {
+        _ if value.get("client_loop").is_some() => Report::ClosedLoop(parse(value, path)?),
+        "utilization" => Report::Utilization(parse(value, path)?),
+        "nested" => Report::Nested(parse(value, path)?),
+        "fetch" => Report::Fetch(parse(value, path)?),
+        // One batch level is one object; a --load sweep keeps every level under "sweep".
+        _ => Report::Latency(match value.get("sweep") {
+            Some(sweep) => parse(sweep.clone(), path)?,
+            None => vec![parse(value, path)?],
+        }),
+    })
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Prints result files as docs/RESULTS.md shows them: the client sweeps' files as one set
+/// of Markdown tables over them all; any other run's file as the command and the date that
+/// made it, then the table the bench printed at its end.
 pub(crate) fn table(files: &[PathBuf]) -> Result<()> {
-    let results = files
+    let reports = files
         .iter()
-        .map(|path| {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            serde_json::from_str::<appease_bench::closed_loop::ClosedLoopResult>(&text)
-                .with_context(|| {
-                    format!(
-                        "{} is no client sweep's result.json (`appease bench web|db --clients …`)",
-                        path.display()
-                    )
-                })
-        })
+        .map(|path| Ok((path, report_of(path)?)))
         .collect::<Result<Vec<_>>>()?;
-    print!("{}", appease_bench::markdown::closed_loop(&results));
+    let sweeps: Vec<_> = reports
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Report::ClosedLoop(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect();
+    if sweeps.len() == reports.len() {
+        print!("{}", appease_bench::markdown::closed_loop(&sweeps));
+        return Ok(());
+    }
+    if !sweeps.is_empty() {
+        bail!("a client sweep's result file is shown only with other client sweeps' files");
+    }
+    for (i, (path, report)) in reports.into_iter().enumerate() {
+        let measured = Measured::of(&read_json(path)?).with_context(|| {
+            format!(
+                "{} does not say when and how it was measured (written by an older appease): run its command again with --out",
+                path.display()
+            )
+        })?;
+        if i > 0 {
+            println!();
+        }
+        println!("`{}` ({}):\n", measured.command, measured.date);
+        match report {
+            Report::Latency(results) => {
+                let tables: Vec<String> = results
+                    .iter()
+                    .map(appease_bench::markdown::scenario)
+                    .collect();
+                print!("{}", tables.join("\n"));
+            }
+            // The bench's own text table, as it printed it.
+            other => println!("```\n{}\n```", Output::of(other, false)?.table.trim_end()),
+        }
+    }
     Ok(())
+}
+
+/// When a run was made and by what command, as its result.json keeps them.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct Measured {
+    /// The day (UTC), YYYY-MM-DD.
+    pub date: String,
+    /// `appease bench ...` as given, without where its files went.
+    pub command: String,
+}
+
+impl Measured {
+    /// This run's.
+    fn now() -> Self {
+        let mut args = std::env::args().skip(1);
+        let mut words = vec!["appease".to_string()];
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "--out" => {
+                    args.next();
+                }
+                "--json" => {}
+                _ if a.starts_with("--out=") => {}
+                _ => words.push(a),
+            }
+        }
+        Measured {
+            date: time::OffsetDateTime::now_utc().date().to_string(),
+            command: words.join(" "),
+        }
+    }
+
+    pub fn of(value: &serde_json::Value) -> Option<Self> {
+        serde_json::from_value(value.get("measured")?.clone()).ok()
+    }
 }
 
 /// `--seconds`: a positive duration of at most an hour.
@@ -229,7 +292,10 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     }
     let (json, out) = (args.json, args.out.clone());
     let opts = options(args)?;
-    let output = Output::of(appease_bench::run(&opts)?, out.is_some())?;
+    let mut output = Output::of(appease_bench::run(&opts)?, out.is_some())?;
+    if let Some(fields) = output.value.as_object_mut() {
+        fields.insert("measured".into(), serde_json::to_value(Measured::now())?);
+    }
     if let Some(dir) = &out {
         output.write(dir)?;
     }

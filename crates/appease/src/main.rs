@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 mod bench_cmd;
 mod model_cmd;
 mod own_group;
+mod results_page;
 mod roles_cmd;
 mod sim_cmd;
 mod status_cmd;
@@ -88,10 +89,15 @@ enum Command {
     Bench(Box<bench_cmd::BenchArgs>),
     /// Redraw the SVG plots of a bench run from the result.json in DIR (no root).
     BenchPlot { dir: PathBuf },
-    /// Print the Markdown tables of the client sweeps' result files (result.json of
-    /// `bench web --clients` and `bench db --clients`), as docs/RESULTS.md shows them (no root).
+    /// Print bench result files (result.json) as docs/RESULTS.md shows them (no root): the
+    /// client sweeps' (`bench web|db --clients`) as Markdown tables over them all, any other
+    /// run's as its command, its date and its table; with --summary, the summary table its
+    /// rows file lists (docs/results/summary.toml).
     BenchTable {
-        #[arg(required = true)]
+        /// The rows file of the summary table (each row names its result file).
+        #[arg(long, conflicts_with = "files")]
+        summary: Option<PathBuf>,
+        #[arg(required_unless_present = "summary")]
         files: Vec<PathBuf>,
     },
     /// The deterministic scheduler simulator with the 2010 customer-appeasement paper's unhappiness model.
@@ -245,7 +251,14 @@ fn run(cmd: Command) -> Result<()> {
                 },
         } => roles_cmd::suggest_cmd(&file, &app, top_nice),
         Command::BenchPlot { dir } => bench_cmd::plot(&dir),
-        Command::BenchTable { files } => bench_cmd::table(&files),
+        Command::BenchTable {
+            summary: Some(spec),
+            ..
+        } => {
+            print!("{}", results_page::summary(&spec)?);
+            Ok(())
+        }
+        Command::BenchTable { files, .. } => bench_cmd::table(&files),
         Command::BenchWorker { worker } => bench_cmd::worker(worker),
         Command::CheckConfig { file } => {
             appease_config::Config::load(&file)?;

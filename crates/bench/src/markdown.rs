@@ -2,6 +2,7 @@
 //! tables are this output, and a docs test holds them to the files kept in the repository.
 
 use crate::closed_loop::{ClosedLoopResult, Point, Series};
+use crate::report::{self, ModeResult, ScenarioResult};
 use crate::Mode;
 
 /// The client sweeps' tables, one column per variant of every result (web's `ab` and
@@ -95,9 +96,101 @@ fn column_name(variant: &str) -> &str {
     }
 }
 
+/// The table as docs/RESULTS.md shows it: what was run, then a Markdown row a mode,
+/// with late requests, the batch's fairness, frames, analytic queries and downloads as
+/// columns where measured; what each column counts; modes that could not run.
+pub fn scenario(r: &ScenarioResult) -> String {
+    let mut columns = report::table_columns();
+    let any = |f: fn(&ModeResult) -> bool| r.modes.iter().any(f);
+    if any(|m| m.late.is_some()) {
+        columns.push(report::col("late", 0, |_, m| report::opt(m.late)));
+        columns.push(report::col("for CPU loss", 0, |_, m| {
+            report::opt(m.late_for_cpu_loss)
+        }));
+    }
+    if any(|m| m.batch_jain.is_some()) {
+        columns.push(report::col("Jain", 0, |_, m| {
+            m.batch_jain.map_or(String::new(), |j| format!("{j:.4}"))
+        }));
+    }
+    if any(|m| m.frames.is_some()) {
+        columns.push(report::col("fps", 0, |_, m| {
+            m.frames
+                .as_ref()
+                .map_or(String::new(), |f| format!("{:.2}", f.fps))
+        }));
+        columns.push(report::col("dropped", 0, |_, m| {
+            report::opt(m.frames.as_ref().map(|f| f.dropped))
+        }));
+    }
+    if any(|m| m.analytic.is_some()) {
+        columns.push(report::col("analytic queries", 0, |_, m| {
+            report::opt(m.analytic.as_ref().map(|a| a.queries))
+        }));
+        columns.push(report::col("their p50 ms", 0, |_, m| {
+            m.analytic
+                .as_ref()
+                .map_or(String::new(), |a| format!("{:.1}", a.p50_ms))
+        }));
+    }
+    if any(|m| m.download_s.is_some()) {
+        columns.push(report::col("download s", 0, |_, m| {
+            m.download_s.map_or(String::new(), |d| format!("{d:.3}"))
+        }));
+    }
+    let row = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
+    let mut s = wrap(&r.description()) + "\n\n";
+    s += &row(columns.iter().map(|c| c.name.to_string()).collect());
+    s += &format!("|{}\n", "---|".repeat(columns.len()));
+    for m in &r.modes {
+        s += &row(columns.iter().map(|c| (c.cell)(r, m)).collect());
+    }
+    let legend = format!(
+        "In ms: latency, and unhappiness (its mean: time waited beyond the request's own CPU); batch/s: {} a \
+         second; b.CPUs: CPUs the batch got; late, for CPU loss, Jain: as the page's \"How the bench measures\" says.",
+        r.params.batch.unit()
+    );
+    s += &format!("\n{}\n", wrap(&legend));
+    for n in &r.not_run {
+        s += &format!("\n{}\n", wrap(&format!("Not run: {}: {}.", n.mode, n.why)));
+    }
+    s
+}
+
+/// `text` broken at spaces into lines of at most 120 characters (a longer word stands
+/// alone), as the results page keeps its prose.
+pub fn wrap(text: &str) -> String {
+    const WIDTH: usize = 120;
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 1 + word.chars().count() <= WIDTH => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_string()),
+        }
+    }
+    lines.join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prose_is_wrapped_at_120_characters_between_words() {
+        let text = "word ".repeat(60);
+        let wrapped = wrap(&text);
+        assert!(
+            wrapped.lines().all(|l| l.chars().count() <= 120),
+            "{wrapped}"
+        );
+        assert_eq!(wrapped.split_whitespace().count(), 60);
+        assert_eq!(wrapped.lines().next().unwrap().len(), 119);
+        let long = "x".repeat(130);
+        assert_eq!(wrap(&format!("a {long} b")), format!("a\n{long}\nb"));
+    }
 
     fn result(variant: &str, times: [(Mode, f64, f64); 2]) -> ClosedLoopResult {
         let series = times

@@ -236,13 +236,13 @@ impl ScenarioResult {
         }
     }
 
-    /// The run's description and the columns' names.
-    fn heading(&self) -> String {
+    /// What was run, in a line.
+    pub(crate) fn description(&self) -> String {
         let p = &self.params;
         let server = self.server_description();
-        let mut s = format!(
+        format!(
             "{}: {server}, {} req/s open loop ({} arrivals) over {}, {} on {} CPUs, \
-             {} s per mode, median of {} round(s)\n",
+             {} s per mode, median of {} round(s)",
             self.scenario,
             p.rate_per_s,
             p.arrivals.name(),
@@ -251,7 +251,12 @@ impl ScenarioResult {
             self.cpus,
             p.measure_s,
             p.rounds
-        );
+        )
+    }
+
+    /// The run's description and the columns' names.
+    fn heading(&self) -> String {
+        let mut s = self.description() + "\n";
         s += &table_line(table_columns().iter().map(|c| (c, c.name.to_string())));
         s
     }
@@ -390,20 +395,20 @@ pub fn csv(results: &[ScenarioResult]) -> String {
 /// One column of the per-mode rows: its name, its width in the table (0: left-aligned
 /// to 18), and how a mode's cell reads. The table's and the CSV's header and rows come
 /// from the same lists, so they cannot drift apart.
-struct Column {
-    name: &'static str,
+pub(crate) struct Column {
+    pub(crate) name: &'static str,
     width: usize,
-    cell: Box<Cell>,
+    pub(crate) cell: Box<Cell>,
 }
 
 /// A mode's cell of a column, from the scenario's result and the mode's.
-type Cell = dyn Fn(&ScenarioResult, &ModeResult) -> String;
+pub(crate) type Cell = dyn Fn(&ScenarioResult, &ModeResult) -> String;
 
 /// A latency column: the CSV's name, the table's (None: not in the table), the value in
 /// ms.
 type LatencyColumn = (&'static str, Option<&'static str>, fn(&Latency) -> f64);
 
-fn col(
+pub(crate) fn col(
     name: &'static str,
     width: usize,
     cell: impl Fn(&ScenarioResult, &ModeResult) -> String + 'static,
@@ -468,12 +473,12 @@ fn number(
     col(name, width, move |_, m| format!("{:.decimals$}", value(m)))
 }
 
-fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+pub(crate) fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or(String::new(), |v| v.to_string())
 }
 
 /// The table's columns.
-fn table_columns() -> Vec<Column> {
+pub(crate) fn table_columns() -> Vec<Column> {
     let mut c = vec![col("mode", 0, |_, m| m.mode.name().to_string())];
     for &(_, name, value) in LATENCIES {
         if let Some(name) = name {

@@ -157,3 +157,47 @@ fn a_figure_changed_in_a_result_file_is_named_by_page_and_cell() {
     );
     assert!(said.contains(&format!("{:.2}", was + 10.0)), "{said}");
 }
+
+#[test]
+fn a_runs_file_shows_its_command_date_and_table_and_one_that_lacks_them_is_named() {
+    let kept = repo().join("docs/results/synthetic.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&kept).unwrap()).unwrap();
+    let shown = render(&["bench-table".to_string(), kept.display().to_string()]);
+    let (command, date) = (
+        json["measured"]["command"].as_str().unwrap(),
+        json["measured"]["date"].as_str().unwrap(),
+    );
+    assert!(command.starts_with("appease bench synthetic"), "{command}");
+    assert!(
+        shown.starts_with(&format!("`{command}` ({date}):\n\n")),
+        "{shown}"
+    );
+    assert!(shown.contains("\n| mode | mean | p50 |"), "{shown}");
+    for mode in json["modes"].as_array().unwrap() {
+        let name = mode["mode"].as_str().unwrap();
+        let p99 = format!("{:.2}", mode["latency_ms"]["p99"].as_f64().unwrap());
+        let row = shown
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name} |")))
+            .unwrap_or_else(|| panic!("no row of {name} in {shown}"));
+        assert_eq!(row.split(" | ").nth(4), Some(p99.as_str()), "{row}");
+    }
+    let dir = TempDir::new("bench-table");
+    json.as_object_mut().unwrap().remove("measured");
+    let old = dir.file("old.json", &json.to_string());
+    fails_saying(
+        Command::new(BIN).arg("bench-table").arg(&old),
+        &format!(
+            "{} does not say when and how it was measured",
+            old.display()
+        ),
+    );
+    fails_saying(
+        Command::new(BIN)
+            .arg("bench-table")
+            .arg(&kept)
+            .arg(repo().join("docs/results/db-clients.json")),
+        "a client sweep's result file is shown only with other client sweeps' files",
+    );
+}

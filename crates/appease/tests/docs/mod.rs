@@ -372,17 +372,22 @@ fn every_figure_in_the_readmes_results_is_the_one_in_results_md() {
 fn every_command_of_the_results_summary_is_a_row_of_the_results_script() {
     let root = repo();
     let results = std::fs::read_to_string(root.join("docs/RESULTS.md")).unwrap();
-    let listed = std::process::Command::new(root.join("scripts/results.sh"))
-        .arg("--list")
-        .env("PEER_BIN", "PEERS")
-        .output()
-        .unwrap();
-    assert!(listed.status.success(), "{listed:?}");
-    let script: Vec<String> = String::from_utf8(listed.stdout)
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split_once(": ").map(|(_, cmd)| cmd.trim().to_string()))
-        .collect();
+    // The rows' commands with the peers (PEER_BIN given) and without them.
+    let list = |peers: bool| {
+        let mut cmd = std::process::Command::new(root.join("scripts/results.sh"));
+        cmd.arg("--list").env_remove("PEER_BIN");
+        if peers {
+            cmd.env("PEER_BIN", "PEERS");
+        }
+        let listed = cmd.output().unwrap();
+        assert!(listed.status.success(), "{listed:?}");
+        String::from_utf8(listed.stdout)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_once(": ").map(|(_, cmd)| cmd.trim().to_string()))
+            .collect::<Vec<String>>()
+    };
+    let script: Vec<String> = [list(true), list(false)].concat();
     let commands: Vec<String> = section(&results, "Summary")
         .lines()
         .filter(|l| l.starts_with("| ["))
