@@ -97,6 +97,9 @@ enum Command {
         /// The rows file of the summary table (each row names its result file).
         #[arg(long, conflicts_with = "files")]
         summary: Option<PathBuf>,
+        /// With --summary: README's shorter table of the rows it names.
+        #[arg(long, requires = "summary")]
+        readme: bool,
         #[arg(required_unless_present = "summary")]
         files: Vec<PathBuf>,
     },
@@ -253,9 +256,13 @@ fn run(cmd: Command) -> Result<()> {
         Command::BenchPlot { dir } => bench_cmd::plot(&dir),
         Command::BenchTable {
             summary: Some(spec),
+            readme,
             ..
         } => {
-            print!("{}", results_page::summary(&spec)?);
+            match readme {
+                true => print!("{}", results_page::readme(&spec)?),
+                false => print!("{}", results_page::summary(&spec)?),
+            }
             Ok(())
         }
         Command::BenchTable { files, .. } => bench_cmd::table(&files),

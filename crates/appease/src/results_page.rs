@@ -42,14 +42,132 @@ struct Row {
     marks: std::collections::BTreeMap<String, String>,
     /// A row not yet made from a file: its figure cells, then its date and its command.
     cells: Option<Vec<String>>,
+    /// The row's name in README's table, which shows the rows that have one.
+    readme: Option<String>,
+    /// README's cells of a row not yet made from a file: unloaded, unmanaged, by hand,
+    /// appease, the best peer, appease's batch.
+    readme_cells: Option<Vec<String>>,
+    /// The peers' figures from an earlier run, for a row whose file ran without them.
+    peers: Option<TypedPeers>,
+}
+
+/// The peer daemons' cells typed from an earlier run (`make peers` is a build of their
+/// sources, not always at hand), and its date.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TypedPeers {
+    ananicy: String,
+    #[serde(rename = "system76-scheduler")]
+    system76_scheduler: String,
+    /// README's best-peer cell, e.g. "47.55 (Ananicy)".
+    best: String,
+    date: String,
+}
+
+impl TypedPeers {
+    fn cell(&self, mode: Mode) -> Option<&str> {
+        match mode {
+            Mode::Ananicy => Some(&self.ananicy),
+            Mode::System76Scheduler => Some(&self.system76_scheduler),
+            _ => None,
+        }
+    }
+}
+
+/// README's figure columns.
+const README_COLUMNS: [&str; 6] = [
+    "unloaded",
+    "unmanaged",
+    "idle group by hand",
+    "appease",
+    "best peer daemon",
+    "appease's batch",
+];
+
+fn read_spec(spec_path: &Path) -> Result<Spec> {
+    let text = std::fs::read_to_string(spec_path)
+        .with_context(|| format!("reading {}", spec_path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing {}", spec_path.display()))
+}
+
+/// README's shorter table: the rows the spec names for it, the best peer in one column.
+pub fn readme(spec_path: &Path) -> Result<String> {
+    let spec = read_spec(spec_path)?;
+    let dir = spec_path.parent().unwrap_or(Path::new("."));
+    let mut out = format!("| scenario | {} |\n|", README_COLUMNS.join(" | "));
+    out += &"---|".repeat(README_COLUMNS.len() + 1);
+    out += "\n";
+    for row in &spec.row {
+        let Some(name) = &row.readme else { continue };
+        let cells = match (&row.file, &row.readme_cells) {
+            (Some(file), None) => readme_cells_of_file(&dir.join(file), row)
+                .with_context(|| format!("README's row {name:?}"))?,
+            (None, Some(cells)) if cells.len() == README_COLUMNS.len() => cells.clone(),
+            _ => bail!(
+                "{}: README's row {name:?} needs either `file` or {} `readme_cells`",
+                spec_path.display(),
+                README_COLUMNS.len()
+            ),
+        };
+        out += &format!("| {name} | {} |\n", cells.join(" | "));
+    }
+    Ok(out)
+}
+
+/// README's cells from a result file: the server's p99 (frames dropped, for a player)
+/// by mode, the best peer's with its name, appease's batch.
+fn readme_cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
+    let r = single_result(path)?;
+    let figure = |m: &ModeResult| match &m.frames {
+        Some(f) => (f.dropped as f64, f.dropped.to_string()),
+        None => (m.latency_ms.p99, thousands(m.latency_ms.p99)),
+    };
+    let of = |mode| r.modes.iter().find(|m| m.mode == mode).map(figure);
+    let cell = |mode| of(mode).map_or("–".to_string(), |(_, c)| c);
+    let best_peer = [Mode::Ananicy, Mode::System76Scheduler]
+        .into_iter()
+        .filter_map(|mode| of(mode).map(|(v, c)| (v, format!("{c} ({})", peer_name(mode)))))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+        .or_else(|| row.peers.as_ref().map(|p| p.best.clone()))
+        .unwrap_or_else(|| "–".to_string());
+    Ok(vec![
+        cell(Mode::Unloaded),
+        cell(Mode::Unmanaged),
+        cell(Mode::BatchCgroupIdle),
+        format!("**{}**", cell(Mode::Appease)),
+        best_peer,
+        batch_share(&r),
+    ])
+}
+
+fn peer_name(mode: Mode) -> &'static str {
+    MODES
+        .iter()
+        .find(|(_, m)| *m == mode)
+        .map_or("?", |(name, _)| name)
+}
+
+/// A latency scenario's one result (one batch level) in `path`.
+fn single_result(path: &Path) -> Result<ScenarioResult> {
+    let Report::Latency(mut results) = report_of(path)? else {
+        bail!(
+            "{}: only a latency scenario's result makes a summary row",
+            path.display()
+        );
+    };
+    if results.len() != 1 {
+        bail!(
+            "{}: a batch-level sweep makes no single row",
+            path.display()
+        );
+    }
+    Ok(results.remove(0))
 }
 
 /// The summary table in Markdown.
 pub fn summary(spec_path: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(spec_path)
-        .with_context(|| format!("reading {}", spec_path.display()))?;
-    let spec: Spec =
-        toml::from_str(&text).with_context(|| format!("parsing {}", spec_path.display()))?;
+    let spec = read_spec(spec_path)?;
     let dir = spec_path.parent().unwrap_or(Path::new("."));
     let mut out = String::from("| scenario: headline |");
     for (name, _) in MODES {
@@ -77,18 +195,7 @@ pub fn summary(spec_path: &Path) -> Result<String> {
 
 /// A row's figure cells, date and command from its result file.
 fn cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
-    let Report::Latency(results) = report_of(path)? else {
-        bail!(
-            "{}: only a latency scenario's result makes a summary row",
-            path.display()
-        );
-    };
-    let [r] = results.as_slice() else {
-        bail!(
-            "{}: a batch-level sweep makes no single row",
-            path.display()
-        );
-    };
+    let r = &single_result(path)?;
     let value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
     let measured = Measured::of(&value).with_context(|| {
         format!(
@@ -103,11 +210,11 @@ fn cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
     let mut cells: Vec<String> = MODES
         .iter()
         .map(|&(name, mode)| {
-            let cell = r
-                .modes
-                .iter()
-                .find(|m| m.mode == mode)
-                .map_or("–".to_string(), headline);
+            let measured = r.modes.iter().find(|m| m.mode == mode).map(headline);
+            let typed = row.peers.as_ref().and_then(|p| p.cell(mode));
+            let cell = measured
+                .or(typed.map(str::to_string))
+                .unwrap_or_else(|| "–".to_string());
             let cell = mark(name, cell);
             match mode {
                 Mode::Appease if cell != "–" => format!("**{cell}**"),
@@ -116,7 +223,14 @@ fn cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
         })
         .collect();
     cells.push(mark("batch", batch_share(r)));
-    cells.push(measured.date);
+    let peers_typed = MODES.iter().any(|&(_, mode)| {
+        row.peers.as_ref().is_some_and(|p| p.cell(mode).is_some())
+            && !r.modes.iter().any(|m| m.mode == mode)
+    });
+    cells.push(match (&row.peers, peers_typed) {
+        (Some(p), true) => format!("{}; the peers {}", measured.date, p.date),
+        _ => measured.date,
+    });
     cells.push(format!("`{}`", measured.command));
     Ok(cells)
 }
