@@ -285,6 +285,43 @@ mod tests {
         assert_eq!(thousands(1_234_567.0), "1,234,567");
     }
 
+    /// A spec of one row made from the kept synthetic run (which ran without the peers),
+    /// with the peers' figures typed from an earlier run.
+    fn spec_with_typed_peers(dir: &Path) -> std::path::PathBuf {
+        let kept = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/results/synthetic.json");
+        std::fs::copy(&kept, dir.join("synthetic.json")).unwrap();
+        let spec = dir.join("summary.toml");
+        std::fs::write(
+            &spec,
+            "[[row]]\nscenario = \"s\"\nfile = \"synthetic.json\"\nreadme = \"r\"\n\
+             peers = { ananicy = \"47.55\", system76-scheduler = \"50.91\", best = \"47.55 (Ananicy)\", date = \"2026-11-29\" }\n",
+        )
+        .unwrap();
+        spec
+    }
+
+    #[test]
+    fn a_file_without_the_peers_keeps_their_typed_figures_dated_apart() {
+        let dir = std::env::temp_dir().join(format!("appease-peers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = spec_with_typed_peers(&dir);
+        let (table, readme) = (summary(&spec), readme(&spec));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let (table, readme) = (table.unwrap(), readme.unwrap());
+        let row = table.lines().nth(2).unwrap();
+        let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+        assert_eq!(cells[0], "s");
+        assert_eq!(&cells[5..7], ["47.55", "50.91"], "{row}");
+        assert!(cells[8].ends_with("; the peers 2026-11-29"), "{row}");
+        assert!(
+            cells[4].starts_with("**") && cells[4].ends_with("**"),
+            "{row}"
+        );
+        let row = readme.lines().nth(2).unwrap();
+        assert!(row.starts_with("| r | "), "{row}");
+        assert!(row.contains("| 47.55 (Ananicy) |"), "{row}");
+    }
+
     #[test]
     fn a_row_with_neither_a_file_nor_all_its_cells_is_named() {
         let dir = std::env::temp_dir().join(format!("appease-summary-{}", std::process::id()));

@@ -96,9 +96,9 @@ fn column_name(variant: &str) -> &str {
     }
 }
 
-/// The table as docs/RESULTS.md shows it: what was run, then a Markdown row a mode,
+/// The table as docs/RESULTS.md shows it: a Markdown row a mode,
 /// with late requests, the batch's fairness, frames, analytic queries and downloads as
-/// columns where measured; what each column counts; modes that could not run.
+/// columns where measured (the page says once what each counts); modes that could not run.
 pub fn scenario(r: &ScenarioResult) -> String {
     let mut columns = report::table_columns();
     let any = |f: fn(&ModeResult) -> bool| r.modes.iter().any(f);
@@ -139,18 +139,12 @@ pub fn scenario(r: &ScenarioResult) -> String {
         }));
     }
     let row = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
-    let mut s = wrap(&r.description()) + "\n\n";
-    s += &row(columns.iter().map(|c| c.name.to_string()).collect());
+    // What was run is the section's prose; the command above the table says how.
+    let mut s = row(columns.iter().map(|c| c.name.to_string()).collect());
     s += &format!("|{}\n", "---|".repeat(columns.len()));
     for m in &r.modes {
         s += &row(columns.iter().map(|c| (c.cell)(r, m)).collect());
     }
-    let legend = format!(
-        "In ms: latency, and unhappiness (its mean: time waited beyond the request's own CPU); batch/s: {} a \
-         second; b.CPUs: CPUs the batch got; late, for CPU loss, Jain: as the page's \"How the bench measures\" says.",
-        r.params.batch.unit()
-    );
-    s += &format!("\n{}\n", wrap(&legend));
     for n in &r.not_run {
         s += &format!("\n{}\n", wrap(&format!("Not run: {}: {}.", n.mode, n.why)));
     }

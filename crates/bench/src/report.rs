@@ -237,7 +237,7 @@ impl ScenarioResult {
     }
 
     /// What was run, in a line.
-    pub(crate) fn description(&self) -> String {
+    fn description(&self) -> String {
         let p = &self.params;
         let server = self.server_description();
         format!(
