@@ -574,6 +574,16 @@ mod tests {
         assert_eq!(cpu.open_files(), 1);
         done_tx.send(()).unwrap();
         h.join().unwrap();
+        // join returns at the thread's exit (its clear_child_tid wake), a moment before the
+        // kernel releases it: its file reads on until then, and never after.
+        let ended = std::time::Instant::now();
+        while cpu.read(pid, tid).is_some() {
+            assert!(
+                ended.elapsed() < std::time::Duration::from_secs(2),
+                "its file still reads 2 s after the thread ended"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(cpu.read(pid, tid), None, "ended");
         assert_eq!(cpu.open_files(), 0, "its file closed");
         assert_eq!(cpu.read(pid, 0), None, "no such thread");
