@@ -158,7 +158,7 @@ pub(crate) enum Worker {
 }
 
 pub(crate) fn plot(dir: &Path) -> Result<()> {
-    let report = report_of(&dir.join("result.json"))?;
+    let (report, _) = read_result(&dir.join("result.json"))?;
     for (name, svg) in plots_of(&report)? {
         std::fs::write(dir.join(&name), svg)?;
         println!("wrote {}", dir.join(name).display());
@@ -166,15 +166,20 @@ pub(crate) fn plot(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A result file's report, as the run that wrote it had it.
-pub(crate) fn report_of(path: &Path) -> Result<Report> {
-    let value = read_json(path)?;
+/// A result file's report, as the run that wrote it had it, and when and how it was
+/// measured (None in a file written before appease kept that).
+pub(crate) fn read_result(path: &Path) -> Result<(Report, Option<Measured>)> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let measured = Measured::of(&value);
     let what = value.get("scenario").and_then(|s| s.as_str()).unwrap_or("");
     fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value, path: &Path) -> Result<T> {
         serde_json::from_value(v)
             .with_context(|| format!("{} is no bench result.json", path.display()))
     }
-    Ok(match what {
+    let report = match what {
         _ if value.get("client_loop").is_some() => Report::ClosedLoop(parse(value, path)?),
         "utilization" => Report::Utilization(parse(value, path)?),
         "nested" => Report::Nested(parse(value, path)?),
@@ -184,13 +189,8 @@ pub(crate) fn report_of(path: &Path) -> Result<Report> {
             Some(sweep) => parse(sweep.clone(), path)?,
             None => vec![parse(value, path)?],
         }),
-    })
-}
-
-fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    };
+    Ok((report, measured))
 }
 
 /// Prints result files as docs/RESULTS.md shows them: the client sweeps' files as one set
@@ -199,11 +199,11 @@ fn read_json(path: &Path) -> Result<serde_json::Value> {
 pub(crate) fn table(files: &[PathBuf]) -> Result<()> {
     let reports = files
         .iter()
-        .map(|path| Ok((path, report_of(path)?)))
+        .map(|path| Ok((path, read_result(path)?)))
         .collect::<Result<Vec<_>>>()?;
     let sweeps: Vec<_> = reports
         .iter()
-        .filter_map(|(_, r)| match r {
+        .filter_map(|(_, (r, _))| match r {
             Report::ClosedLoop(r) => Some(r.clone()),
             _ => None,
         })
@@ -215,13 +215,8 @@ pub(crate) fn table(files: &[PathBuf]) -> Result<()> {
     if !sweeps.is_empty() {
         bail!("a client sweep's result file is shown only with other client sweeps' files");
     }
-    for (i, (path, report)) in reports.into_iter().enumerate() {
-        let measured = Measured::of(&read_json(path)?).with_context(|| {
-            format!(
-                "{} does not say when and how it was measured (written by an older appease): run its command again with --out",
-                path.display()
-            )
-        })?;
+    for (i, (path, (report, measured))) in reports.into_iter().enumerate() {
+        let measured = Measured::required(measured, path)?;
         if i > 0 {
             println!();
         }
@@ -271,8 +266,18 @@ impl Measured {
         }
     }
 
-    pub fn of(value: &serde_json::Value) -> Option<Self> {
+    fn of(value: &serde_json::Value) -> Option<Self> {
         serde_json::from_value(value.get("measured")?.clone()).ok()
+    }
+
+    /// `measured` of the file at `path`, or the error that names it.
+    pub fn required(measured: Option<Self>, path: &Path) -> Result<Self> {
+        measured.with_context(|| {
+            format!(
+                "{} does not say when and how it was measured (written by an older appease): run its command again with --out",
+                path.display()
+            )
+        })
     }
 }
 

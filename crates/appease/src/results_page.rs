@@ -11,7 +11,7 @@ use appease_bench::report::{ModeResult, ScenarioResult};
 use appease_bench::{Mode, Report};
 use serde::Deserialize;
 
-use crate::bench_cmd::{report_of, Measured};
+use crate::bench_cmd::{read_result, Measured};
 
 /// The figure columns, after the scenario's: the modes compared, then the batch's share.
 const MODES: [(&str, Mode); 6] = [
@@ -117,7 +117,7 @@ pub fn readme(spec_path: &Path) -> Result<String> {
 /// README's cells from a result file: the server's p99 (frames dropped, for a player)
 /// by mode, the best peer's with its name, appease's batch.
 fn readme_cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
-    let r = single_result(path)?;
+    let (r, _) = single_result(path)?;
     let figure = |m: &ModeResult| match &m.frames {
         Some(f) => (f.dropped as f64, f.dropped.to_string()),
         None => (m.latency_ms.p99, thousands(m.latency_ms.p99)),
@@ -148,9 +148,10 @@ fn peer_name(mode: Mode) -> &'static str {
         .map_or("?", |(name, _)| name)
 }
 
-/// A latency scenario's one result (one batch level) in `path`.
-fn single_result(path: &Path) -> Result<ScenarioResult> {
-    let Report::Latency(mut results) = report_of(path)? else {
+/// A latency scenario's one result (one batch level) in `path`, and when and how it was
+/// measured.
+fn single_result(path: &Path) -> Result<(ScenarioResult, Option<Measured>)> {
+    let (Report::Latency(mut results), measured) = read_result(path)? else {
         bail!(
             "{}: only a latency scenario's result makes a summary row",
             path.display()
@@ -162,7 +163,7 @@ fn single_result(path: &Path) -> Result<ScenarioResult> {
             path.display()
         );
     }
-    Ok(results.remove(0))
+    Ok((results.remove(0), measured))
 }
 
 /// The summary table in Markdown.
@@ -195,14 +196,8 @@ pub fn summary(spec_path: &Path) -> Result<String> {
 
 /// A row's figure cells, date and command from its result file.
 fn cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
-    let r = &single_result(path)?;
-    let value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
-    let measured = Measured::of(&value).with_context(|| {
-        format!(
-            "{} does not say when and how it was measured",
-            path.display()
-        )
-    })?;
+    let (r, measured) = single_result(path)?;
+    let (r, measured) = (&r, Measured::required(measured, path)?);
     let mark = |column: &str, cell: String| match row.marks.get(column) {
         Some(m) if cell != "–" => format!("{cell} {m}"),
         _ => cell,
@@ -246,13 +241,11 @@ fn headline(m: &ModeResult) -> String {
 
 /// appease's batch's throughput against unmanaged's.
 fn batch_share(r: &ScenarioResult) -> String {
-    let of = |mode| r.modes.iter().find(|m| m.mode == mode);
-    match (of(Mode::Appease), of(Mode::Unmanaged)) {
-        (Some(a), Some(u)) if u.batch_throughput > 0.0 => {
-            format!("{:.1} %", 100.0 * a.batch_throughput / u.batch_throughput)
-        }
-        _ => "–".to_string(),
-    }
+    r.modes
+        .iter()
+        .find(|m| m.mode == Mode::Appease)
+        .and_then(|a| appease_bench::report::batch_vs_unmanaged(r, a))
+        .map_or("–".to_string(), |pct| format!("{pct:.1} %"))
 }
 
 /// Milliseconds as the page writes them: two decimals, whole numbers with separators

@@ -437,17 +437,23 @@ fn unhappiness_cell(m: &ModeResult) -> String {
         .map_or("-".to_string(), |u| format!("{:.2}", u.mean))
 }
 
-/// The batch's throughput against unmanaged's, percent.
-fn vs_unmanaged(r: &ScenarioResult, m: &ModeResult) -> String {
+/// Mode `m`'s batch throughput against unmanaged's, percent (None without an unmanaged
+/// batch to compare with).
+pub fn batch_vs_unmanaged(r: &ScenarioResult, m: &ModeResult) -> Option<f64> {
     let unmanaged = r
         .modes
         .iter()
         .find(|m| m.mode == Mode::Unmanaged)
-        .map(|m| m.batch_throughput);
-    match (unmanaged, m.mode) {
-        (_, Mode::Unloaded) => "-".to_string(),
-        (Some(u), _) if u > 0.0 => format!("{:.1}%", 100.0 * m.batch_throughput / u),
-        _ => "?".into(),
+        .map(|m| m.batch_throughput)?;
+    (unmanaged > 0.0).then(|| 100.0 * m.batch_throughput / unmanaged)
+}
+
+/// The batch's throughput against unmanaged's, as the table shows it.
+fn vs_unmanaged(r: &ScenarioResult, m: &ModeResult) -> String {
+    match (m.mode, batch_vs_unmanaged(r, m)) {
+        (Mode::Unloaded, _) => "-".to_string(),
+        (_, Some(pct)) => format!("{pct:.1}%"),
+        (_, None) => "?".into(),
     }
 }
 
