@@ -151,17 +151,6 @@ impl KernelActuator {
         }
     }
 
-    /// Whether `(pid, start)` leads a session of its own and is scheduled in that
-    /// session's autogroup: a top-level entity of its own (a server's worker that called
-    /// `setsid()` for its connection, as PostgreSQL's backends do, is one per connection).
-    pub fn leads_own_autogroup(&self, pid: u32, start: u64) -> bool {
-        self.kernel
-            .task_stat(pid, pid)
-            .is_ok_and(|s| s.start == start && s.session == pid)
-            && self.in_root_cpu_group(pid)
-            && self.kernel.autogroups_enabled()
-    }
-
     /// The autogroup `(pid, start)` is scheduled in, read again every
     /// `RECHECK_AFTER_CALLS` calls; None for a process that is gone or not that process.
     fn serving_autogroup(&mut self, pid: u32, start: u64) -> Option<(u64, u32)> {
@@ -526,21 +515,6 @@ mod tests {
         assert_eq!(k.process_table_walks(), walks);
         assert!(journal::read_pending(&dir.0).unwrap().is_empty());
         assert_eq!(k.unjournaled(), Vec::<String>::new());
-    }
-
-    #[test]
-    fn only_a_leader_of_its_own_session_leads_its_own_autogroup() {
-        let ((k, [web, _, cache]), dir) = (host(), TempDir::new("ag-own"));
-        let a = actuator(&k, &dir);
-        // cache leads its session; web is in the shell's.
-        assert!(a.leads_own_autogroup(cache.0, cache.1));
-        assert!(!a.leads_own_autogroup(web.0, web.1));
-        // Another process under cache's pid, or one that is gone: not it.
-        assert!(!a.leads_own_autogroup(cache.0, cache.1 + 1));
-        assert!(!a.leads_own_autogroup(999, 1));
-        // Without autogroups no process has one.
-        k.autogroups_off(true);
-        assert!(!a.leads_own_autogroup(cache.0, cache.1));
     }
 
     #[test]

@@ -125,7 +125,7 @@ impl KernelActuator {
             return 0;
         };
         self.forget_vanished_idle_groups();
-        let (server_groups, batch) = self.server_and_batch_groups(&cg, servers);
+        let (server_groups, batch) = self.server_and_batch_groups(&cg, servers, facts);
         // appease's own group, read once a scan (only when something serves).
         let own = if server_groups.is_empty() {
             "/".to_string()
@@ -176,13 +176,14 @@ impl KernelActuator {
         changed + self.sync_server_weights(&cg, &server_groups, &batch, &own)
     }
 
-    /// The groups of the processes that served lately (still the same processes), and
-    /// of the trees demoted in place: per thread, or made idle as a whole. No batch
-    /// groups when no server serves.
+    /// The groups of the processes that served lately (still the same processes, as the
+    /// scan's `facts` saw them, or /proc for one it did not), and of the trees demoted in
+    /// place: per thread, or made idle as a whole. No batch groups when no server serves.
     fn server_and_batch_groups(
         &self,
         cg: &Cgroups,
         servers: &[(u32, u64)],
+        facts: &HashMap<u32, ProcFacts>,
     ) -> (BTreeSet<String>, BTreeSet<String>) {
         let bus = self
             .groups
@@ -194,8 +195,9 @@ impl KernelActuator {
             // The init process answering systemctl and the bus daemon passing appease's own
             // calls on: not what these rules serve (nor a reason to change them again).
             .filter(|&&(pid, _)| pid != 1 && Some(pid) != bus)
-            .filter(|&&(pid, start)| {
-                crate::sys::task_stat(pid, pid).is_ok_and(|s| s.start == start)
+            .filter(|&&(pid, start)| match facts.get(&pid) {
+                Some(f) => f.start == start,
+                None => crate::sys::task_stat(pid, pid).is_ok_and(|s| s.start == start),
             })
             .filter_map(|&(pid, _)| cg.group_of(pid).ok())
             .collect();

@@ -10,8 +10,6 @@
 
 use std::collections::HashMap;
 
-use appease_actuator::KernelActuator;
-
 use crate::batch::Process;
 
 /// The slice of such a worker's sunk thread (a long request): its nice acts on nothing,
@@ -30,9 +28,9 @@ pub struct ConnectionSessions {
 
 impl ConnectionSessions {
     /// Whether process `(pid, start)` of application `app` (its listening ancestor, or
-    /// itself) is a worker in a session and autogroup of its own. Read from /proc on the
-    /// process's first request, then remembered until it exits.
-    pub fn check(&mut self, (pid, start): Process, app: u32, actuator: &KernelActuator) -> bool {
+    /// itself) is a worker in a session and autogroup of its own: as the probe saw it
+    /// (`own_autogroup`) at the process's first request, then remembered until it exits.
+    pub fn check(&mut self, (pid, start): Process, app: u32, own_autogroup: bool) -> bool {
         if app == pid || app == 1 {
             // The server itself, a process serving on its own, or a service: under a pid
             // a worker may have had before (its exit unseen).
@@ -52,9 +50,8 @@ impl ConnectionSessions {
                 self.known.clear();
             }
         }
-        let own = actuator.leads_own_autogroup(pid, start);
-        self.known.insert(pid, (start, own));
-        own
+        self.known.insert(pid, (start, own_autogroup));
+        own_autogroup
     }
 
     /// Whether `pid` was found to be a connection's own session.
@@ -73,34 +70,34 @@ mod tests {
 
     #[test]
     fn the_server_itself_is_never_a_connection_session() {
-        let actuator = KernelActuator::new(None, Vec::new()).expect("an actuator");
         let mut s = ConnectionSessions::default();
-        // This test process leads no session of its own here, and is its own app.
-        let me = std::process::id();
-        assert!(!s.check((me, 0), me, &actuator));
-        assert!(!s.contains(me));
+        // A server that leads its own session (started by a shell, or setsid) serves
+        // every connection: not one connection's worker.
+        assert!(!s.check((40, 0), 40, true));
+        assert!(!s.contains(40));
+        // Its worker, in a session of its own, is.
+        assert!(s.check((41, 0), 40, true));
+        assert!(s.contains(41));
     }
 
     #[test]
     fn a_remembered_answer_is_for_the_same_process_only() {
-        let actuator = KernelActuator::new(None, Vec::new()).expect("an actuator");
         let mut s = ConnectionSessions::default();
         s.known.insert(42, (7, true));
         assert!(s.contains(42));
-        assert!(s.check((42, 7), 2, &actuator), "remembered, not read");
-        // Another process under the pid (another start) is read again: here none is
-        // there (beyond any pid_max), so it is not one.
+        assert!(s.check((42, 7), 2, false), "remembered, not taken again");
+        // Another process under the pid (another start) is taken as the probe sees it.
         s.known.insert(4_999_999, (7, true));
-        assert!(!s.check((4_999_999, 8), 2, &actuator));
+        assert!(!s.check((4_999_999, 8), 2, false));
         assert!(!s.contains(4_999_999));
         s.forget(42);
         assert!(!s.contains(42));
         // A service PID 1 started is no connection's worker.
         s.known.insert(44, (7, true));
-        assert!(!s.check((44, 7), 1, &actuator));
+        assert!(!s.check((44, 7), 1, true));
         // A server (its own application) under a worker's old pid is not taken for it.
         s.known.insert(43, (7, true));
-        assert!(!s.check((43, 9), 43, &actuator));
+        assert!(!s.check((43, 9), 43, true));
         assert!(!s.contains(43));
     }
 }

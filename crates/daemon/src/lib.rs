@@ -14,6 +14,7 @@ mod reload;
 pub mod scanner;
 mod startup;
 pub mod status;
+mod thread_times;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -117,8 +118,8 @@ struct Daemon<'obj> {
     layout: status::LayoutView,
     /// Uids from this one on are unprivileged users, bounded as a whole.
     uid_min: u32,
-    /// The watched threads' CPU times, read through files kept open.
-    thread_cpu: appease_actuator::sys::ThreadCpu,
+    /// The watched threads' CPU times.
+    thread_times: thread_times::ThreadTimes,
 }
 
 impl<'obj> Daemon<'obj> {
@@ -166,7 +167,7 @@ impl<'obj> Daemon<'obj> {
             idle_group_now: 0,
             layout: Default::default(),
             uid_min,
-            thread_cpu: Default::default(),
+            thread_times: Default::default(),
         }
     }
 
@@ -250,9 +251,9 @@ impl<'obj> Daemon<'obj> {
                 for tid in self.actuator.audit() {
                     self.policy.forget(tid);
                 }
-                // A watched thread is read every 100 ms: a file unread for a second is
-                // a thread no longer watched.
-                self.thread_cpu.close_unread(Duration::from_secs(1));
+                // A watched thread is read every 100 ms: one unread for a second is no
+                // longer watched.
+                self.thread_times.forget_unread(Duration::from_secs(1));
                 self.release_unheld();
                 self.handle_arrived();
                 self.resync_after_lost_events();
@@ -361,6 +362,7 @@ impl<'obj> Daemon<'obj> {
             proc_comm,
             app,
             uid,
+            own_autogroup,
             ..
         } = e
         else {
@@ -373,7 +375,7 @@ impl<'obj> Daemon<'obj> {
         }
         self.metrics.request(family);
         let process = (pid, proc_start_ns / self.clock_tick_ns);
-        let own_session = self.connection_sessions.check(process, app, &self.actuator);
+        let own_session = self.connection_sessions.check(process, app, own_autogroup);
         if let Some(b) = self.batch.as_mut() {
             let user = appease_config::unprivileged(uid, self.uid_min);
             let raise = !user && !own_session;
@@ -561,9 +563,14 @@ impl<'obj> Daemon<'obj> {
         if !self.restore_again.is_empty() {
             self.retry_restores();
         }
+        let wanted: Vec<(u32, u32)> = self.policy.cpu_wanted(now).collect();
+        self.thread_times.read_ahead(&mut self.probe, &wanted);
+        for (tid, cpu) in self.thread_times.latest_requests() {
+            self.policy.note_request_cpu(tid, cpu);
+        }
         let decisions = self
             .policy
-            .on_tick(now, |pid, tid| self.thread_cpu.read(pid, tid));
+            .on_tick(now, |pid, tid| self.thread_times.get(pid, tid));
         self.tell_probe();
         let spent = self
             .batch
@@ -778,6 +785,23 @@ fn serving_window(cfg: &Config) -> Option<Duration> {
         .then(|| Duration::from_millis(sink.after_cpu_ms.max(cfg.probe.min_gap_ms).max(10)))
 }
 
+/// How often a held thread's requests are reported (`ProbeConfig::held_gap`): twice the
+/// gap of the rest, and less than half the shortest decay step, so that a busy elevated
+/// thread is seen again well before its elevation would fade.
+fn held_gap(cfg: &Config) -> Duration {
+    let min_gap = Duration::from_millis(cfg.probe.min_gap_ms);
+    let shortest_decay = cfg
+        .elevation_params()
+        .ladder
+        .steps()
+        .iter()
+        .map(|s| s.decay)
+        .filter(|d| !d.is_zero())
+        .min()
+        .unwrap_or(Duration::MAX);
+    (2 * min_gap).min(shortest_decay / 2).max(min_gap)
+}
+
 /// Latency service groups are not built for a cgroup v2 host under systemd: a config
 /// with services is refused there, at start and on reload.
 fn services_available(cfg: &Config, layout: &status::LayoutView) -> Result<(), String> {
@@ -849,6 +873,19 @@ mod tests {
             slice: None,
             reason,
         }
+    }
+
+    #[test]
+    fn a_held_threads_requests_come_twice_as_far_apart_and_well_within_a_decay_step() {
+        let with = |toml: &str| held_gap(&Config::parse(toml, "test").unwrap());
+        assert_eq!(with(""), Duration::from_millis(40));
+        assert_eq!(with("[probe]\nmin_gap_ms = 5\n"), Duration::from_millis(10));
+        // A decay step of 50 ms: a busy thread seen every 25 ms at least.
+        let fast_decay = "[elevation]\nladder = [\n  { from_runnable_per_cpu = 0.0, unix_nice = 0, inet_nice = 0, decay_ms = 0 },\n  { from_runnable_per_cpu = 1.0, unix_nice = -5, inet_nice = -3, decay_ms = 50 },\n]\n";
+        assert_eq!(with(fast_decay), Duration::from_millis(25));
+        // Never more often than the others.
+        let faster = format!("[probe]\nmin_gap_ms = 30\n{fast_decay}");
+        assert_eq!(with(&faster), Duration::from_millis(30));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use appease_config::Config;
 use appease_probe::{Probe, ProbeConfig, ProbeStorage};
 
 use crate::{
-    control, host, log_writer, metrics, notify_systemd, scanner, services_available,
+    control, held_gap, host, log_writer, metrics, notify_systemd, scanner, services_available,
     serving_window, status, Controls, Daemon, DaemonOptions, RunLock,
 };
 
@@ -216,6 +216,7 @@ fn start_probe<'obj>(
         min_gap: Duration::from_millis(cfg.probe.min_gap_ms),
         ignore_pid: Some(std::process::id()),
         serving_window: serving_window(cfg),
+        held_gap: held_gap(cfg),
         uid_min: cfg.users.uid_min(),
         user_events_per_s: cfg.users.events_per_s,
         users_events_per_s: cfg.users.all_events_per_s,

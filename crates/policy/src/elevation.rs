@@ -393,6 +393,32 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         slot
     }
 
+    /// The threads whose CPU time `on_tick(now, …)` will ask for: due, watched, not read
+    /// within CPU_REFRESH_NS. A caller reads them all in one call before the tick; the tick
+    /// may ask for a few more (those its own work makes due).
+    pub fn cpu_wanted(&self, now: Nanos) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let sinking = self.sink_ns.is_some();
+        self.threads
+            .iter()
+            .zip(&self.due)
+            .filter(move |&(t, &due)| {
+                due <= now
+                    && (t.levels > 0 || watched_for_sinking(t, sinking))
+                    && now.saturating_sub(t.budget_at) >= CPU_REFRESH_NS
+            })
+            .map(|(t, _)| (t.pid, t.tid))
+    }
+
+    /// Thread `tid`'s CPU time at its latest request, as the probe saw one it did not
+    /// report (a held thread's requests are reported at most every held gap): a long
+    /// request is timed from there.
+    pub fn note_request_cpu(&mut self, tid: u32, cpu_at_request: u64) {
+        if let Some(slot) = self.slots.get(tid) {
+            let t = &mut self.threads[slot as usize];
+            t.cpu_at_request = t.cpu_at_request.max(cpu_at_request);
+        }
+    }
+
     /// Periodic step: decay, budget, forgetting. `cpu_of(pid, tid)` gives a thread's
     /// total CPU time, or None when the thread is gone; it is asked only for elevated
     /// threads whose CPU time is not known from the last CPU_REFRESH_NS (request events

@@ -89,6 +89,9 @@ pub enum Event {
         app: u32,
         /// The thread's effective uid.
         uid: u32,
+        /// Its process leads its session and is scheduled in that session's autogroup
+        /// (in the root CPU cgroup, autogroups on): a top-level entity of its own.
+        own_autogroup: bool,
     },
     /// A thread serving a request of `app`, which has sunk threads, blocked on a lock
     /// (futex or semaphore), the first of that application's to do so.
@@ -143,6 +146,23 @@ pub struct TaskRecord {
     pub app: u32,
     pub comm: String,
 }
+
+/// A thread's CPU time as the kernel counts it (`Probe::threads_cpu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadCpuTime {
+    /// Its thread group.
+    pub pid: u32,
+    /// Its start, ns after boot: a thread that later holds its ID is told from it.
+    pub start_boot_ns: u64,
+    /// Its CPU time so far, ns.
+    pub cpu_ns: u64,
+    /// Its CPU time at its latest request the probe saw, reported or not (0: none).
+    pub request_cpu_ns: u64,
+}
+
+/// Threads read in one call of the kernel by `Probe::threads_cpu` (the BPF side's
+/// CPU_READ_MAX).
+pub const CPU_READ_MAX: usize = 1024;
 
 /// Lists every thread on the host from the kernel's task list: what a scan of /proc
 /// reads with three system calls a process, in one read. Sendable to a scanner thread.
@@ -238,6 +258,10 @@ pub struct ProbeConfig {
     pub serving_window: Option<Duration>,
     /// Users from this uid on are unprivileged: their request events are bounded.
     pub uid_min: u32,
+    /// A thread the daemon holds (`set_held`) has its requests reported at most this
+    /// often (never more often than `min_gap`); the CPU time at each is kept for
+    /// `threads_cpu`.
+    pub held_gap: Duration,
     /// Request events a second each unprivileged user may cause, and all of them together
     /// (0: no bound).
     pub user_events_per_s: u32,
@@ -252,6 +276,7 @@ impl Default for ProbeConfig {
             ring_bytes: 1 << 20,
             serving_window: None,
             uid_min: 1000,
+            held_gap: Duration::from_millis(40),
             user_events_per_s: 0,
             users_events_per_s: 0,
         }
@@ -294,6 +319,11 @@ impl<'obj> Probe<'obj> {
             .expect("probe has rodata");
         rodata.min_gap_ns = cfg.min_gap.as_nanos().min(u64::MAX as u128) as u64;
         rodata.wake_after_ns = 2 * rodata.min_gap_ns;
+        rodata.held_gap_ns = cfg
+            .held_gap
+            .max(cfg.min_gap)
+            .as_nanos()
+            .min(u64::MAX as u128) as u64;
         rodata.self_tgid = cfg.ignore_pid.unwrap_or(0);
         rodata.pid_ns_inum = nested_pid_namespace().unwrap_or(0);
         rodata.uid_min = cfg.uid_min;
@@ -396,6 +426,51 @@ impl<'obj> Probe<'obj> {
             idle_class: bss.runnable_idle,
             cpus: bss.runnable_cpus,
         })
+    }
+
+    /// The CPU times of threads `tids` (IDs as this process's PID namespace numbers
+    /// them), each handed to `f` with its index: read in the kernel, one system call per
+    /// `CPU_READ_MAX` threads. A thread gone answers None. Err when the kernel cannot run
+    /// the reader (before 6.11, without `bpf_task_from_vpid`): the caller reads /proc.
+    pub fn threads_cpu(
+        &mut self,
+        tids: &[u32],
+        mut f: impl FnMut(usize, Option<ThreadCpuTime>),
+    ) -> Result<(), ProbeError> {
+        let refused = |source| ProbeError::Bpf {
+            stage: "read threads' CPU times with",
+            source,
+        };
+        for (chunk_at, chunk) in tids.chunks(CPU_READ_MAX).enumerate() {
+            let bss = self
+                .skel
+                .maps
+                .bss_data
+                .as_deref_mut()
+                .expect("probe has bss");
+            bss.cpu_n = chunk.len() as u32;
+            bss.cpu_tids[..chunk.len()].copy_from_slice(chunk);
+            let out = self
+                .skel
+                .progs
+                .read_cpu
+                .test_run(libbpf_rs::ProgramInput::default())
+                .map_err(refused)?;
+            if out.return_value != 0 {
+                return Err(refused(libbpf_rs::Error::from_raw_os_error(libc::ENOSYS)));
+            }
+            let bss = self.skel.maps.bss_data.as_deref().expect("probe has bss");
+            for (i, a) in bss.cpu_answers[..chunk.len()].iter().enumerate() {
+                let answer = (a.tgid != 0).then_some(ThreadCpuTime {
+                    pid: a.tgid,
+                    start_boot_ns: a.start_boot_ns,
+                    cpu_ns: a.cpu_ns,
+                    request_cpu_ns: a.request_cpu_ns,
+                });
+                f(chunk_at * CPU_READ_MAX + i, answer);
+            }
+        }
+        Ok(())
     }
 
     /// Whether exec events are reported (off at start).
@@ -576,6 +651,7 @@ fn decode(data: &[u8]) -> Option<Event> {
             proc_comm: comm(&raw.proc_comm),
             app: raw.app,
             uid: raw.uid,
+            own_autogroup: raw.own_autogroup != 0,
         },
         3 => Event::Exec {
             ts_ns: raw.ts_ns,

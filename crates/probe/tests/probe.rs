@@ -9,11 +9,14 @@ use std::time::{Duration, Instant};
 
 use appease_probe::{Event, Family, Probe, ProbeConfig, ProbeStorage};
 
+mod cpu_times;
+mod sessions;
+
 /// Root-only tests are `#[ignore]`d with the reason; run without root anyway
 /// (`--include-ignored`), they fail here saying so.
 /// Also one test at a time: each test's probe sees the whole process (one application),
 /// and another test's threads would wait on locks in the middle of its own.
-fn assert_root() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn assert_root() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
@@ -24,13 +27,13 @@ fn assert_root() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn gettid() -> u32 {
+pub(crate) fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() as u32 }
 }
 
 /// Collects events for `dur` and returns them.
-fn collect(probe: &mut Probe, dur: Duration) -> Vec<Event> {
+pub(crate) fn collect(probe: &mut Probe, dur: Duration) -> Vec<Event> {
     let mut out = Vec::new();
     let end = Instant::now() + dur;
     while Instant::now() < end {

@@ -37,7 +37,7 @@ struct appease_event {
 	char comm[16];             /* the thread's name */
 	char proc_comm[16];        /* its process's name (the leader's) */
 	unsigned int uid;          /* the thread's effective uid */
-	unsigned int _pad;
+	unsigned int own_autogroup; /* its process leads its session and runs in its autogroup */
 };
 
 /* The task iterator's record: one per thread. */
@@ -59,6 +59,15 @@ struct appease_task {
 	unsigned char idle_group;         /* in a cgroup with cpu.idle set, or below one */
 	unsigned char sched_idle;         /* of the SCHED_IDLE policy */
 	char comm[16];                    /* leader: the process's name */
+};
+
+/* A thread's CPU time as read_cpu answers it. */
+struct appease_cpu {
+	unsigned long long cpu_ns;        /* se.sum_exec_runtime */
+	unsigned long long start_boot_ns; /* the thread's start, ns after boot */
+	unsigned long long request_cpu_ns; /* its CPU time at its latest request (0: none seen) */
+	unsigned int tgid;                /* its thread group; 0: no such thread */
+	unsigned int pad;
 };
 
 #endif

@@ -40,6 +40,12 @@ const volatile u32 pid_ns_inum = 0;
  * its lock waits are reported when its application has sunk threads (0: none is). */
 const volatile u64 serving_window_ns = 0;
 
+/* A thread the daemon holds (elevated, or its budget spent) has its requests read at
+ * the daemon's tick: one event per held_gap_ns is as good as one per min_gap_ns, at
+ * a fraction of the events (at 256 busy connections, most of the daemon's work). The
+ * CPU time at each request stays in its state (request_cpu_ns) for the tick. */
+const volatile u64 held_gap_ns = 40 * 1000 * 1000;
+
 /* Request events of unprivileged users (effective uid >= uid_min) are bounded, each
  * user's and all such users' together, so that a user's thousands of threads reading
  * socketpairs cannot flood the daemon; the servers of root and system accounts are never
@@ -76,6 +82,11 @@ struct thread_state {
 	u64 response_sk;
 	u64 last_response_ns;
 	u32 waiting_app;     /* while in a reported lock wait: its application + 1 */
+	/* Its latest request, reported or not (a held thread's are reported at most every
+	 * held_gap_ns), and its CPU time then: a lock wait serves a customer from that
+	 * request on, and the daemon's tick times a long request from it. */
+	u64 latest_request_ns;
+	u64 request_cpu_ns;
 };
 
 /* Freed by the kernel with the task: no stale entries, no recycled tids. */
@@ -291,6 +302,21 @@ static __always_inline void count(u32 idx)
 		(*v)++;
 }
 
+/* Whether the task's process leads its session (setsid) and is scheduled in an autogroup
+ * (it is in the root CPU cgroup, autogroups on): a top-level scheduling entity of its
+ * own, as a connection's worker that made a session for it is (PostgreSQL's backends).
+ * Read here, the daemon reads neither /proc's stat nor cgroup file per new process. */
+static __always_inline u32 leads_own_autogroup(struct task_struct *t)
+{
+	struct signal_struct *sig = t->signal;
+	if (!sig || !sig->leader)
+		return 0;
+	struct task_group *tg = t->sched_task_group;
+	if (!tg || !bpf_core_field_exists(tg->autogroup))
+		return 0;
+	return BPF_CORE_READ(tg, autogroup) != NULL;
+}
+
 static __always_inline struct appease_event *reserve(struct task_struct *t, u32 kind)
 {
 	struct appease_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -311,6 +337,7 @@ static __always_inline struct appease_event *reserve(struct task_struct *t, u32 
 	e->start_ns = t->start_boottime;
 	e->proc_start_ns = t->group_leader->start_boottime;
 	e->uid = euid_of(t);
+	e->own_autogroup = leads_own_autogroup(t);
 	bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), t->comm);
 	bpf_probe_read_kernel_str(e->proc_comm, sizeof(e->proc_comm), t->group_leader->comm);
 	return e;
@@ -381,6 +408,10 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 		count(APPEASE_CNT_RESPONSES);
 		return 0;
 	}
+	st->latest_request_ns = now;
+	st->request_cpu_ns = t->se.sum_exec_runtime;
+	if (quiet < held_gap_ns && bpf_task_storage_get(&held, t, 0, 0))
+		return 0;
 	/* Not muted by a refusal: the thread's next read is weighed again. */
 	u32 uid = euid_of(t);
 	if (!within_bounds(uid, now)) {
@@ -504,7 +535,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	if (preempt || prev_state == 0)
 		return 0;
 	st = bpf_task_storage_get(&threads, prev, 0, 0);
-	if (!st || st->waiting_app || bpf_ktime_get_ns() - st->last_request_ns >= serving_window_ns)
+	if (!st || st->waiting_app || bpf_ktime_get_ns() - st->latest_request_ns >= serving_window_ns)
 		return 0;
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(prev);
 	long nr = regs ? (long)BPF_CORE_READ(regs, orig_ax) : -1;
@@ -631,6 +662,52 @@ int count_runnable(void *ctx)
 	runnable_all = sum.all;
 	runnable_idle = sum.idle;
 	runnable_cpus = sum.cpus;
+	return 0;
+}
+
+/* Threads' CPU times, for the daemon's tick: it writes up to CPU_READ_MAX thread IDs (as
+ * its own PID namespace numbers them) in cpu_tids and their count in cpu_n, then runs
+ * read_cpu once. One system call answers for every watched thread, where reading each
+ * one's schedstat file costs a call and the file's formatting each (issue of the daemon's
+ * cost at hundreds of busy connections). A tid no task has answers tgid 0. */
+#define CPU_READ_MAX 1024
+
+/* Weak: a kernel without them (before 6.11) loads the rest, and read_cpu answers 1. */
+extern struct task_struct *bpf_task_from_vpid(s32 vpid) __ksym __weak;
+extern void bpf_task_release(struct task_struct *p) __ksym __weak;
+
+u32 cpu_n = 0;
+u32 cpu_tids[CPU_READ_MAX] = {};
+struct appease_cpu cpu_answers[CPU_READ_MAX] = {};
+
+static long read_one_cpu(u64 i, void *ctx)
+{
+	if (i >= CPU_READ_MAX)
+		return 1;
+	struct appease_cpu *a = &cpu_answers[i];
+	struct task_struct *t = bpf_task_from_vpid(cpu_tids[i]);
+	if (!t) {
+		a->tgid = 0;
+		a->cpu_ns = 0;
+		a->start_boot_ns = 0;
+		return 0;
+	}
+	a->tgid = tgid_of(t);
+	a->cpu_ns = t->se.sum_exec_runtime;
+	struct thread_state *st = bpf_task_storage_get(&threads, t, 0, 0);
+	a->request_cpu_ns = st ? st->request_cpu_ns : 0;
+	a->start_boot_ns = t->start_boottime;
+	bpf_task_release(t);
+	return 0;
+}
+
+SEC("syscall")
+int read_cpu(void *ctx)
+{
+	if (!bpf_ksym_exists(bpf_task_from_vpid))
+		return 1;
+	u32 n = cpu_n;
+	bpf_loop(n < CPU_READ_MAX ? n : CPU_READ_MAX, read_one_cpu, NULL, 0);
 	return 0;
 }
 

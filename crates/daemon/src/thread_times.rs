@@ -1,0 +1,141 @@
+//! The watched threads' CPU times at each tick. With hundreds of busy connections each
+//! tick asked for hundreds of threads, and a read of each one's schedstat file (a system
+//! call and the kernel's formatting of the file) was the daemon's largest cost after the
+//! events themselves. The probe reads them all in the kernel in one call before the tick;
+//! a thread the tick asks for beyond those, or every thread on a kernel that cannot run the
+//! probe's reader, is read through its file as before.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use appease_actuator::sys::ThreadCpu;
+use appease_probe::{Probe, ThreadCpuTime};
+
+type Thread = (u32, u32);
+
+#[derive(Default)]
+pub struct ThreadTimes {
+    /// This tick's answers, read ahead: a thread's CPU time and its CPU time at its
+    /// latest request (0: none seen), or None once it is gone.
+    ahead: HashMap<Thread, Option<(u64, u64)>>,
+    /// Each thread's start as first read, and when it was last read: an answer with
+    /// another start is of a thread that took the ID since, and reads as gone.
+    starts: HashMap<Thread, (u64, Instant)>,
+    /// Through files, for the rest.
+    files: ThreadCpu,
+    /// The kernel refused the probe's reader once: files only from then on.
+    refused: bool,
+}
+
+impl ThreadTimes {
+    /// Reads the CPU times of `threads` (pid, tid) ahead of a tick, in one call.
+    pub fn read_ahead(&mut self, probe: &mut Probe, threads: &[Thread]) {
+        self.ahead.clear();
+        if self.refused || threads.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut answers = Vec::with_capacity(threads.len());
+        let read = probe.threads_cpu(
+            &threads.iter().map(|&(_, tid)| tid).collect::<Vec<_>>(),
+            |_, answer| answers.push(answer),
+        );
+        if let Err(e) = read {
+            tracing::info!(error = %e, "threads' CPU times are read from /proc");
+            self.refused = true;
+            return;
+        }
+        for (&thread, answer) in threads.iter().zip(answers) {
+            let cpu = self.checked(thread, answer, now);
+            self.ahead.insert(thread, cpu);
+        }
+    }
+
+    /// A thread's CPU time as the kernel answered it, if that is still the thread first
+    /// read under its ID in its process.
+    fn checked(
+        &mut self,
+        thread: Thread,
+        answer: Option<ThreadCpuTime>,
+        now: Instant,
+    ) -> Option<(u64, u64)> {
+        let Some(a) = answer.filter(|a| a.pid == thread.0) else {
+            self.starts.remove(&thread);
+            return None;
+        };
+        let (start, used) = self.starts.entry(thread).or_insert((a.start_boot_ns, now));
+        *used = now;
+        if *start != a.start_boot_ns {
+            // The watched thread is gone; should the new one be watched, it is read anew.
+            self.starts.remove(&thread);
+            return None;
+        }
+        Some((a.cpu_ns, a.request_cpu_ns))
+    }
+
+    /// The thread's CPU time: read ahead this tick, or read now.
+    pub fn get(&mut self, pid: u32, tid: u32) -> Option<u64> {
+        match self.ahead.get(&(pid, tid)) {
+            Some(&answer) => answer.map(|(cpu, _)| cpu),
+            None => self.files.read(pid, tid),
+        }
+    }
+
+    /// The threads read ahead this tick with their CPU time at their latest request
+    /// (requests of a held thread are not all reported).
+    pub fn latest_requests(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.ahead
+            .iter()
+            .filter_map(|(&(_, tid), answer)| match answer {
+                Some((_, at)) if *at > 0 => Some((tid, *at)),
+                _ => None,
+            })
+    }
+
+    /// Forgets what belongs to threads not read for `idle` (no longer watched).
+    pub fn forget_unread(&mut self, idle: Duration) {
+        self.starts.retain(|_, (_, used)| used.elapsed() < idle);
+        self.files.close_unread(idle);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn time(pid: u32, start_boot_ns: u64, cpu_ns: u64) -> Option<ThreadCpuTime> {
+        Some(ThreadCpuTime {
+            pid,
+            start_boot_ns,
+            cpu_ns,
+            request_cpu_ns: 1,
+        })
+    }
+
+    #[test]
+    fn a_thread_that_took_a_watched_ones_id_reads_as_that_one_gone() {
+        let mut t = ThreadTimes::default();
+        let now = Instant::now();
+        assert_eq!(t.checked((10, 11), time(10, 500, 7), now), Some((7, 1)));
+        assert_eq!(t.checked((10, 11), time(10, 500, 9), now), Some((9, 1)));
+        // Another thread of the same process under the ID: another start.
+        assert_eq!(t.checked((10, 11), time(10, 800, 1), now), None);
+        // Which, watched in its turn, is read as itself.
+        assert_eq!(t.checked((10, 11), time(10, 800, 2), now), Some((2, 1)));
+        // A thread of another process under it, or none at all.
+        assert_eq!(t.checked((20, 21), time(20, 5, 3), now), Some((3, 1)));
+        assert_eq!(t.checked((20, 21), time(30, 5, 3), now), None);
+        assert_eq!(t.checked((20, 21), None, now), None);
+        assert!(!t.starts.contains_key(&(20, 21)));
+    }
+
+    #[test]
+    fn a_thread_not_read_ahead_is_read_from_its_file() {
+        let mut t = ThreadTimes::default();
+        t.ahead.insert((1, 1), None);
+        assert_eq!(t.get(1, 1), None, "the kernel's answer stands");
+        // This thread, not read ahead: its schedstat file answers.
+        let (pid, tid) = (std::process::id(), std::process::id());
+        assert!(t.get(pid, tid).is_some_and(|ns| ns > 0));
+    }
+}
