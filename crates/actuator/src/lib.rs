@@ -689,6 +689,27 @@ mod tests {
         for pid in [520, 530, 540, 550] {
             assert_eq!(k.cpus(pid), CPUS.to_vec());
         }
+        // After a scan, its facts give every parent: no walk at all.
+        let plan = [(520, 520, 0), (530, 530, 1)];
+        a.spread(&plan, &CPUS);
+        let facts: HashMap<u32, ProcFacts> = [520, 530]
+            .map(|pid| {
+                (
+                    pid,
+                    ProcFacts {
+                        ppid: 1,
+                        start: 0,
+                        cpu_ns: 0,
+                        sched_idle: false,
+                        age_ns: 0,
+                    },
+                )
+            })
+            .into();
+        let before = k.process_table_walks();
+        assert_eq!(a.spread_after_scan(&plan[..1], &CPUS, &facts), 1);
+        assert_eq!(k.process_table_walks(), before);
+        assert_eq!(k.cpus(530), CPUS.to_vec());
     }
 
     #[test]

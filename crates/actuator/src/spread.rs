@@ -68,6 +68,31 @@ impl KernelActuator {
     /// gives every thread pinned before and not in the plan its CPUs back. Returns how
     /// many threads are pinned now.
     pub fn spread(&mut self, plan: &[(u32, u32, usize)], online: &[usize]) -> usize {
+        self.spread_knowing(plan, online, Children::default())
+    }
+
+    /// As `spread`, every process's parent known from the scan that made the plan
+    /// (`facts`): an unpin finds the children that inherited a pin without walking the
+    /// process table (at each scan whose busiest threads changed: a read of every
+    /// process's stat, on the event loop).
+    pub fn spread_after_scan(
+        &mut self,
+        plan: &[(u32, u32, usize)],
+        online: &[usize],
+        facts: &HashMap<u32, crate::ProcFacts>,
+    ) -> usize {
+        let children = Children(Some(tree::Children::new(
+            facts.iter().map(|(&pid, f)| (pid, f.ppid)),
+        )));
+        self.spread_knowing(plan, online, children)
+    }
+
+    fn spread_knowing(
+        &mut self,
+        plan: &[(u32, u32, usize)],
+        online: &[usize],
+        mut children: Children,
+    ) -> usize {
         if online.len() < 2 || self.dry_run {
             self.unspread("nothing to spread over");
             return 0;
@@ -80,7 +105,6 @@ impl KernelActuator {
             .filter(|t| !wanted.contains(t))
             .copied()
             .collect();
-        let mut children = Children::default();
         for tid in stale {
             self.unpin(tid, "no longer busy in the idle group", &mut children);
         }

@@ -369,7 +369,7 @@ impl BatchManager {
         // A job whose root is no longer in a demoted tree may have ended.
         let demoted = &self.demoted;
         actuator.remove_ended_job_groups(|root| demoted.contains(&root));
-        self.spread(now, snap.busy_batch, cfg, actuator);
+        self.spread(now, snap.busy_batch, &snap.facts, cfg, actuator);
         self.raise_serving_autogroups(now, cfg, actuator);
         actuator.sync_idle_branches(&self.serving_beside_batch(now, cfg), &snap.facts);
         // Requests of processes that are gone need not be remembered.
@@ -430,6 +430,7 @@ impl BatchManager {
         &mut self,
         now: u64,
         busy: Vec<BusyThread>,
+        facts: &HashMap<u32, appease_actuator::ProcFacts>,
         cfg: &Config,
         actuator: &mut KernelActuator,
     ) {
@@ -467,7 +468,7 @@ impl BatchManager {
             .into_iter()
             .map(|(t, cpu)| (t.pid, t.tid, cpu))
             .collect();
-        self.pinned = actuator.spread(&plan, &online);
+        self.pinned = actuator.spread_after_scan(&plan, &online, facts);
     }
 
     fn unspread(&mut self, actuator: &mut KernelActuator, why: &str) {

@@ -370,7 +370,7 @@ impl<'obj> Daemon<'obj> {
         };
         // appease's own commands (status, reload) read the daemon's replies from
         // its control socket: not a customer's request.
-        if proc_comm == OWN_COMM {
+        if proc_comm.as_bytes() == OWN_COMM.as_bytes() {
             return;
         }
         self.metrics.request(family);
@@ -398,12 +398,6 @@ impl<'obj> Daemon<'obj> {
             Family::Inet | Family::Inet6 => Source::Network,
             Family::Other(_) => return,
         };
-        let seen = Identity {
-            tid,
-            start: start_ns / self.clock_tick_ns,
-            comm,
-            proc_comm,
-        };
         let user = appease_config::unprivileged(uid, self.uid_min).then_some(uid);
         if let Some(d) = self.policy.on_user_request(
             ts_ns,
@@ -415,6 +409,13 @@ impl<'obj> Daemon<'obj> {
             cpu_ns,
             self.load.current(),
         ) {
+            // The names made text only for a change (most requests change nothing).
+            let seen = Identity {
+                tid,
+                start: start_ns / self.clock_tick_ns,
+                comm: comm.escaped(),
+                proc_comm: proc_comm.escaped(),
+            };
             if self.apply_seen(d, Some(seen)) {
                 let us = monotonic_ns().saturating_sub(ts_ns) / 1000;
                 let h = if woke {

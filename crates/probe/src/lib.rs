@@ -82,9 +82,9 @@ pub enum Event {
         start_ns: u64,
         /// Its process's start: with the pid, the process's identity.
         proc_start_ns: u64,
-        comm: String,
+        comm: Comm,
         /// Its process's name.
-        proc_comm: String,
+        proc_comm: Comm,
         /// Its process's application: the server whose fork made it, or itself.
         app: u32,
         /// The thread's effective uid.
@@ -625,12 +625,43 @@ fn app_waits(waiting: u32) -> [u8; 8] {
 
 /// A task's name from the kernel's bytes, escaped (any process names itself what it likes).
 fn comm(raw: &[i8; 16]) -> String {
-    let bytes: Vec<u8> = raw
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    appease_cgroup::names::escaped(&bytes)
+    Comm::from_raw(raw).escaped()
+}
+
+/// A thread's name as the kernel keeps it: up to 15 bytes, any but NUL, kept raw so
+/// that an event costs no allocation; made text (escaped) only where it is shown or
+/// stored.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Comm {
+    bytes: [u8; 16],
+    len: u8,
+}
+
+impl Comm {
+    fn from_raw(raw: &[i8; 16]) -> Self {
+        let mut bytes = [0u8; 16];
+        let mut len = 0;
+        for (b, &c) in bytes.iter_mut().zip(raw).take_while(|(_, &c)| c != 0) {
+            *b = c as u8;
+            len += 1;
+        }
+        Comm { bytes, len }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// The name as text, bytes that are not printable UTF-8 escaped.
+    pub fn escaped(&self) -> String {
+        appease_cgroup::names::escaped(self.as_bytes())
+    }
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.escaped())
+    }
 }
 
 fn decode(data: &[u8]) -> Option<Event> {
@@ -647,8 +678,8 @@ fn decode(data: &[u8]) -> Option<Event> {
             woke: raw.woke != 0,
             start_ns: raw.start_ns,
             proc_start_ns: raw.proc_start_ns,
-            comm: comm(&raw.comm),
-            proc_comm: comm(&raw.proc_comm),
+            comm: Comm::from_raw(&raw.comm),
+            proc_comm: Comm::from_raw(&raw.proc_comm),
             app: raw.app,
             uid: raw.uid,
             own_autogroup: raw.own_autogroup != 0,
@@ -758,7 +789,8 @@ mod tests {
         let Some(Event::Request { comm, uid, .. }) = decode(seed) else {
             panic!("a request event decodes");
         };
-        assert_eq!((comm.as_str(), uid), ("\\xff\\x1b\\x0aA", 1000));
+        assert_eq!((comm.escaped().as_str(), uid), ("\\xff\\x1b\\x0aA", 1000));
+        assert_eq!(comm.as_bytes(), b"\xff\x1b\nA");
         appease_fuzz::fuzz("BPF event", seed, |b| {
             let _ = decode(b);
         });
