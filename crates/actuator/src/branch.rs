@@ -43,7 +43,7 @@ const SETTLED_NS: u64 = 2_000_000_000;
 const LIFE_SHARE_DEN: u64 = 20;
 
 /// A process as a scan read it: what the branch rule needs to tell batch from other work.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ProcFacts {
     pub ppid: u32,
     /// Start time, clock ticks after boot: with the pid, the process's identity.
@@ -54,6 +54,8 @@ pub struct ProcFacts {
     pub sched_idle: bool,
     /// How long it has lived, ns (0: not known).
     pub age_ns: u64,
+    /// Its cgroups by id (0: not known): a server's group is read once per group.
+    pub cgroup_ids: appease_cgroup::CgroupIds,
 }
 
 impl ProcFacts {
@@ -66,6 +68,7 @@ impl ProcFacts {
             cpu_ns: s.cpu_ticks * appease_cgroup::clock_tick_ns(),
             sched_idle: s.policy == libc::SCHED_IDLE as u32,
             age_ns: 0,
+            cgroup_ids: Default::default(),
         })
     }
 
@@ -86,7 +89,13 @@ pub(crate) struct Branches {
     cpu: HashMap<u32, (u64, u64)>,
     /// pid -> the idle branch it was in at the last scan (not the batch's own processes).
     members: HashMap<u32, String>,
+    /// Cgroup paths by kernfs id, read once per group (an id is never another group's):
+    /// hundreds of a server's connections each asked their group at every scan.
+    paths: HashMap<u64, String>,
 }
+
+/// Group paths remembered at most (a host's groups; past it, read afresh).
+const PATHS_MAX: usize = 4096;
 
 /// The groups from the top of `group`'s path down to it: `/a`, `/a/b`, `/a/b/c`.
 fn ancestry(group: &str) -> Vec<String> {
@@ -171,7 +180,11 @@ impl KernelActuator {
             }
         }
         members.retain(|_, b: &mut String| self.is_our_branch(b));
-        self.branches = Branches { cpu: seen, members };
+        self.branches = Branches {
+            cpu: seen,
+            members,
+            paths: std::mem::take(&mut self.branches.paths),
+        };
         // Where the batch's branch could not be made idle, the servers' is weighted up.
         changed + self.sync_server_weights(&cg, &server_groups, &batch, &own)
     }
@@ -180,7 +193,7 @@ impl KernelActuator {
     /// scan's `facts` saw them, or /proc for one it did not), and of the trees demoted in
     /// place: per thread, or made idle as a whole. No batch groups when no server serves.
     fn server_and_batch_groups(
-        &self,
+        &mut self,
         cg: &Cgroups,
         servers: &[(u32, u64)],
         facts: &HashMap<u32, ProcFacts>,
@@ -195,11 +208,31 @@ impl KernelActuator {
             // The init process answering systemctl and the bus daemon passing appease's own
             // calls on: not what these rules serve (nor a reason to change them again).
             .filter(|&&(pid, _)| pid != 1 && Some(pid) != bus)
-            .filter(|&&(pid, start)| match facts.get(&pid) {
-                Some(f) => f.start == start,
-                None => crate::sys::task_stat(pid, pid).is_ok_and(|s| s.start == start),
+            .filter_map(|&(pid, start)| match facts.get(&pid) {
+                Some(f) if f.start == start => {
+                    let id = f.cgroup_ids.of(cg.version());
+                    match self.branches.paths.get(&id).filter(|_| id != 0) {
+                        Some(path) => Some(path.clone()),
+                        None => {
+                            let path = cg.group_of(pid).ok()?;
+                            if self.branches.paths.len() >= PATHS_MAX {
+                                self.branches.paths.clear();
+                            }
+                            // Kept only if the directory is that id's (its inode): a
+                            // process moved since the scan is not taken for its group.
+                            if id != 0 && cg.group_id(&path) == Some(id) {
+                                self.branches.paths.insert(id, path.clone());
+                            }
+                            Some(path)
+                        }
+                    }
+                }
+                Some(_) => None,
+                None => crate::sys::task_stat(pid, pid)
+                    .is_ok_and(|s| s.start == start)
+                    .then(|| cg.group_of(pid).ok())
+                    .flatten(),
             })
-            .filter_map(|&(pid, _)| cg.group_of(pid).ok())
             .collect();
         if server_groups.is_empty() {
             return (server_groups, BTreeSet::new());
@@ -647,8 +680,8 @@ mod tests {
             ppid: 1,
             start: 1,
             cpu_ns: (cpu_s * 1e9) as u64,
-            sched_idle: false,
             age_ns: (age_s * 1e9) as u64,
+            ..ProcFacts::default()
         };
         // The session's sleeping shell beside the soakers, and a command it runs.
         assert!(!f(8.0, 0.004).busy_at_first_sight());

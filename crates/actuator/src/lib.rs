@@ -698,18 +698,17 @@ mod tests {
                     pid,
                     ProcFacts {
                         ppid: 1,
-                        start: 0,
-                        cpu_ns: 0,
-                        sched_idle: false,
-                        age_ns: 0,
+                        ..ProcFacts::default()
                     },
                 )
             })
             .into();
         let before = k.process_table_walks();
         assert_eq!(a.spread_after_scan(&plan[..1], &CPUS, &facts), 1);
-        assert_eq!(k.process_table_walks(), before);
         assert_eq!(k.cpus(530), CPUS.to_vec());
+        assert_eq!(a.unspread_after_scan("quiet", &facts), 1);
+        assert_eq!(k.cpus(520), CPUS.to_vec());
+        assert_eq!(k.process_table_walks(), before);
     }
 
     #[test]

@@ -81,10 +81,7 @@ impl KernelActuator {
         online: &[usize],
         facts: &HashMap<u32, crate::ProcFacts>,
     ) -> usize {
-        let children = Children(Some(tree::Children::new(
-            facts.iter().map(|(&pid, f)| (pid, f.ppid)),
-        )));
-        self.spread_knowing(plan, online, children)
+        self.spread_knowing(plan, online, Children::of_scan(facts))
     }
 
     fn spread_knowing(
@@ -314,8 +311,20 @@ impl KernelActuator {
     /// Every pinned thread gets its CPUs back (the group is no longer idle, or appease
     /// stops). Returns how many were pinned.
     pub fn unspread(&mut self, why: &str) -> usize {
+        self.unspread_knowing(why, Children::default())
+    }
+
+    /// As `unspread`, every process's parent known from a scan just made (`facts`).
+    pub fn unspread_after_scan(
+        &mut self,
+        why: &str,
+        facts: &HashMap<u32, crate::ProcFacts>,
+    ) -> usize {
+        self.unspread_knowing(why, Children::of_scan(facts))
+    }
+
+    fn unspread_knowing(&mut self, why: &str, mut children: Children) -> usize {
         let tids: Vec<u32> = self.spread.pinned.keys().copied().collect();
-        let mut children = Children::default();
         for &tid in &tids {
             self.unpin(tid, why, &mut children);
         }
@@ -370,6 +379,13 @@ fn cpu_list(cpus: &[usize]) -> String {
 struct Children(Option<tree::Children>);
 
 impl Children {
+    /// Every process's children as a scan's facts give their parents.
+    fn of_scan(facts: &HashMap<u32, crate::ProcFacts>) -> Self {
+        Children(Some(tree::Children::new(
+            facts.iter().map(|(&pid, f)| (pid, f.ppid)),
+        )))
+    }
+
     fn of(&mut self, k: &dyn Kernel, pid: u32) -> &[u32] {
         self.0
             .get_or_insert_with(|| {

@@ -68,6 +68,25 @@ pub enum Version {
     V2,
 }
 
+/// The kernfs ids of a process's cgroups: in the v1 `cpu` hierarchy (0: none mounted) and
+/// in the unified one (0: not known). An id names one cgroup for as long as it lives and
+/// is not given to another, so a path read for it once stays its path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CgroupIds {
+    pub v1_cpu: u64,
+    pub v2: u64,
+}
+
+impl CgroupIds {
+    /// The id of the group `Cgroups::group_of` names in hierarchy `version` (0: not known).
+    pub fn of(&self, version: Version) -> u64 {
+        match version {
+            Version::V1 => self.v1_cpu,
+            Version::V2 => self.v2,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Cgroups {
     version: Version,
@@ -137,6 +156,12 @@ impl Cgroups {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The kernfs id of `group` (its directory's inode): what `CgroupIds` holds for it.
+    pub fn group_id(&self, group: &str) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        fs::symlink_metadata(self.dir(group)).ok().map(|m| m.ino())
     }
 
     pub(crate) fn dir(&self, group: &str) -> PathBuf {

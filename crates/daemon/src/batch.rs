@@ -438,6 +438,7 @@ impl BatchManager {
         if quiet || !cfg.batch.enabled || !cfg.batch.spread {
             self.unspread(
                 actuator,
+                facts,
                 if quiet {
                     "mode quiet: the kernel balances a normal group fairly"
                 } else {
@@ -455,6 +456,7 @@ impl BatchManager {
         if !appease_policy::spread::worth_spreading(busy.len(), online.len()) {
             self.unspread(
                 actuator,
+                facts,
                 "no more busy threads than CPUs: the kernel gives each one",
             );
             return;
@@ -471,9 +473,14 @@ impl BatchManager {
         self.pinned = actuator.spread_after_scan(&plan, &online, facts);
     }
 
-    fn unspread(&mut self, actuator: &mut KernelActuator, why: &str) {
+    fn unspread(
+        &mut self,
+        actuator: &mut KernelActuator,
+        facts: &HashMap<u32, appease_actuator::ProcFacts>,
+        why: &str,
+    ) {
         if actuator.pinned() > 0 {
-            actuator.unspread(why);
+            actuator.unspread_after_scan(why, facts);
         }
         self.pinned = 0;
     }

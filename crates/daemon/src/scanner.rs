@@ -151,6 +151,8 @@ struct Reading {
     exes: HashMap<u32, PathBuf>,
     /// Processes that belong to another's application (a server's forks): pid -> app.
     apps: HashMap<u32, u32>,
+    /// Each process's cgroups by kernfs id (none known when reading /proc).
+    cgroup_ids: HashMap<u32, appease_cgroup::CgroupIds>,
     /// Threads running or waiting in an idle cgroup (none counted when reading /proc).
     idle_group_runnable: u32,
     /// `SCHED_IDLE` threads running or waiting outside idle cgroups (as above).
@@ -510,7 +512,7 @@ impl Worker {
             busy_batch,
             idle_group_runnable: reading.idle_group_runnable,
             sched_idle_runnable: reading.sched_idle_runnable,
-            facts: facts_of(cfg.batch.enabled, procs),
+            facts: facts_of(cfg.batch.enabled, procs, &reading.cgroup_ids),
             ..Default::default()
         };
         record_decisions(&mut snap, decisions, &start_of);
@@ -699,10 +701,12 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
     let mut by_pid: HashMap<u32, ProcSample> = HashMap::with_capacity(tasks.len());
     let mut runnable = HashSet::new();
     let mut apps = HashMap::new();
+    let mut cgroup_ids = HashMap::with_capacity(tasks.len());
     for t in tasks.iter().filter(|t| t.pid == t.tid) {
         if t.app != t.pid {
             apps.insert(t.pid, t.app);
         }
+        cgroup_ids.insert(t.pid, t.cgroup_ids);
         by_pid.insert(
             t.pid,
             ProcSample {
@@ -750,6 +754,7 @@ fn from_tasks(tasks: &[TaskRecord], tick_ns: u64) -> Reading {
         procs,
         runnable,
         apps,
+        cgroup_ids,
         idle_group_runnable,
         sched_idle_runnable,
         cost: ScanCost {
@@ -809,7 +814,11 @@ fn thread_cpu_ns() -> u64 {
 
 /// What the loop's rules need of each process, as this scan read it (nothing while
 /// demotion is off: no branch is made idle then).
-fn facts_of(batch_enabled: bool, procs: &[ProcSample]) -> HashMap<u32, ProcFacts> {
+fn facts_of(
+    batch_enabled: bool,
+    procs: &[ProcSample],
+    cgroup_ids: &HashMap<u32, appease_cgroup::CgroupIds>,
+) -> HashMap<u32, ProcFacts> {
     procs
         .iter()
         .filter(|_| batch_enabled)
@@ -820,6 +829,7 @@ fn facts_of(batch_enabled: bool, procs: &[ProcSample]) -> HashMap<u32, ProcFacts
                 cpu_ns: p.cpu_ns,
                 sched_idle: p.sched_idle,
                 age_ns: p.age_ns,
+                cgroup_ids: cgroup_ids.get(&p.pid).copied().unwrap_or_default(),
             };
             (p.pid, facts)
         })

@@ -21,6 +21,8 @@ mod skel {
 }
 use skel::types::appease_event as RawEvent;
 use skel::types::appease_task as RawTask;
+
+pub use appease_cgroup::CgroupIds;
 use skel::{ProbeSkel, ProbeSkelBuilder};
 
 /// Storage the loaded BPF object lives in; the caller owns it so the probe can borrow it.
@@ -145,6 +147,8 @@ pub struct TaskRecord {
     /// Its application: the server whose fork made it, or itself (leader only).
     pub app: u32,
     pub comm: String,
+    /// Its cgroups (leader only).
+    pub cgroup_ids: CgroupIds,
 }
 
 /// A thread's CPU time as the kernel counts it (`Probe::threads_cpu`).
@@ -220,6 +224,10 @@ fn decode_task(data: &[u8]) -> Option<TaskRecord> {
         response_ns: r.response_ns,
         app: r.app,
         comm: comm(&r.comm),
+        cgroup_ids: CgroupIds {
+            v1_cpu: r.cpu_cgroup_id,
+            v2: r.dfl_cgroup_id,
+        },
     })
 }
 

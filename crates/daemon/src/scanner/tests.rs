@@ -23,6 +23,7 @@ fn task(pid: u32, tid: u32, cpu_ns: u64, wait_ns: u64, running: bool) -> TaskRec
         } else {
             "worker".into()
         },
+        cgroup_ids: Default::default(),
     }
 }
 

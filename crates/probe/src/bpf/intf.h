@@ -48,6 +48,8 @@ struct appease_task {
 	unsigned long long age_ns;        /* leader: time since then */
 	unsigned long long gone_cpu_ns;   /* leader: exited threads' and reaped children's CPU */
 	unsigned long long response_ns;   /* its last read of a response (CLOCK_MONOTONIC; 0: none) */
+	unsigned long long cpu_cgroup_id; /* leader: its cgroup in the v1 cpu hierarchy (kernfs id; 0: none) */
+	unsigned long long dfl_cgroup_id; /* leader: its cgroup in the v2 hierarchy (kernfs id) */
 	unsigned int pid;                 /* thread group id */
 	unsigned int tid;
 	unsigned int ppid;                /* leader: the parent's thread group id */

@@ -725,6 +725,13 @@ static __always_inline unsigned char in_idle_group(struct task_struct *t)
 	return 0;
 }
 
+/* The kernfs id of a cgroup: what names its directory for as long as it lives (ids are
+ * not given again), so the daemon reads a group's path once, not per process and scan. */
+static __always_inline u64 cgroup_kn_id(struct cgroup *cg)
+{
+	return cg ? BPF_CORE_READ(cg, kn, id) : 0;
+}
+
 /* One record per thread for the daemon's scan; the process's own fields (name, parent,
  * start, terminal, reaped children) come from its leader. */
 SEC("iter/task")
@@ -765,6 +772,15 @@ int dump_task(struct bpf_iter__task *ctx)
 			r.gone_cpu_ns = sig->sum_sched_runtime + sig->cutime + sig->cstime;
 		}
 		bpf_probe_read_kernel_str(r.comm, sizeof(r.comm), t->comm);
+		struct css_set *cs = t->cgroups;
+		if (cs) {
+			int cpu = bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id);
+			struct cgroup_subsys_state *css = NULL;
+			if (cpu >= 0 && cpu < CGROUP_SUBSYS_COUNT)
+				css = BPF_CORE_READ(cs, subsys[cpu]);
+			r.cpu_cgroup_id = css ? cgroup_kn_id(BPF_CORE_READ(css, cgroup)) : 0;
+			r.dfl_cgroup_id = cgroup_kn_id(BPF_CORE_READ(cs, dfl_cgrp));
+		}
 	}
 	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
 	return 0;

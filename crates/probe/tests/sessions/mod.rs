@@ -79,3 +79,38 @@ fn a_request_says_whether_its_process_leads_its_own_autogroup() {
         "the test's session"
     );
 }
+
+#[test]
+#[ignore = "needs root (BPF): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_processs_cgroup_ids_name_the_groups_proc_shows() {
+    let _serial = assert_root();
+    let mut storage = ProbeStorage::uninit();
+    let mut probe = Probe::load(&ProbeConfig::default(), &mut storage).unwrap();
+    // A child in a CPU group of its own, in the hierarchy the daemon acts in.
+    let cg = appease_cgroup::Cgroups::detect().expect("a CPU cgroup hierarchy");
+    let dir = cg
+        .root()
+        .join(format!("appease-test-ids-{}", std::process::id()));
+    std::fs::create_dir(&dir).unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("5")
+        .spawn()
+        .unwrap();
+    let moved = std::fs::write(dir.join("cgroup.procs"), child.id().to_string());
+    let tasks = probe.take_task_iter().unwrap().read().unwrap();
+    let group = cg.group_of(child.id());
+    let want = group.as_ref().ok().and_then(|g| cg.group_id(g));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::remove_dir(&dir).unwrap();
+    moved.unwrap();
+    let group = group.unwrap();
+    assert!(group.starts_with("/appease-test-ids-"), "{group}");
+    let theirs = tasks
+        .iter()
+        .find(|t| t.tid == child.id())
+        .expect("the child");
+    let id = theirs.cgroup_ids.of(cg.version());
+    assert!(id > 1, "{:?}", theirs.cgroup_ids);
+    assert_eq!(Some(id), want, "the group's id is its directory's inode");
+}
