@@ -12,9 +12,10 @@ use appease_actuator::{restore_journal, Journal, KernelActuator, RestoreReport};
 use appease_config::Config;
 use appease_probe::{Probe, ProbeConfig, ProbeStorage};
 
+use crate::probe_settings::{held_gap, serving_window};
 use crate::{
-    control, held_gap, host, log_writer, metrics, notify_systemd, scanner, services_available,
-    serving_window, status, Controls, Daemon, DaemonOptions, RunLock,
+    control, host, log_writer, metrics, notify_systemd, scanner, services_available, status,
+    Controls, Daemon, DaemonOptions, RunLock,
 };
 
 /// Checks what the daemon needs before anything is changed.
