@@ -189,6 +189,23 @@ impl KernelActuator {
         changed + self.sync_server_weights(&cg, &server_groups, &batch, &own)
     }
 
+    /// The group of `pid`, whose cgroup the scan found by kernfs `id` (0: not known):
+    /// remembered for the id, read from /proc the first time. Kept only if the directory
+    /// is that id's (its inode): a process moved since the scan is not taken for its group.
+    fn group_by_id(&mut self, cg: &Cgroups, pid: u32, id: u64) -> Option<String> {
+        if let Some(path) = self.branches.paths.get(&id) {
+            return Some(path.clone());
+        }
+        let path = cg.group_of(pid).ok()?;
+        if id != 0 && cg.group_id(&path) == Some(id) {
+            if self.branches.paths.len() >= PATHS_MAX {
+                self.branches.paths.clear();
+            }
+            self.branches.paths.insert(id, path.clone());
+        }
+        Some(path)
+    }
+
     /// The groups of the processes that served lately (still the same processes, as the
     /// scan's `facts` saw them, or /proc for one it did not), and of the trees demoted in
     /// place: per thread, or made idle as a whole. No batch groups when no server serves.
@@ -210,22 +227,7 @@ impl KernelActuator {
             .filter(|&&(pid, _)| pid != 1 && Some(pid) != bus)
             .filter_map(|&(pid, start)| match facts.get(&pid) {
                 Some(f) if f.start == start => {
-                    let id = f.cgroup_ids.of(cg.version());
-                    match self.branches.paths.get(&id).filter(|_| id != 0) {
-                        Some(path) => Some(path.clone()),
-                        None => {
-                            let path = cg.group_of(pid).ok()?;
-                            if self.branches.paths.len() >= PATHS_MAX {
-                                self.branches.paths.clear();
-                            }
-                            // Kept only if the directory is that id's (its inode): a
-                            // process moved since the scan is not taken for its group.
-                            if id != 0 && cg.group_id(&path) == Some(id) {
-                                self.branches.paths.insert(id, path.clone());
-                            }
-                            Some(path)
-                        }
-                    }
+                    self.group_by_id(cg, pid, f.cgroup_ids.of(cg.version()))
                 }
                 Some(_) => None,
                 None => crate::sys::task_stat(pid, pid)

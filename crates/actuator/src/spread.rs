@@ -88,7 +88,7 @@ impl KernelActuator {
         &mut self,
         plan: &[(u32, u32, usize)],
         online: &[usize],
-        mut children: Children,
+        mut children: Children<'_>,
     ) -> usize {
         if online.len() < 2 || self.dry_run {
             self.unspread("nothing to spread over");
@@ -254,7 +254,7 @@ impl KernelActuator {
 
     /// Gives a pinned thread its CPUs back (and the threads and children it started
     /// since, which inherited its CPU).
-    fn unpin(&mut self, tid: u32, why: &str, children: &mut Children) {
+    fn unpin(&mut self, tid: u32, why: &str, children: &mut Children<'_>) {
         let Some(p) = self.spread.pinned.remove(&tid) else {
             return;
         };
@@ -323,7 +323,7 @@ impl KernelActuator {
         self.unspread_knowing(why, Children::of_scan(facts))
     }
 
-    fn unspread_knowing(&mut self, why: &str, mut children: Children) -> usize {
+    fn unspread_knowing(&mut self, why: &str, mut children: Children<'_>) -> usize {
         let tids: Vec<u32> = self.spread.pinned.keys().copied().collect();
         for &tid in &tids {
             self.unpin(tid, why, &mut children);
@@ -371,29 +371,34 @@ fn cpu_list(cpus: &[usize]) -> String {
     out.join(",")
 }
 
-/// Every process's children, read from the kernel once, when first asked: one walk of
-/// the process table serves all the unpins of a scan (a walk per unpin read every
-/// process's stat once per pinned thread, on the event loop: with 500 processes and 8
-/// unpins, 45 ms a scan).
+/// Every process's children, found once, when first asked: one look serves all the
+/// unpins of a scan (a walk per unpin read every process's stat once per pinned thread,
+/// on the event loop: with 500 processes and 8 unpins, 45 ms a scan). The parents come
+/// from a scan's facts when one was just made, else from a walk of the process table.
 #[derive(Default)]
-struct Children(Option<tree::Children>);
+struct Children<'a> {
+    tree: Option<tree::Children>,
+    scan: Option<&'a HashMap<u32, crate::ProcFacts>>,
+}
 
-impl Children {
-    /// Every process's children as a scan's facts give their parents.
-    fn of_scan(facts: &HashMap<u32, crate::ProcFacts>) -> Self {
-        Children(Some(tree::Children::new(
-            facts.iter().map(|(&pid, f)| (pid, f.ppid)),
-        )))
+impl<'a> Children<'a> {
+    fn of_scan(facts: &'a HashMap<u32, crate::ProcFacts>) -> Self {
+        Children {
+            tree: None,
+            scan: Some(facts),
+        }
     }
 
     fn of(&mut self, k: &dyn Kernel, pid: u32) -> &[u32] {
-        self.0
-            .get_or_insert_with(|| {
-                tree::Children::new(
+        let scan = self.scan;
+        self.tree
+            .get_or_insert_with(|| match scan {
+                Some(facts) => tree::Children::new(facts.iter().map(|(&p, f)| (p, f.ppid))),
+                None => tree::Children::new(
                     k.processes()
                         .into_iter()
                         .filter_map(|c| Some((c, k.ppid(c)?))),
-                )
+                ),
             })
             .of(pid)
     }

@@ -337,7 +337,7 @@ static __always_inline struct appease_event *reserve(struct task_struct *t, u32 
 	e->start_ns = t->start_boottime;
 	e->proc_start_ns = t->group_leader->start_boottime;
 	e->uid = euid_of(t);
-	e->own_autogroup = leads_own_autogroup(t);
+	e->own_autogroup = 0;
 	bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), t->comm);
 	bpf_probe_read_kernel_str(e->proc_comm, sizeof(e->proc_comm), t->group_leader->comm);
 	return e;
@@ -426,6 +426,7 @@ int BPF_PROG(on_sock_recv, struct sock *sk, int ret, int flags)
 	st->last_request_ns = now;
 	e->bytes = ret;
 	e->family = family;
+	e->own_autogroup = leads_own_autogroup(t);
 	/* A user's request is read at the daemon's next tick, as a busy thread's is: a user's
 	 * threads cannot wake the real-time daemon (ahead of every server) at will. */
 	e->woke = quiet >= wake_after_ns && !(user_event_cost_ns && unprivileged(uid));
