@@ -7,6 +7,7 @@ mod autogroup;
 mod branch;
 mod group_idle;
 pub mod groups;
+mod identity;
 mod in_place;
 pub mod journal;
 pub mod private;
@@ -29,6 +30,7 @@ use serde::Serialize;
 pub use autogroup::AutogroupView;
 pub use branch::ProcFacts;
 pub use groups::{BatchGroup, Groups, MovedView};
+pub use identity::{Identity, Seen, ThreadLookup, ThreadNow};
 pub use journal::{Journal, JournalState, Pending, PendingMove, Record, TaskKey};
 pub use restore::restore_journal;
 use threads::Managed;
@@ -166,18 +168,6 @@ pub struct KernelActuator {
     pub counters: ActCounters,
     /// The budgets of the audit trail (one line per change, storms held back).
     pub trail: Trail,
-}
-
-/// A thread as the probe's event describes it. A first contact checks its start against
-/// the thread that has the id at the change, and keeps the event's names.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Identity {
-    pub tid: u32,
-    /// Start in clock ticks after boot, as /proc counts it.
-    pub start: u64,
-    pub comm: String,
-    /// Its process's name.
-    pub proc_comm: String,
 }
 
 impl KernelActuator {
@@ -414,46 +404,6 @@ mod tests {
         assert_eq!(k.sched(100), fair(-5));
         assert_eq!((report.restored, report.failed), (0, 0));
         assert_eq!(a.counters.gone, 1);
-    }
-
-    #[test]
-    fn a_request_of_a_thread_that_has_exited_never_changes_the_one_that_took_its_id() {
-        let (k, dir) = (FakeKernel::new(), TempDir::new("event-recycled"));
-        let first = k.spawn(100, 101, "worker", fair(0));
-        // The request's event describes the first thread; it exits and a new thread of
-        // another name takes its id before the daemon reads the event.
-        let seen = Identity {
-            tid: 101,
-            start: first,
-            comm: "worker".into(),
-            proc_comm: "srv".into(),
-        };
-        k.exit(101);
-        let second = k.spawn(100, 101, "other", fair(3));
-        assert_ne!(first, second);
-        let mut a = actuator(&k, &dir, &[]);
-        let before = k.changes();
-        let err = a
-            .elevate(100, 101, 5, None, "unix-request", Some(seen.clone()))
-            .unwrap_err();
-        assert!(matches!(err, ActError::Gone { tid: 101 }), "{err:?}");
-        assert_eq!(k.changes(), before);
-        assert_eq!(k.sched(101), fair(3));
-        assert!(a.managed().is_empty());
-        // The event of the thread that has the id now is acted on.
-        let now = Identity {
-            start: second,
-            ..seen
-        };
-        a.elevate(100, 101, 5, None, "unix-request", Some(now))
-            .unwrap();
-        assert_eq!(k.sched(101).nice, -2, "five levels above its own 3");
-        // The first thread's exit, read after that request, leaves the second managed.
-        assert!(!a.forget_exited(101, first));
-        assert_eq!(a.managed().len(), 1);
-        a.restore_all();
-        assert_eq!(k.sched(101), fair(3));
-        assert!(a.forget_exited(101, second));
     }
 
     #[test]

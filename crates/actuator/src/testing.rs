@@ -57,6 +57,8 @@ struct State {
     changes: u64,
     /// Walks of the process table (each reads every process's stat on a real host).
     process_table_walks: u64,
+    /// Reads of a thread's stat file.
+    stat_reads: u64,
     /// Process -> its session's autogroup (none: autogroups off for it).
     session_of: BTreeMap<u32, u64>,
     /// Autogroup -> its nice.
@@ -205,6 +207,10 @@ impl FakeKernel {
     }
 
     /// How often the process table was walked.
+    pub fn stat_reads(&self) -> u64 {
+        self.state().stat_reads
+    }
+
     pub fn process_table_walks(&self) -> u64 {
         self.state().process_table_walks
     }
@@ -258,6 +264,17 @@ fn journal_covers(dir: &Path, tid: u32, task: &Task, next: &Sched) -> bool {
     }
 }
 
+/// The probe's answer, as the daemon's lookup gives it: the fake's threads as they are.
+impl crate::ThreadLookup for FakeKernel {
+    fn thread_now(&mut self, tid: u32) -> Option<Option<crate::ThreadNow>> {
+        Some(self.state().tasks.get(&tid).map(|t| crate::ThreadNow {
+            pid: t.pid,
+            start: t.start,
+            kernel_thread: t.kernel_thread,
+        }))
+    }
+}
+
 fn stat_of(t: &Task) -> TaskStat {
     TaskStat {
         comm: t.comm.clone(),
@@ -298,7 +315,8 @@ impl Kernel for FakeKernel {
     }
 
     fn task_stat(&self, pid: u32, tid: u32) -> io::Result<TaskStat> {
-        let s = self.state();
+        let mut s = self.state();
+        s.stat_reads += 1;
         let t = s
             .tasks
             .get(&tid)

@@ -12,7 +12,7 @@ use crate::restore::FromJournal;
 use crate::sys::{self, Sched};
 use crate::trail::{audit, Change};
 use crate::{
-    now_secs, sched_text, ActError, HandsOff, Identity, KernelActuator, ManagedView, RestoreReport,
+    now_secs, sched_text, ActError, HandsOff, KernelActuator, ManagedView, RestoreReport, Seen,
 };
 
 pub(crate) struct Managed {
@@ -34,6 +34,15 @@ pub(crate) struct Managed {
     sunk: bool,
 }
 
+/// A call about thread `tid` that failed: the thread is gone (ESRCH), or `op` failed.
+fn gone_or_failed(tid: u32, op: &'static str, e: io::Error) -> ActError {
+    if sys::is_esrch(&e) {
+        ActError::Gone { tid }
+    } else {
+        ActError::Sys { op, tid, source: e }
+    }
+}
+
 impl KernelActuator {
     pub(crate) fn leave_alone(&mut self, tid: u32, start: u64, why: HandsOff) -> ActError {
         tracing::info!(tid, ?why, "leaving thread alone");
@@ -48,36 +57,19 @@ impl KernelActuator {
         pid: u32,
         tid: u32,
         why: &str,
-        seen: Option<Identity>,
+        seen: Option<Seen<'_>>,
     ) -> Result<Managed, ActError> {
-        let gone = |e: io::Error, op| {
-            if sys::is_esrch(&e) {
-                ActError::Gone { tid }
-            } else {
-                ActError::Sys { op, tid, source: e }
-            }
-        };
-        // Open the pidfd first: the stat read after it then describes the same thread (a
-        // thread alive at the pidfd's opening keeps its id), and the pidfd, checked alive
-        // after each change, shows the change reached that thread.
+        let gone = |e, op| gone_or_failed(tid, op, e);
+        // Open the pidfd first: what is read of the id after it then describes the same
+        // thread (a thread alive at the pidfd's opening keeps its id), and the pidfd,
+        // checked alive after each change, shows the change reached that thread.
         let pidfd = self.kernel.pidfd_open_thread(tid);
         // A thread that has exited and not been reaped (a zombie) is still in /proc and
         // takes a nice, but will never run again: nothing to change, nothing to put back.
         if pidfd.as_ref().is_some_and(|fd| !sys::pidfd_alive(fd)) {
             return Err(ActError::Gone { tid });
         }
-        let stat = self
-            .kernel
-            .task_stat(pid, tid)
-            .map_err(|e| gone(e, "read /proc stat"))?;
-        let (start, comm, proc_comm) = match seen.filter(|e| e.tid == tid) {
-            // The event's thread exited and its id went to another: not the one to change.
-            Some(e) if e.start != stat.start => return Err(ActError::Gone { tid }),
-            // The names as the event saw them (the process's name costs no other read).
-            Some(e) => (e.start, e.comm, Some(e.proc_comm)),
-            None => (stat.start, stat.comm, None),
-        };
-        let kernel_thread = stat.kernel_thread;
+        let (start, kernel_thread, comm, proc_comm) = self.identify(pid, tid, seen)?;
         if let Some((was, why)) = self.left_alone.get(&tid) {
             if *was == start {
                 return Err(ActError::HandsOff {
@@ -128,6 +120,45 @@ impl KernelActuator {
             since: now_secs(),
             role: false,
             sunk: false,
+        })
+    }
+
+    /// The thread the id names once its pidfd is open, if it is the one `seen` (its
+    /// start, whether a kernel thread, its name and its process's name when an event gave
+    /// it): through the lookup where one answers, or the thread's stat file.
+    fn identify(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        seen: Option<Seen<'_>>,
+    ) -> Result<(u64, bool, String, Option<String>), ActError> {
+        let gone = |e, op| gone_or_failed(tid, op, e);
+        let (identity, lookup) = match seen.filter(|s| s.identity.tid == tid) {
+            Some(s) => (Some(s.identity), s.lookup),
+            None => (None, None),
+        };
+        let now = lookup.and_then(|l| l.thread_now(tid));
+        Ok(match (identity, now) {
+            (Some(i), Some(now)) => {
+                // The event's thread exited and its id went to another (or to none).
+                if !now.is_some_and(|t| t.pid == pid && t.start == i.start) {
+                    return Err(ActError::Gone { tid });
+                }
+                let kernel_thread = now.is_some_and(|t| t.kernel_thread);
+                // The names as the event saw them (the process's name costs no other read).
+                (i.start, kernel_thread, i.comm, Some(i.proc_comm))
+            }
+            (identity, _) => {
+                let stat = self
+                    .kernel
+                    .task_stat(pid, tid)
+                    .map_err(|e| gone(e, "read /proc stat"))?;
+                match identity {
+                    Some(i) if i.start != stat.start => return Err(ActError::Gone { tid }),
+                    Some(i) => (i.start, stat.kernel_thread, i.comm, Some(i.proc_comm)),
+                    None => (stat.start, stat.kernel_thread, stat.comm, None),
+                }
+            }
         })
     }
 
@@ -315,7 +346,7 @@ impl KernelActuator {
         target: Target,
         slice: Option<Duration>,
         why: &str,
-        seen: Option<Identity>,
+        seen: Option<Seen<'_>>,
     ) -> Result<(), ActError> {
         if !self.managed.contains_key(&tid) {
             let m = self.take_charge(pid, tid, why, seen)?;
@@ -383,7 +414,7 @@ impl KernelActuator {
         levels: u32,
         slice: Option<Duration>,
         why: &str,
-        seen: Option<Identity>,
+        seen: Option<Seen<'_>>,
     ) -> Result<(), ActError> {
         self.apply_nice(pid, tid, Target::Levels(levels), slice, why, seen)
     }

@@ -68,6 +68,11 @@ pub(crate) struct BenchArgs {
     /// client count with the lowest completion time).
     #[arg(long, requires = "clients")]
     scale_base: Option<u32>,
+    /// The sweep's work per run: requests (web, default 50,000) or transactions (db,
+    /// default 5,000). Each run opens its clients' connections anew, so a larger amount
+    /// weighs steady serving over connection set-up.
+    #[arg(long, requires = "clients", value_parser = clap::value_parser!(u64).range(1..))]
+    work: Option<u64>,
     /// A peer daemon's program, for the modes ananicy and system76-scheduler when it is
     /// not on the PATH: NAME=PATH (repeat or comma-separate).
     #[arg(long, value_delimiter = ',', value_parser = parse_peer_bin)]
@@ -330,6 +335,7 @@ fn options(args: BenchArgs) -> Result<Options> {
         repeat,
         clients,
         scale_base,
+        work,
         peer_bin,
         shape,
         server,
@@ -381,6 +387,7 @@ fn options(args: BenchArgs) -> Result<Options> {
         stop,
         clients,
         scale_base,
+        work,
         peer_bins: peer_bin,
         shapes,
         servers,

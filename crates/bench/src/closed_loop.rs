@@ -224,7 +224,11 @@ pub fn run(opts: &Options) -> Result<ClosedLoopResult> {
             "sysbench against PostgreSQL (4 tables of 100,000 rows, rows drawn uniformly)",
         ),
     };
-    let work = if opts.quick { work / 10 } else { work };
+    let work = match opts.work {
+        Some(w) => w,
+        None if opts.quick => work / 10,
+        None => work,
+    };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let load = opts.loads[0];
     let soakers = (load * cpus as f64).round() as usize;

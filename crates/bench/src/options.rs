@@ -214,6 +214,8 @@ pub struct Options {
     pub clients: Vec<u32>,
     /// The sweep's scalability base (None: the count with the lowest completion time).
     pub scale_base: Option<u32>,
+    /// The sweep's requests or transactions per run (None: the scenario's default).
+    pub work: Option<u64>,
     /// Peer daemons' programs by mode name (`--peer-bin NAME=PATH`); others from the PATH.
     pub peer_bins: Vec<(String, PathBuf)>,
     /// nested: the host layouts built.

@@ -267,6 +267,7 @@ pub fn run(opts: &Options) -> Result<UtilizationResult> {
             stop: opts.stop.clone(),
             clients: Vec::new(),
             scale_base: None,
+            work: None,
             peer_bins: opts.peer_bins.clone(),
             shapes: Vec::new(),
             servers: Vec::new(),

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use appease_actuator::{ActError, Identity, KernelActuator};
+use appease_actuator::{ActError, Identity, KernelActuator, Seen, ThreadLookup};
 use appease_config::Config;
 use appease_policy::{AppChange, Decision, ElevationPolicy, LoadTracker, Source};
 use appease_probe::{monotonic_ns, Event, Family, Probe};
@@ -597,13 +597,13 @@ impl<'obj> Daemon<'obj> {
     }
 
     /// Applies `d`; `seen` is the thread as the event that caused it described it.
-    fn apply_seen(&mut self, d: Decision, seen: Option<Identity>) -> bool {
+    fn apply_seen(&mut self, d: Decision, identity: Option<Identity>) -> bool {
         let restoring = matches!(d, Decision::Restore { .. });
         let counted = match &d {
             Decision::Elevate { reason, .. } | Decision::Sink { reason, .. } => (false, *reason),
             Decision::Restore { reason, .. } => (true, *reason),
         };
-        let hold = held_after(&d, seen.is_some(), &self.held);
+        let hold = held_after(&d, identity.is_some(), &self.held);
         let (tid, result) = match d {
             Decision::Elevate {
                 pid,
@@ -613,6 +613,13 @@ impl<'obj> Daemon<'obj> {
                 reason,
             } => {
                 let slice = slice.filter(|_| !self.connection_sessions.contains(pid));
+                let mut lookup = self
+                    .thread_times
+                    .lookup(&mut self.probe, self.clock_tick_ns);
+                let seen = identity.map(|identity| Seen {
+                    identity,
+                    lookup: Some(&mut lookup as &mut dyn ThreadLookup),
+                });
                 (
                     tid,
                     self.actuator

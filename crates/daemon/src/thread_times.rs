@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use appease_actuator::sys::ThreadCpu;
+use appease_actuator::{ThreadLookup, ThreadNow};
 use appease_probe::{Probe, ThreadCpuTime};
 
 type Thread = (u32, u32);
@@ -92,10 +93,49 @@ impl ThreadTimes {
             })
     }
 
+    /// The probe as the actuator's check of a thread it first takes charge of (one call
+    /// in the kernel instead of the thread's stat file), while the kernel runs the reader.
+    pub fn lookup<'a, 'p>(
+        &'a mut self,
+        probe: &'a mut Probe<'p>,
+        clock_tick_ns: u64,
+    ) -> Lookup<'a, 'p> {
+        Lookup {
+            probe,
+            clock_tick_ns,
+            refused: &mut self.refused,
+        }
+    }
+
     /// Forgets what belongs to threads not read for `idle` (no longer watched).
     pub fn forget_unread(&mut self, idle: Duration) {
         self.starts.retain(|_, (_, used)| used.elapsed() < idle);
         self.files.close_unread(idle);
+    }
+}
+
+pub struct Lookup<'a, 'p> {
+    probe: &'a mut Probe<'p>,
+    clock_tick_ns: u64,
+    refused: &'a mut bool,
+}
+
+impl ThreadLookup for Lookup<'_, '_> {
+    fn thread_now(&mut self, tid: u32) -> Option<Option<ThreadNow>> {
+        if *self.refused {
+            return None;
+        }
+        let mut answer = None;
+        if let Err(e) = self.probe.threads_cpu(&[tid], |_, a| answer = a) {
+            tracing::info!(error = %e, "threads are read from /proc");
+            *self.refused = true;
+            return None;
+        }
+        Some(answer.map(|a| ThreadNow {
+            pid: a.pid,
+            start: a.start_boot_ns / self.clock_tick_ns,
+            kernel_thread: a.kernel_thread,
+        }))
     }
 }
 
@@ -109,6 +149,7 @@ mod tests {
             start_boot_ns,
             cpu_ns,
             request_cpu_ns: 1,
+            kernel_thread: false,
         })
     }
 

@@ -162,6 +162,8 @@ pub struct ThreadCpuTime {
     pub cpu_ns: u64,
     /// Its CPU time at its latest request the probe saw, reported or not (0: none).
     pub request_cpu_ns: u64,
+    /// A kernel thread (PF_KTHREAD).
+    pub kernel_thread: bool,
 }
 
 /// Threads read in one call of the kernel by `Probe::threads_cpu` (the BPF side's
@@ -474,6 +476,7 @@ impl<'obj> Probe<'obj> {
                     start_boot_ns: a.start_boot_ns,
                     cpu_ns: a.cpu_ns,
                     request_cpu_ns: a.request_cpu_ns,
+                    kernel_thread: a.kernel_thread != 0,
                 });
                 f(chunk_at * CPU_READ_MAX + i, answer);
             }

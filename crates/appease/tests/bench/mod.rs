@@ -125,7 +125,9 @@ root_test! {
     fn bench_web_client_sweep_runs_ab_closed_loop_and_its_scalability_recomputes() {
         let dir = TempDir::new("bench-clients");
         let out_dir = dir.0.display().to_string();
-        let v = bench_json(&["web", "--clients", "2,8", "--quick", "--out", &out_dir]);
+        let v = bench_json(&[
+            "web", "--clients", "2,8", "--quick", "--work", "4000", "--out", &out_dir,
+        ]);
         assert_eq!(v["client_loop"], "closed", "{v}");
         assert_eq!(v["clients"], serde_json::json!([2, 8]));
         let series = v["series"].as_array().unwrap();
@@ -148,6 +150,7 @@ root_test! {
         }
         assert_eq!(names, expect, "{v}");
         let work = v["work_per_run"].as_f64().unwrap();
+        assert_eq!(work, 4000.0, "--work sets each run's requests");
         for s in series {
             let points = s["points"].as_array().unwrap();
             assert_eq!(points.len(), 2, "{s}");
@@ -200,6 +203,10 @@ root_test! {
         fails_saying(
             Command::new(BIN).args(["bench", "web", "--clients", "2,8", "--scale-base", "4"]),
             "--scale-base 4 is not among the client counts (2, 8)",
+        );
+        fails_saying(
+            Command::new(BIN).args(["bench", "web", "--work", "10"]),
+            "--clients",
         );
     }
 }

@@ -694,6 +694,7 @@ static long read_one_cpu(u64 i, void *ctx)
 		return 0;
 	}
 	a->tgid = tgid_of(t);
+	a->kernel_thread = !!(t->flags & PF_KTHREAD);
 	a->cpu_ns = t->se.sum_exec_runtime;
 	struct thread_state *st = bpf_task_storage_get(&threads, t, 0, 0);
 	a->request_cpu_ns = st ? st->request_cpu_ns : 0;

@@ -37,6 +37,12 @@ fn a_threads_cpu_time_is_the_kernels_and_a_gone_thread_answers_none() {
         panic!("{answer:?}")
     };
     assert_eq!(t.pid, std::process::id());
+    assert!(!t.kernel_thread);
+    // kthreadd, pid 2 of the initial namespace: a kernel thread.
+    let [(0, Some(k))] = read(&mut probe, &[2])[..] else {
+        panic!("no thread 2")
+    };
+    assert!(k.kernel_thread, "{k:?}");
     assert!(
         before <= t.cpu_ns && t.cpu_ns <= after,
         "{before} {t:?} {after}"
