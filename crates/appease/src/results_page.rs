@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use appease_bench::closed_loop::ClosedLoopResult;
 use appease_bench::report::{ModeResult, ScenarioResult};
 use appease_bench::{Mode, Report};
 use serde::Deserialize;
@@ -151,9 +152,15 @@ fn peer_name(mode: Mode) -> &'static str {
 /// A latency scenario's one result (one batch level) in `path`, and when and how it was
 /// measured.
 fn single_result(path: &Path) -> Result<(ScenarioResult, Option<Measured>)> {
-    let (Report::Latency(mut results), measured) = read_result(path)? else {
+    let (report, measured) = read_result(path)?;
+    Ok((latency_result(report, path)?, measured))
+}
+
+/// The one result of a latency scenario's report (one batch level).
+fn latency_result(report: Report, path: &Path) -> Result<ScenarioResult> {
+    let Report::Latency(mut results) = report else {
         bail!(
-            "{}: only a latency scenario's result makes a summary row",
+            "{}: only a latency scenario's or a client sweep's result makes a summary row",
             path.display()
         );
     };
@@ -163,7 +170,42 @@ fn single_result(path: &Path) -> Result<(ScenarioResult, Option<Measured>)> {
             path.display()
         );
     }
-    Ok((results.remove(0), measured))
+    Ok(results.remove(0))
+}
+
+/// A column's cell with the row's mark for that column after it, if any.
+fn mark(row: &Row, column: &str, cell: String) -> String {
+    match row.marks.get(column) {
+        Some(m) if cell != "–" => format!("{cell} {m}"),
+        _ => cell,
+    }
+}
+
+/// A client sweep's row: each mode's completion times in s at the sweep's most clients,
+/// one per client variant in the file's order (e.g. read-only / read-write).
+fn sweep_cells(r: &ClosedLoopResult, measured: Measured, row: &Row) -> Vec<String> {
+    let most = r.clients.iter().copied().max();
+    let mut cells: Vec<String> = MODES
+        .iter()
+        .map(|&(name, mode)| {
+            let times: Vec<String> = r
+                .series
+                .iter()
+                .filter(|s| s.mode == mode)
+                .filter_map(|s| s.points.iter().find(|p| Some(p.clients) == most))
+                .map(|p| format!("{:.2}", p.completion_s))
+                .collect();
+            match (times.is_empty(), mode) {
+                (true, _) => "–".to_string(),
+                (false, Mode::Appease) => mark(row, name, format!("**{}**", times.join(" / "))),
+                (false, _) => mark(row, name, times.join(" / ")),
+            }
+        })
+        .collect();
+    cells.push("–".to_string());
+    cells.push(measured.date);
+    cells.push(format!("`{}`", measured.command));
+    cells
 }
 
 /// The summary table in Markdown.
@@ -194,14 +236,17 @@ pub fn summary(spec_path: &Path) -> Result<String> {
     Ok(out)
 }
 
-/// A row's figure cells, date and command from its result file.
+/// A row's figure cells, date and command from its result file: a latency scenario's
+/// headline by mode, or a client sweep's completion times at its most clients.
 fn cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
-    let (r, measured) = single_result(path)?;
-    let (r, measured) = (&r, Measured::required(measured, path)?);
-    let mark = |column: &str, cell: String| match row.marks.get(column) {
-        Some(m) if cell != "–" => format!("{cell} {m}"),
-        _ => cell,
+    let (report, measured) = read_result(path)?;
+    let measured = Measured::required(measured, path)?;
+    let r = match report {
+        Report::ClosedLoop(sweep) => return Ok(sweep_cells(&sweep, measured, row)),
+        report => latency_result(report, path)?,
     };
+    let r = &r;
+    let mark = |column: &str, cell: String| mark(row, column, cell);
     let mut cells: Vec<String> = MODES
         .iter()
         .map(|&(name, mode)| {
@@ -313,6 +358,51 @@ mod tests {
         let row = readme.lines().nth(2).unwrap();
         assert!(row.starts_with("| r | "), "{row}");
         assert!(row.contains("| 47.55 (Ananicy) |"), "{row}");
+    }
+
+    #[test]
+    fn a_client_sweeps_row_gives_each_modes_completion_times_at_its_most_clients() {
+        let dir = std::env::temp_dir().join(format!("appease-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kept = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/results/db-clients.json");
+        std::fs::copy(&kept, dir.join("db-clients.json")).unwrap();
+        let spec = dir.join("summary.toml");
+        std::fs::write(
+            &spec,
+            "[[row]]\nscenario = \"db\"\nfile = \"db-clients.json\"\nmarks = { appease = \"(h)\" }\n",
+        )
+        .unwrap();
+        let table = summary(&spec);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let (report, _) = read_result(&kept).unwrap();
+        let Report::ClosedLoop(r) = report else {
+            panic!("a sweep")
+        };
+        let at_most = |mode: Mode| -> String {
+            let most = r.clients.iter().max().copied();
+            let times: Vec<String> = r
+                .series
+                .iter()
+                .filter(|s| s.mode == mode)
+                .map(|s| s.points.iter().find(|p| Some(p.clients) == most).unwrap())
+                .map(|p| format!("{:.2}", p.completion_s))
+                .collect();
+            assert_eq!(times.len(), 2, "read-only and read-write");
+            times.join(" / ")
+        };
+        let table = table.unwrap();
+        let row = table.lines().nth(2).unwrap();
+        let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+        assert_eq!(cells[1], "–", "no unloaded mode in a sweep: {row}");
+        assert_eq!(cells[2], at_most(Mode::Unmanaged), "{row}");
+        assert_eq!(cells[3], at_most(Mode::BatchCgroupIdle), "{row}");
+        assert_eq!(
+            cells[4],
+            format!("**{}** (h)", at_most(Mode::Appease)),
+            "{row}"
+        );
+        assert_eq!(cells[7], "–", "no batch share: {row}");
+        assert!(cells[9].starts_with("`appease bench db --clients"), "{row}");
     }
 
     #[test]
