@@ -273,6 +273,54 @@ pub fn listening_processes() -> std::collections::HashSet<(u32, u64)> {
     out
 }
 
+/// The processes that servers in `listening` forked before the daemon started, each
+/// with the application the probe's fork hook would have given it: its parent's, or its
+/// parent itself if the parent listens (a child of the service manager is an application
+/// of its own, as the hook has it). Without this, a database's connection made before
+/// appease started is an application of its own, not a connection of its server.
+pub fn older_workers(
+    procs: &[ProcSample],
+    listening: &std::collections::HashSet<(u32, u64)>,
+) -> Vec<(u32, u32)> {
+    use std::collections::HashMap;
+    let by_pid: HashMap<u32, &ProcSample> = procs.iter().map(|p| (p.pid, p)).collect();
+    let listens = |pid: u32| {
+        by_pid
+            .get(&pid)
+            .is_some_and(|p| listening.contains(&(pid, p.start)))
+    };
+    // A process's application, its ancestors' first (the tree is shallow; a parent that
+    // is its own ancestor, which /proc read at two moments could show, ends the walk).
+    let mut apps: HashMap<u32, Option<u32>> = HashMap::new();
+    fn app_of(
+        pid: u32,
+        by_pid: &HashMap<u32, &ProcSample>,
+        listens: &dyn Fn(u32) -> bool,
+        apps: &mut HashMap<u32, Option<u32>>,
+        depth: usize,
+    ) -> Option<u32> {
+        if let Some(&known) = apps.get(&pid) {
+            return known;
+        }
+        let parent = by_pid.get(&pid).map_or(0, |p| p.ppid);
+        let app = match parent {
+            0 | 1 => None,
+            _ if depth > 64 => None,
+            _ => app_of(parent, by_pid, listens, apps, depth + 1)
+                .or_else(|| listens(parent).then_some(parent)),
+        };
+        apps.insert(pid, app);
+        app
+    }
+    let mut out: Vec<(u32, u32)> = procs
+        .iter()
+        .filter(|p| !p.kernel_thread)
+        .filter_map(|p| app_of(p.pid, &by_pid, &listens, &mut apps, 0).map(|a| (p.pid, a)))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
 /// Inodes of the listening sockets in a /proc/net/tcp or tcp6 table (state 0A).
 pub fn tcp_listening(text: &str) -> Vec<u64> {
     text.lines()
@@ -418,6 +466,39 @@ pub fn set_thread_idle_class(tid: u32, idle: bool) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_servers_older_workers_are_given_to_it_as_its_forks_would_be() {
+        let p = |pid, ppid, start| ProcSample {
+            pid,
+            ppid,
+            start,
+            ..ProcSample::default()
+        };
+        let procs = [
+            p(1, 0, 1),
+            // A database started by the service manager, listening; a connection of it
+            // and that connection's own child; its checkpointer.
+            p(100, 1, 10),
+            p(101, 100, 11),
+            p(102, 101, 12),
+            p(103, 100, 13),
+            // A shell and what it started: nobody's application.
+            p(200, 1, 20),
+            p(201, 200, 21),
+            // A listening child of the database: its forks stay the database's.
+            p(300, 100, 30),
+            p(301, 300, 31),
+            // A process that listened under this pid before, not this one.
+            p(400, 1, 40),
+            p(401, 400, 41),
+        ];
+        let listening = [(100, 10), (300, 30), (400, 39)].into_iter().collect();
+        assert_eq!(
+            older_workers(&procs, &listening),
+            [(101, 100), (102, 100), (103, 100), (300, 100), (301, 100)]
+        );
+    }
+
     #[test]
     fn listening_sockets_are_read_from_the_net_tables() {
         let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode

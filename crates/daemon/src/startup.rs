@@ -235,6 +235,14 @@ fn start_probe<'obj>(
             tracing::warn!(error = %e, pid, "could not mark a listening process");
         }
     }
+    // And the workers they forked before: their server's, as later ones will be.
+    if !listening.is_empty() {
+        for (pid, app) in host::older_workers(&host::scan_processes(), &listening) {
+            if let Err(e) = probe.set_app(pid, app) {
+                tracing::warn!(error = %e, pid, app, "could not give a worker its server");
+            }
+        }
+    }
     Ok((probe, listening))
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::Nanos;
 
 /// One process as the scan sees it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProcSample {
     pub pid: u32,
     pub ppid: u32,

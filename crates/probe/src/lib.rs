@@ -519,24 +519,17 @@ impl<'obj> Probe<'obj> {
     /// then (the daemon reads which processes listened before it started): the processes
     /// it forks from now on belong to its application. A process gone meanwhile is skipped.
     pub fn mark_listener(&mut self, pid: u32) -> Result<(), ProbeError> {
-        use std::os::fd::AsRawFd;
-        let Some(pidfd) = pidfd_open(pid, 0) else {
-            return Ok(());
-        };
-        // Task storage is keyed by a pidfd from user space.
-        let key = pidfd.as_raw_fd().to_ne_bytes();
-        match self
-            .skel
-            .maps
-            .listeners
-            .update(&key, &1u32.to_ne_bytes(), MapFlags::ANY)
-        {
-            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
-            other => other.map_err(|source| ProbeError::Bpf {
-                stage: "mark a listening process in",
-                source,
-            }),
-        }
+        let map = &self.skel.maps.listeners;
+        set_process_storage(map, pid, 1, "mark a listening process in")
+    }
+
+    /// Gives process `pid` to application `app`, as the probe's fork hook would have had
+    /// it been loaded when a server forked it: a worker older than the daemon (a
+    /// database's connection made before appease started) is its server's, not an
+    /// application of its own. A process gone meanwhile is skipped.
+    pub fn set_app(&mut self, pid: u32, app: u32) -> Result<(), ProbeError> {
+        let map = &self.skel.maps.apps;
+        set_process_storage(map, pid, app, "give a process its application in")
     }
 
     /// Marks thread `tid` as held by the daemon (elevated, or its budget spent), or clears
@@ -623,6 +616,25 @@ impl<'obj> Probe<'obj> {
             }
         }
         c
+    }
+}
+
+/// Sets a process's value in a task-storage map (keyed by a pidfd from user space). A
+/// process gone meanwhile is skipped.
+fn set_process_storage(
+    map: &impl MapCore,
+    pid: u32,
+    value: u32,
+    stage: &'static str,
+) -> Result<(), ProbeError> {
+    use std::os::fd::AsRawFd;
+    let Some(pidfd) = pidfd_open(pid, 0) else {
+        return Ok(());
+    };
+    let key = pidfd.as_raw_fd().to_ne_bytes();
+    match map.update(&key, &value.to_ne_bytes(), MapFlags::ANY) {
+        Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+        other => other.map_err(|source| ProbeError::Bpf { stage, source }),
     }
 }
 

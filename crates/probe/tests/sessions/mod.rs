@@ -114,3 +114,31 @@ fn a_processs_cgroup_ids_name_the_groups_proc_shows() {
     assert!(id > 1, "{:?}", theirs.cgroup_ids);
     assert_eq!(Some(id), want, "the group's id is its directory's inode");
 }
+
+#[test]
+#[ignore = "needs root (BPF): make test runs it, or as root cargo test -- --include-ignored"]
+fn a_worker_forked_before_the_probe_is_given_to_its_server() {
+    let _serial = assert_root();
+    let mut storage = ProbeStorage::uninit();
+    let mut probe = Probe::load(&ProbeConfig::default(), &mut storage).unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("5")
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut iter = probe.take_task_iter().unwrap();
+    let mut app_of_child = || {
+        let tasks = iter.read().unwrap();
+        tasks.iter().find(|t| t.tid == pid).map(|t| t.app)
+    };
+    // This process does not listen: its fork is an application of its own.
+    let before = app_of_child();
+    probe.set_app(pid, std::process::id()).unwrap();
+    let after = app_of_child();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // A process gone is skipped.
+    probe.set_app(pid, std::process::id()).unwrap();
+    assert_eq!(before, Some(pid));
+    assert_eq!(after, Some(std::process::id()));
+}
