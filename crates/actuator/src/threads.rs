@@ -184,17 +184,10 @@ impl KernelActuator {
         if !alive {
             return Err(ActError::Gone { tid });
         }
-        let now = match self.kernel.sched_getattr(tid) {
-            Ok(s) => s,
-            Err(e) if sys::is_esrch(&e) => return Err(ActError::Gone { tid }),
-            Err(source) => {
-                return Err(ActError::Sys {
-                    op: "sched_getattr",
-                    tid,
-                    source,
-                })
-            }
-        };
+        let now = self
+            .kernel
+            .sched_getattr(tid)
+            .map_err(|e| gone_or_failed(tid, "sched_getattr", e))?;
         if self.dry_run {
             return Ok(());
         }

@@ -289,33 +289,26 @@ pub fn older_workers(
             .get(&pid)
             .is_some_and(|p| listening.contains(&(pid, p.start)))
     };
-    // A process's application, its ancestors' first (the tree is shallow; a parent that
-    // is its own ancestor, which /proc read at two moments could show, ends the walk).
-    let mut apps: HashMap<u32, Option<u32>> = HashMap::new();
-    fn app_of(
-        pid: u32,
-        by_pid: &HashMap<u32, &ProcSample>,
-        listens: &dyn Fn(u32) -> bool,
-        apps: &mut HashMap<u32, Option<u32>>,
-        depth: usize,
-    ) -> Option<u32> {
-        if let Some(&known) = apps.get(&pid) {
-            return known;
+    // The hook passes a server's application down its tree, so a process's is its
+    // highest listening ancestor below the service manager. The walk is bounded: /proc
+    // read at two moments could show a parent that is its own ancestor.
+    let app = |p: &ProcSample| {
+        let (mut app, mut at) = (None, p.ppid);
+        for _ in 0..64 {
+            if at <= 1 {
+                break;
+            }
+            if listens(at) {
+                app = Some(at);
+            }
+            at = by_pid.get(&at).map_or(0, |q| q.ppid);
         }
-        let parent = by_pid.get(&pid).map_or(0, |p| p.ppid);
-        let app = match parent {
-            0 | 1 => None,
-            _ if depth > 64 => None,
-            _ => app_of(parent, by_pid, listens, apps, depth + 1)
-                .or_else(|| listens(parent).then_some(parent)),
-        };
-        apps.insert(pid, app);
         app
-    }
+    };
     let mut out: Vec<(u32, u32)> = procs
         .iter()
         .filter(|p| !p.kernel_thread)
-        .filter_map(|p| app_of(p.pid, &by_pid, &listens, &mut apps, 0).map(|a| (p.pid, a)))
+        .filter_map(|p| app(p).map(|a| (p.pid, a)))
         .collect();
     out.sort_unstable();
     out
