@@ -26,7 +26,7 @@ use std::time::Duration;
 use anyhow::Result;
 use appease_actuator::{ActError, Identity, KernelActuator, Seen, ThreadLookup};
 use appease_config::Config;
-use appease_policy::{AppChange, Decision, ElevationPolicy, LoadTracker, Source};
+use appease_policy::{AppChange, Decision, ElevationPolicy, LoadTracker, Reason, Source};
 use appease_probe::{monotonic_ns, Event, Family, Probe};
 use hdrhistogram::Histogram;
 
@@ -566,13 +566,14 @@ impl<'obj> Daemon<'obj> {
             self.retry_restores();
         }
         let wanted: Vec<(u32, u32)> = self.policy.cpu_wanted(now).collect();
-        self.thread_times.read_ahead(&mut self.probe, &wanted);
-        for (tid, cpu) in self.thread_times.latest_requests() {
-            self.policy.note_request_cpu(tid, cpu);
-        }
-        let decisions = self
-            .policy
-            .on_tick(now, |pid, tid| self.thread_times.get(pid, tid));
+        let times = &mut self.thread_times;
+        times.sync_held_gap(&mut self.probe, &self.opts.config);
+        times.read_ahead(&mut self.probe, &wanted);
+        let load = self.load.current();
+        let mut decisions: Vec<Decision> = (times.latest_requests())
+            .filter_map(|(tid, at, cpu)| self.policy.note_request(tid, at, cpu, load))
+            .collect();
+        decisions.extend(self.policy.on_tick(now, |pid, tid| times.get(pid, tid)));
         self.tell_probe();
         let spent = self
             .batch
@@ -603,7 +604,7 @@ impl<'obj> Daemon<'obj> {
             Decision::Elevate { reason, .. } | Decision::Sink { reason, .. } => (false, *reason),
             Decision::Restore { reason, .. } => (true, *reason),
         };
-        let hold = held_after(&d, identity.is_some(), &self.held);
+        let hold = held_after(&d, &self.held);
         let (tid, result) = match d {
             Decision::Elevate {
                 pid,
@@ -817,11 +818,15 @@ fn next_wake(deadlines: [u64; 4], next_scan: u64, scanning: bool) -> u64 {
 }
 
 /// Whether a thread is held elevated once `d` is applied, and at what levels: elevated for
-/// a request (`for_request`), its further requests need not wake the daemon until it has
-/// faded below half of that; restored, sunk, or faded further, they must.
-fn held_after(d: &Decision, for_request: bool, held: &HashMap<u32, u32>) -> Option<u32> {
+/// a request (reported, or read at a tick), its further requests need not wake the daemon
+/// until it has faded below half of that; restored, sunk, or faded further, they must.
+fn held_after(d: &Decision, held: &HashMap<u32, u32>) -> Option<u32> {
     match d {
-        Decision::Elevate { levels, .. } if for_request => Some(*levels),
+        Decision::Elevate {
+            levels,
+            reason: Reason::UnixRequest | Reason::NetworkRequest,
+            ..
+        } => Some(*levels),
         Decision::Elevate { tid, levels, .. } => {
             held.get(tid).copied().filter(|full| levels * 2 >= *full)
         }
@@ -845,7 +850,6 @@ fn latency_view(h: &Histogram<u64>) -> LatencyView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use appease_policy::Reason;
 
     fn elevate(levels: u32, reason: Reason) -> Decision {
         Decision::Elevate {
@@ -871,25 +875,19 @@ mod tests {
     #[test]
     fn a_thread_is_held_from_its_requests_elevation_until_it_fades_below_half_of_it() {
         let mut held = HashMap::new();
-        assert_eq!(
-            held_after(&elevate(8, Reason::UnixRequest), true, &held),
-            Some(8)
-        );
+        assert_eq!(held_after(&elevate(8, Reason::UnixRequest), &held), Some(8));
         held.insert(7, 8);
-        assert_eq!(
-            held_after(&elevate(4, Reason::Decay), false, &held),
-            Some(8)
-        );
-        assert_eq!(held_after(&elevate(3, Reason::Decay), false, &held), None);
+        assert_eq!(held_after(&elevate(4, Reason::Decay), &held), Some(8));
+        assert_eq!(held_after(&elevate(3, Reason::Decay), &held), None);
         let restore = Decision::Restore {
             pid: 7,
             tid: 7,
             reason: Reason::Faded,
         };
-        assert_eq!(held_after(&restore, false, &held), None);
+        assert_eq!(held_after(&restore, &held), None);
         // A lift or decay of a thread no request elevated holds nothing.
         assert_eq!(
-            held_after(&elevate(8, Reason::Decay), false, &HashMap::new()),
+            held_after(&elevate(8, Reason::Decay), &HashMap::new()),
             None
         );
     }

@@ -14,10 +14,22 @@ pub(crate) fn serving_window(cfg: &Config) -> Option<Duration> {
         .then(|| Duration::from_millis(sink.after_cpu_ms.max(cfg.probe.min_gap_ms).max(10)))
 }
 
-/// How often a held thread's requests are reported (`ProbeConfig::held_gap`): twice the
+/// How often a held thread's requests are reported (`ProbeConfig::held_gap`) while each
+/// tick reads the latest request of the elevated threads due (`reads_requests`): once a
+/// second, for the batch manager's memory of who serves (a minute). Events for each request
+/// of 256 busy connections, even at one per held thread per 40 ms, were most of the
+/// daemon's work.
+pub(crate) fn held_gap(cfg: &Config, reads_requests: bool) -> Duration {
+    match reads_requests {
+        true => Duration::from_secs(1).max(reported_held_gap(cfg)),
+        false => reported_held_gap(cfg),
+    }
+}
+
+/// The held gap when a tick cannot read requests (the kernel runs no reader): twice the
 /// gap of the rest, and less than half the shortest decay step, so that a busy elevated
 /// thread is seen again well before its elevation would fade.
-pub(crate) fn held_gap(cfg: &Config) -> Duration {
+fn reported_held_gap(cfg: &Config) -> Duration {
     let min_gap = Duration::from_millis(cfg.probe.min_gap_ms);
     let shortest_decay = cfg
         .elevation_params()
@@ -37,7 +49,7 @@ mod tests {
 
     #[test]
     fn a_held_threads_requests_come_twice_as_far_apart_and_well_within_a_decay_step() {
-        let with = |toml: &str| held_gap(&Config::parse(toml, "test").unwrap());
+        let with = |toml: &str| held_gap(&Config::parse(toml, "test").unwrap(), false);
         assert_eq!(with(""), Duration::from_millis(40));
         assert_eq!(with("[probe]\nmin_gap_ms = 5\n"), Duration::from_millis(10));
         // A decay step of 50 ms: a busy thread seen every 25 ms at least.
@@ -46,5 +58,9 @@ mod tests {
         // Never more often than the others.
         let faster = format!("[probe]\nmin_gap_ms = 30\n{fast_decay}");
         assert_eq!(with(&faster), Duration::from_millis(30));
+        // Read at the ticks: once a second, whatever the ladder.
+        let read = |toml: &str| held_gap(&Config::parse(toml, "test").unwrap(), true);
+        assert_eq!(read(""), Duration::from_secs(1));
+        assert_eq!(read(fast_decay), Duration::from_secs(1));
     }
 }

@@ -217,7 +217,8 @@ fn start_probe<'obj>(
         min_gap: Duration::from_millis(cfg.probe.min_gap_ms),
         ignore_pid: Some(std::process::id()),
         serving_window: serving_window(cfg),
-        held_gap: held_gap(cfg),
+        // Until the first tick finds whether it reads held threads' requests.
+        held_gap: held_gap(cfg, false),
         uid_min: cfg.users.uid_min(),
         user_events_per_s: cfg.users.events_per_s,
         users_events_per_s: cfg.users.all_events_per_s,

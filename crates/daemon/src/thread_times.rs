@@ -10,15 +10,25 @@ use std::time::{Duration, Instant};
 
 use appease_actuator::sys::ThreadCpu;
 use appease_actuator::{ThreadLookup, ThreadNow};
+use appease_config::Config;
 use appease_probe::{Probe, ThreadCpuTime};
+
+use crate::probe_settings::held_gap;
 
 type Thread = (u32, u32);
 
+/// A thread's CPU time, and the time and CPU time of its latest request (0: none seen).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Times {
+    cpu_ns: u64,
+    request_ns: u64,
+    request_cpu_ns: u64,
+}
+
 #[derive(Default)]
 pub struct ThreadTimes {
-    /// This tick's answers, read ahead: a thread's CPU time and its CPU time at its
-    /// latest request (0: none seen), or None once it is gone.
-    ahead: HashMap<Thread, Option<(u64, u64)>>,
+    /// This tick's answers, read ahead, or None once the thread is gone.
+    ahead: HashMap<Thread, Option<Times>>,
     /// Each thread's start as first read, and when it was last read: an answer with
     /// another start is of a thread that took the ID since, and reads as gone.
     starts: HashMap<Thread, (u64, Instant)>,
@@ -26,6 +36,8 @@ pub struct ThreadTimes {
     files: ThreadCpu,
     /// The kernel refused the probe's reader once: files only from then on.
     refused: bool,
+    /// The held gap the probe was last given.
+    held_gap: Option<Duration>,
 }
 
 impl ThreadTimes {
@@ -59,7 +71,7 @@ impl ThreadTimes {
         thread: Thread,
         answer: Option<ThreadCpuTime>,
         now: Instant,
-    ) -> Option<(u64, u64)> {
+    ) -> Option<Times> {
         let Some(a) = answer.filter(|a| a.pid == thread.0) else {
             self.starts.remove(&thread);
             return None;
@@ -71,26 +83,48 @@ impl ThreadTimes {
             self.starts.remove(&thread);
             return None;
         }
-        Some((a.cpu_ns, a.request_cpu_ns))
+        Some(Times {
+            cpu_ns: a.cpu_ns,
+            request_ns: a.request_ns,
+            request_cpu_ns: a.request_cpu_ns,
+        })
     }
 
     /// The thread's CPU time: read ahead this tick, or read now.
     pub fn get(&mut self, pid: u32, tid: u32) -> Option<u64> {
         match self.ahead.get(&(pid, tid)) {
-            Some(&answer) => answer.map(|(cpu, _)| cpu),
+            Some(&answer) => answer.map(|t| t.cpu_ns),
             None => self.files.read(pid, tid),
         }
     }
 
-    /// The threads read ahead this tick with their CPU time at their latest request
-    /// (requests of a held thread are not all reported).
-    pub fn latest_requests(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+    /// The threads read ahead this tick with the time and CPU time of their latest
+    /// request (requests of a held thread are not all reported).
+    pub fn latest_requests(&self) -> impl Iterator<Item = (u32, u64, u64)> + '_ {
         self.ahead
             .iter()
             .filter_map(|(&(_, tid), answer)| match answer {
-                Some((_, at)) if *at > 0 => Some((tid, *at)),
+                Some(t) if t.request_ns > 0 => Some((tid, t.request_ns, t.request_cpu_ns)),
                 _ => None,
             })
+    }
+
+    /// Gives the probe the held gap for `cfg`: long while the kernel runs the probe's
+    /// reader (a held thread's latest request is read at the ticks), short once it refused
+    /// it. At start, one read of this thread says which.
+    pub fn sync_held_gap(&mut self, probe: &mut Probe, cfg: &Config) {
+        if self.held_gap.is_none() && !self.refused {
+            let me = std::process::id();
+            if let Err(e) = probe.threads_cpu(&[me], |_, _| {}) {
+                tracing::info!(error = %e, "threads' CPU times are read from /proc");
+                self.refused = true;
+            }
+        }
+        let gap = held_gap(cfg, !self.refused);
+        if self.held_gap != Some(gap) {
+            probe.set_held_gap(gap);
+            self.held_gap = Some(gap);
+        }
     }
 
     /// The probe as the actuator's check of a thread it first takes charge of (one call
@@ -149,7 +183,16 @@ mod tests {
             start_boot_ns,
             cpu_ns,
             request_cpu_ns: 1,
+            request_ns: 2,
             kernel_thread: false,
+        })
+    }
+
+    fn times(cpu_ns: u64) -> Option<Times> {
+        Some(Times {
+            cpu_ns,
+            request_ns: 2,
+            request_cpu_ns: 1,
         })
     }
 
@@ -157,14 +200,14 @@ mod tests {
     fn a_thread_that_took_a_watched_ones_id_reads_as_that_one_gone() {
         let mut t = ThreadTimes::default();
         let now = Instant::now();
-        assert_eq!(t.checked((10, 11), time(10, 500, 7), now), Some((7, 1)));
-        assert_eq!(t.checked((10, 11), time(10, 500, 9), now), Some((9, 1)));
+        assert_eq!(t.checked((10, 11), time(10, 500, 7), now), times(7));
+        assert_eq!(t.checked((10, 11), time(10, 500, 9), now), times(9));
         // Another thread of the same process under the ID: another start.
         assert_eq!(t.checked((10, 11), time(10, 800, 1), now), None);
         // Which, watched in its turn, is read as itself.
-        assert_eq!(t.checked((10, 11), time(10, 800, 2), now), Some((2, 1)));
+        assert_eq!(t.checked((10, 11), time(10, 800, 2), now), times(2));
         // A thread of another process under it, or none at all.
-        assert_eq!(t.checked((20, 21), time(20, 5, 3), now), Some((3, 1)));
+        assert_eq!(t.checked((20, 21), time(20, 5, 3), now), times(3));
         assert_eq!(t.checked((20, 21), time(30, 5, 3), now), None);
         assert_eq!(t.checked((20, 21), None, now), None);
         assert!(!t.starts.contains_key(&(20, 21)));

@@ -39,9 +39,11 @@ mod params;
 mod slots;
 #[cfg(test)]
 mod tests;
+mod timing;
 
 pub use params::{AppChange, Budget, Decision, ElevationParams, Reason, Sink, Source, ThreadView};
 pub use slots::{DenseIndex, SlotIndex};
+use timing::{due_time, fade, restart_fade, wants_cpu};
 
 /// An elevated thread's CPU time is re-read when the last reading (from a request
 /// event or an earlier read) is older than this.
@@ -68,6 +70,8 @@ struct Thread {
     lifted: bool,
     /// Its unprivileged user (whose bucket it also pays into), if it has one.
     user: Option<u32>,
+    /// Its latest reported request came on a UNIX socket.
+    unix: bool,
 }
 
 /// What one unprivileged user's threads may still use elevated.
@@ -275,6 +279,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let t = &mut self.threads[slot];
         t.pid = pid;
         t.last_request = now;
+        t.unix = source == Source::Unix;
         let a = self.apps.get_mut(t.app).expect("a watched thread's app");
         let used = account(t, a, now, cpu_ns, share, burst);
         if charge_user(&mut self.users, t, now, used, self.params.user_budget) {
@@ -295,24 +300,8 @@ impl<I: SlotIndex> ElevationPolicy<I> {
                 self.app_changes.push(AppChange::Sunk(t.app, false));
             }
         }
-        let mut raised = false;
         let pace = step.decay.as_nanos() as u64;
-        if !exhausted && target > 0 {
-            // Re-elevation: the timer restarts; a stronger elevation from higher load
-            // is kept.
-            t.decay_ns = pace;
-            t.next_decay_at = now + t.decay_ns;
-            if target > t.levels {
-                t.levels = target;
-                raised = true;
-            }
-        } else if below_first_step && t.levels > 0 && pace < t.decay_ns {
-            // The load fell below the ladder's first step since it was elevated (the
-            // batch went idle): the fade goes at the pace of the load now, not of the
-            // load then, so nothing is held up over a batch that no longer competes.
-            t.decay_ns = pace;
-            t.next_decay_at = t.next_decay_at.min(now + pace);
-        }
+        let raised = restart_fade(t, now, target, pace, exhausted, below_first_step);
         self.due[slot] = due_time(t, exhausted, forget_ns, watch);
         if raised {
             Some(Decision::Elevate {
@@ -386,6 +375,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             sunk: false,
             lifted: false,
             user,
+            unix: false,
         });
         self.due.push(0);
         let slot = self.threads.len() - 1;
@@ -401,22 +391,52 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         self.threads
             .iter()
             .zip(&self.due)
-            .filter(move |&(t, &due)| {
-                due <= now
-                    && (t.levels > 0 || watched_for_sinking(t, sinking))
-                    && now.saturating_sub(t.budget_at) >= CPU_REFRESH_NS
-            })
+            .filter(move |&(t, &due)| due <= now && wants_cpu(t, now, sinking))
             .map(|(t, _)| (t.pid, t.tid))
     }
 
-    /// Thread `tid`'s CPU time at its latest request, as the probe saw one it did not
-    /// report (a held thread's requests are reported at most every held gap): a long
-    /// request is timed from there.
-    pub fn note_request_cpu(&mut self, tid: u32, cpu_at_request: u64) {
-        if let Some(slot) = self.slots.get(tid) {
-            let t = &mut self.threads[slot as usize];
-            t.cpu_at_request = t.cpu_at_request.max(cpu_at_request);
+    /// Thread `tid`'s latest request as the tick read it from the probe: at `at`, its
+    /// CPU time then `cpu_at_request` (a held thread's requests are reported at most every
+    /// held gap). A long request is timed from there, and an elevated thread's fade
+    /// restarts from it as from a reported request: raised when the load now asks for
+    /// more.
+    pub fn note_request(
+        &mut self,
+        tid: u32,
+        at: Nanos,
+        cpu_at_request: u64,
+        load: Load,
+    ) -> Option<Decision> {
+        let slot = self.slots.get(tid)? as usize;
+        let at_step = self
+            .params
+            .ladder
+            .step_index_for(load.ladder_index(self.params.min_psi_pct));
+        let step = &self.params.ladder.steps()[at_step];
+        let (forget_ns, watch) = (self.forget_ns, self.sink_ns.is_some());
+        let t = &mut self.threads[slot];
+        t.cpu_at_request = t.cpu_at_request.max(cpu_at_request);
+        // Not elevated: its requests are reported (a sunk one's surface it).
+        if at <= t.last_request || t.levels == 0 || t.sunk {
+            return None;
         }
+        t.last_request = at;
+        let a = self.apps.get(t.app).expect("a watched thread's app");
+        let exhausted = a.exhausted || user_exhausted(&self.users, t.user);
+        let target = step.levels(t.unix);
+        let pace = step.decay.as_nanos() as u64;
+        let raised = restart_fade(t, at, target, pace, exhausted, at_step == 0);
+        self.due[slot] = due_time(t, exhausted, forget_ns, watch);
+        raised.then_some(Decision::Elevate {
+            pid: t.pid,
+            tid,
+            levels: target,
+            slice: self.params.slice,
+            reason: match t.unix {
+                true => Reason::UnixRequest,
+                false => Reason::NetworkRequest,
+            },
+        })
     }
 
     /// Periodic step: decay, budget, forgetting. `cpu_of(pid, tid)` gives a thread's
@@ -457,8 +477,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             }
             let t = &self.threads[i];
             let (tid, pid) = (t.tid, t.pid);
-            let watched = t.levels > 0 || watched_for_sinking(t, sink_ns.is_some());
-            let cpu = if watched && now.saturating_sub(t.budget_at) >= CPU_REFRESH_NS {
+            let cpu = if wants_cpu(t, now, sink_ns.is_some()) {
                 let Some(cpu) = cpu_of(pid, tid) else {
                     self.remove_slot(i); // gone: nothing to restore
                     continue;
@@ -770,59 +789,6 @@ fn lift_ns(params: &ElevationParams) -> Option<u64> {
         .sink
         .and_then(|s| s.lift)
         .map(|l| l.as_nanos() as u64)
-}
-
-/// Fades an elevated thread by the levels its decay steps since `next_decay_at` take.
-fn fade(t: &mut Thread, now: Nanos, slice: Option<std::time::Duration>) -> Decision {
-    let (pid, tid) = (t.pid, t.tid);
-    let steps = 1 + (now - t.next_decay_at) / t.decay_ns.max(1);
-    t.levels = t.levels.saturating_sub(steps.min(u32::MAX as u64) as u32);
-    t.next_decay_at += steps * t.decay_ns;
-    if t.levels == 0 {
-        Decision::Restore {
-            pid,
-            tid,
-            reason: Reason::Faded,
-        }
-    } else {
-        Decision::Elevate {
-            pid,
-            tid,
-            levels: t.levels,
-            slice,
-            reason: Reason::Decay,
-        }
-    }
-}
-
-/// The earliest time a tick has something to do for `t`: decay, a CPU-time re-read (for
-/// its budget, or, with `watch`, to see whether its request runs long), a restore for an
-/// exhausted budget, or forgetting an idle thread. A sunk thread waits for its request.
-/// Whether a thread that is not elevated is still read for a long request (to sink it).
-/// An unprivileged user's is not: it runs at the user's own priority then, and sinking
-/// it would spare the host nothing the idle class does not; reading the CPU of every
-/// thread a user's flood of requests brings in took the real-time loop's time, in
-/// bursts a server waited behind.
-fn watched_for_sinking(t: &Thread, sinking: bool) -> bool {
-    sinking && !t.sunk && t.user.is_none()
-}
-
-fn due_time(t: &Thread, exhausted: bool, forget_ns: u64, watch: bool) -> Nanos {
-    if t.sunk {
-        Nanos::MAX
-    } else if t.levels == 0
-        && watched_for_sinking(t, watch)
-        && t.last_request.saturating_add(forget_ns) > t.budget_at
-    {
-        t.budget_at.saturating_add(CPU_REFRESH_NS)
-    } else if t.levels == 0 {
-        t.last_request.saturating_add(forget_ns)
-    } else if exhausted {
-        0
-    } else {
-        t.next_decay_at
-            .min(t.budget_at.saturating_add(CPU_REFRESH_NS))
-    }
 }
 
 /// Refills the application's bucket for the time the thread was watched since its last

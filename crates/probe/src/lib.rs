@@ -162,6 +162,8 @@ pub struct ThreadCpuTime {
     pub cpu_ns: u64,
     /// Its CPU time at its latest request the probe saw, reported or not (0: none).
     pub request_cpu_ns: u64,
+    /// That request's time, ns of CLOCK_MONOTONIC as events' (0: none seen).
+    pub request_ns: u64,
     /// A kernel thread (PF_KTHREAD).
     pub kernel_thread: bool,
 }
@@ -269,8 +271,8 @@ pub struct ProbeConfig {
     /// Users from this uid on are unprivileged: their request events are bounded.
     pub uid_min: u32,
     /// A thread the daemon holds (`set_held`) has its requests reported at most this
-    /// often (never more often than `min_gap`); the CPU time at each is kept for
-    /// `threads_cpu`.
+    /// often (never more often than `min_gap`; `set_held_gap` changes it); the time and
+    /// CPU time of its latest are kept for `threads_cpu`.
     pub held_gap: Duration,
     /// Request events a second each unprivileged user may cause, and all of them together
     /// (0: no bound).
@@ -309,6 +311,7 @@ pub struct Probe<'obj> {
     skel: ProbeSkel<'obj>,
     ring: RingBuffer<'obj>,
     queue: Rc<RefCell<VecDeque<Event>>>,
+    min_gap: Duration,
 }
 
 impl<'obj> Probe<'obj> {
@@ -329,11 +332,6 @@ impl<'obj> Probe<'obj> {
             .expect("probe has rodata");
         rodata.min_gap_ns = cfg.min_gap.as_nanos().min(u64::MAX as u128) as u64;
         rodata.wake_after_ns = 2 * rodata.min_gap_ns;
-        rodata.held_gap_ns = cfg
-            .held_gap
-            .max(cfg.min_gap)
-            .as_nanos()
-            .min(u64::MAX as u128) as u64;
         rodata.self_tgid = cfg.ignore_pid.unwrap_or(0);
         rodata.pid_ns_inum = nested_pid_namespace().unwrap_or(0);
         rodata.uid_min = cfg.uid_min;
@@ -358,6 +356,7 @@ impl<'obj> Probe<'obj> {
             .map_err(bpf("size the ring buffer of"))?;
         let mut skel = open.load().map_err(bpf("load"))?;
         skel.attach().map_err(bpf("attach"))?;
+        let min_gap = cfg.min_gap;
 
         let queue = Rc::new(RefCell::new(VecDeque::new()));
         let sink = Rc::clone(&queue);
@@ -371,7 +370,23 @@ impl<'obj> Probe<'obj> {
             })
             .map_err(bpf("set up the ring buffer of"))?;
         let ring = builder.build().map_err(bpf("set up the ring buffer of"))?;
-        Ok(Probe { skel, ring, queue })
+        let mut probe = Probe {
+            skel,
+            ring,
+            queue,
+            min_gap,
+        };
+        probe.set_held_gap(cfg.held_gap);
+        Ok(probe)
+    }
+
+    /// A held thread's requests are reported at most every `gap` from now on (never more
+    /// often than the probe's `min_gap`).
+    pub fn set_held_gap(&mut self, gap: Duration) {
+        let ns = gap.max(self.min_gap).as_nanos().min(u64::MAX as u128) as u64;
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.held_gap_ns = ns;
+        }
     }
 
     /// Waits up to `timeout` for events and hands each to `f`.
@@ -476,6 +491,7 @@ impl<'obj> Probe<'obj> {
                     start_boot_ns: a.start_boot_ns,
                     cpu_ns: a.cpu_ns,
                     request_cpu_ns: a.request_cpu_ns,
+                    request_ns: a.request_ns,
                     kernel_thread: a.kernel_thread != 0,
                 });
                 f(chunk_at * CPU_READ_MAX + i, answer);

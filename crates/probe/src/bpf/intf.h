@@ -68,6 +68,7 @@ struct appease_cpu {
 	unsigned long long cpu_ns;        /* se.sum_exec_runtime */
 	unsigned long long start_boot_ns; /* the thread's start, ns after boot */
 	unsigned long long request_cpu_ns; /* its CPU time at its latest request (0: none seen) */
+	unsigned long long request_ns;    /* its latest request, ns of CLOCK_MONOTONIC (0: none) */
 	unsigned int tgid;                /* its thread group; 0: no such thread */
 	unsigned int kernel_thread;       /* 1: a kernel thread (PF_KTHREAD) */
 };

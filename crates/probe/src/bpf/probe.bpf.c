@@ -41,10 +41,12 @@ const volatile u32 pid_ns_inum = 0;
 const volatile u64 serving_window_ns = 0;
 
 /* A thread the daemon holds (elevated, or its budget spent) has its requests read at
- * the daemon's tick: one event per held_gap_ns is as good as one per min_gap_ns, at
- * a fraction of the events (at 256 busy connections, most of the daemon's work). The
- * CPU time at each request stays in its state (request_cpu_ns) for the tick. */
-const volatile u64 held_gap_ns = 40 * 1000 * 1000;
+ * the daemon's tick: the time and CPU time of its latest request stay in its state
+ * (latest_request_ns, request_cpu_ns), which read_cpu hands to the tick, and an event
+ * comes at most once per held_gap_ns (at 256 busy connections, events were most of the
+ * daemon's work). Set by the daemon, at load and after (a kernel that cannot run
+ * read_cpu wants the events more often). */
+u64 held_gap_ns = 0;
 
 /* Request events of unprivileged users (effective uid >= uid_min) are bounded, each
  * user's and all such users' together, so that a user's thousands of threads reading
@@ -698,6 +700,7 @@ static long read_one_cpu(u64 i, void *ctx)
 	a->cpu_ns = t->se.sum_exec_runtime;
 	struct thread_state *st = bpf_task_storage_get(&threads, t, 0, 0);
 	a->request_cpu_ns = st ? st->request_cpu_ns : 0;
+	a->request_ns = st ? st->latest_request_ns : 0;
 	a->start_boot_ns = t->start_boottime;
 	bpf_task_release(t);
 	return 0;

@@ -119,9 +119,12 @@ fn a_held_threads_requests_are_reported_at_most_every_held_gap_and_the_latest_is
     let tid = rx.recv().unwrap();
     // Three requests, the first after a quiet spell, the others 15 ms apart: the CPU
     // times at the reported ones.
-    let mut three_requests = |probe: &mut Probe| -> Vec<u64> {
+    // The times at which the last was sent, and the reported ones' CPU times.
+    let mut three_requests = |probe: &mut Probe| -> (u64, Vec<u64>) {
         std::thread::sleep(Duration::from_millis(150));
+        let mut sent = 0;
         for _ in 0..3 {
+            sent = appease_probe::monotonic_ns();
             client.write_all(b"x").unwrap();
             std::thread::sleep(Duration::from_millis(15));
         }
@@ -133,15 +136,15 @@ fn a_held_threads_requests_are_reported_at_most_every_held_gap_and_the_latest_is
                 _ => {}
             })
             .unwrap();
-        cpu
+        (sent, cpu)
     };
     assert_eq!(
-        three_requests(&mut probe).len(),
+        three_requests(&mut probe).1.len(),
         3,
         "not held: each reported"
     );
     probe.set_held(tid, true).unwrap();
-    let reported = three_requests(&mut probe);
+    let (sent, reported) = three_requests(&mut probe);
     assert_eq!(
         reported.len(),
         1,
@@ -158,6 +161,19 @@ fn a_held_threads_requests_are_reported_at_most_every_held_gap_and_the_latest_is
         reported[0]
     );
     assert!(t.request_cpu_ns <= t.cpu_ns);
+    // And it is read when it came: after the last was sent, before it was served.
+    assert!(
+        (sent..sent + 15_000_000).contains(&t.request_ns),
+        "latest request read at {} ns, the last sent at {sent}",
+        t.request_ns
+    );
+    // A gap of 10 s set while loaded: the next three, the first 150 ms after the last
+    // reported one (past the 100 ms loaded), are none of them reported.
+    probe.set_held_gap(Duration::from_secs(10));
+    assert!(
+        three_requests(&mut probe).1.is_empty(),
+        "held, with a gap of 10 s set after load: none reported within it"
+    );
     drop(client);
     reader.join().unwrap();
 }
