@@ -234,6 +234,7 @@ pub(crate) fn table(files: &[PathBuf]) -> Result<()> {
                     .collect();
                 print!("{}", tables.join("\n"));
             }
+            Report::Fetch(r) => print!("{}", appease_bench::markdown::fetch(&r)),
             // The bench's own text table, as it printed it.
             other => println!("```\n{}\n```", Output::of(other, false)?.table.trim_end()),
         }

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use appease_bench::closed_loop::ClosedLoopResult;
+use appease_bench::fetch::{FetchResult, Server};
 use appease_bench::report::{ModeResult, ScenarioResult};
 use appease_bench::{Mode, Report};
 use serde::Deserialize;
@@ -50,6 +51,8 @@ struct Row {
     readme_cells: Option<Vec<String>>,
     /// The peers' figures from an earlier run, for a row whose file ran without them.
     peers: Option<TypedPeers>,
+    /// Of a fetch file, the cases beside this server ("db", "web"): one row a server.
+    server: Option<String>,
 }
 
 /// The peer daemons' cells typed from an earlier run (`make peers` is a build of their
@@ -208,6 +211,44 @@ fn sweep_cells(r: &ClosedLoopResult, measured: Measured, row: &Row) -> Vec<Strin
     cells
 }
 
+/// A fetch row: each mode's p99 beside the row's server, one per job in the file's order
+/// (e.g. dump / pull / ETL), and appease's batch against unmanaged's for each.
+fn fetch_cells(r: &FetchResult, measured: Measured, row: &Row, path: &Path) -> Result<Vec<String>> {
+    let Some(name) = &row.server else {
+        bail!(
+            "{}: a fetch file's row names its `server` (db or web)",
+            path.display()
+        );
+    };
+    let server = Server::parse(name)?;
+    let cases: Vec<_> = r.cases.iter().filter(|c| c.server == server).collect();
+    if cases.is_empty() {
+        bail!("{}: no case beside the server {name:?}", path.display());
+    }
+    let per_job = |f: &dyn Fn(&appease_bench::fetch::ModeSummary) -> Option<String>, mode| {
+        let cells: Option<Vec<String>> = cases
+            .iter()
+            .map(|c| c.modes.iter().find(|m| m.mode == mode).and_then(f))
+            .collect();
+        cells.map(|c| c.join(" / "))
+    };
+    let p99 = |m: &appease_bench::fetch::ModeSummary| Some(format!("{:.2}", m.median.p99_ms));
+    let mut cells: Vec<String> = MODES
+        .iter()
+        .map(|&(name, mode)| match (per_job(&p99, mode), mode) {
+            (None, _) => "–".to_string(),
+            (Some(c), Mode::Appease) => mark(row, name, format!("**{c}**")),
+            (Some(c), _) => mark(row, name, c),
+        })
+        .collect();
+    let batch = |m: &appease_bench::fetch::ModeSummary| m.batch_pct.map(|b| format!("{b:.1}"));
+    let share = per_job(&batch, Mode::Appease).map_or("–".to_string(), |b| format!("{b} %"));
+    cells.push(mark(row, "batch", share));
+    cells.push(measured.date);
+    cells.push(format!("`{}`", measured.command));
+    Ok(cells)
+}
+
 /// The summary table in Markdown.
 pub fn summary(spec_path: &Path) -> Result<String> {
     let spec = read_spec(spec_path)?;
@@ -243,6 +284,7 @@ fn cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
     let measured = Measured::required(measured, path)?;
     let r = match report {
         Report::ClosedLoop(sweep) => return Ok(sweep_cells(&sweep, measured, row)),
+        Report::Fetch(fetch) => return fetch_cells(&fetch, measured, row, path),
         report => latency_result(report, path)?,
     };
     let r = &r;
@@ -403,6 +445,87 @@ mod tests {
         );
         assert_eq!(cells[7], "–", "no batch share: {row}");
         assert!(cells[9].starts_with("`appease bench db --clients"), "{row}");
+    }
+
+    #[test]
+    fn a_fetch_files_rows_give_each_modes_p99_per_job_beside_their_server() {
+        use appease_bench::fetch::{Case, Job, ModeSummary};
+        use appease_bench::rounds::{Cases, Measured as Figures};
+        let mode = |mode, p99_ms, batch_pct| ModeSummary {
+            mode,
+            median: Figures {
+                p99_ms,
+                p50_ms: 1.0,
+                batch_cpus: 1.5,
+            },
+            jobs_per_min: 60.0,
+            batch_pct,
+            p99_vs_by_hand: None,
+            rounds: Vec::new(),
+        };
+        let case = |server, job, p99: [f64; 4]| Case {
+            server,
+            job,
+            server_description: String::new(),
+            job_description: String::new(),
+            measure_s: 10.0,
+            modes: vec![
+                mode(Mode::Unloaded, p99[0], None),
+                mode(Mode::Unmanaged, p99[1], Some(100.0)),
+                mode(Mode::BatchCgroupIdle, p99[2], Some(95.0)),
+                mode(Mode::Appease, p99[3], Some(p99[3] * 10.0)),
+            ],
+        };
+        let fetch = Cases {
+            scenario: "fetch".into(),
+            cases: vec![
+                case(Server::Db, Job::Dump, [1.0, 8.0, 3.0, 2.5]),
+                case(Server::Web, Job::Dump, [0.5, 3.0, 1.0, 0.75]),
+                case(Server::Db, Job::Etl, [2.0, 9.0, 4.0, 3.5]),
+            ],
+        };
+        let mut value = serde_json::to_value(&fetch).unwrap();
+        value["measured"] =
+            serde_json::json!({"date": "2026-12-07", "command": "appease bench fetch"});
+        let dir = std::env::temp_dir().join(format!("appease-fetch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("fetch.json"), value.to_string()).unwrap();
+        let spec = dir.join("summary.toml");
+        std::fs::write(
+            &spec,
+            "[[row]]\nscenario = \"pg\"\nfile = \"fetch.json\"\nserver = \"db\"\nmarks = { batch = \"(e)\" }\n\
+             [[row]]\nscenario = \"nginx\"\nfile = \"fetch.json\"\nserver = \"web\"\n",
+        )
+        .unwrap();
+        let table = summary(&spec);
+        std::fs::write(&spec, "[[row]]\nscenario = \"s\"\nfile = \"fetch.json\"\n").unwrap();
+        let unnamed = summary(&spec);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let table = table.unwrap();
+        let cells = |n: usize| -> Vec<String> {
+            let row = table.lines().nth(n).unwrap();
+            row.trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_string())
+                .collect()
+        };
+        let pg = cells(2);
+        assert_eq!(
+            pg[1..5],
+            [
+                "1.00 / 2.00",
+                "8.00 / 9.00",
+                "3.00 / 4.00",
+                "**2.50 / 3.50**"
+            ]
+        );
+        assert_eq!(pg[5..8], ["–", "–", "25.0 / 35.0 % (e)"]);
+        assert_eq!(pg[8..], ["2026-12-07", "`appease bench fetch`"]);
+        let web = cells(3);
+        assert_eq!(web[1..5], ["0.50", "3.00", "1.00", "**0.75**"]);
+        assert_eq!(web[7], "7.5 %");
+        let e = format!("{:#}", unnamed.unwrap_err());
+        assert!(e.contains("names its `server`"), "{e}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ mod pipeline;
 pub mod plot;
 mod procfs;
 pub mod report;
-mod rounds;
+pub mod rounds;
 mod run;
 mod synthetic;
 pub mod utilization;

@@ -2,6 +2,7 @@
 //! tables are this output, and a docs test holds them to the files kept in the repository.
 
 use crate::closed_loop::{ClosedLoopResult, Point, Series};
+use crate::fetch::{Case, FetchResult, Job, Server};
 use crate::report::{self, ModeResult, ScenarioResult};
 use crate::Mode;
 
@@ -149,6 +150,65 @@ pub fn scenario(r: &ScenarioResult) -> String {
         s += &format!("\n{}\n", wrap(&format!("Not run: {}: {}.", n.mode, n.why)));
     }
     s
+}
+
+/// The fetch scenario as docs/RESULTS.md shows it: a row a job and server, its p99 in each
+/// mode (ms, medians over the rounds), appease's against by hand's, and the job's pace
+/// against unmanaged's under by hand and under appease.
+pub fn fetch(r: &FetchResult) -> String {
+    let mut s = String::from(
+        "| job beside server | rounds | unloaded p99 | unmanaged p99 | by hand p99 | appease p99 | \
+         appease / by hand | batch, by hand | batch, appease |\n",
+    );
+    s += &format!("|{}\n", "---|".repeat(9));
+    for c in &r.cases {
+        let of = |mode: Mode| c.modes.iter().find(|m| m.mode == mode);
+        let p99 = |mode| of(mode).map_or("–".to_string(), |m| format!("{:.2}", m.median.p99_ms));
+        let batch = |mode| {
+            of(mode)
+                .and_then(|m| m.batch_pct)
+                .map_or("–".to_string(), |b| format!("{b:.1} %"))
+        };
+        let ratio = of(Mode::Appease)
+            .and_then(|m| m.p99_vs_by_hand)
+            .map_or("–".to_string(), |r| format!("{r:.2}"));
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {} | {ratio} | {} | {} |\n",
+            fetch_case_name(c),
+            c.modes.first().map_or(0, |m| m.rounds.len()),
+            p99(Mode::Unloaded),
+            p99(Mode::Unmanaged),
+            p99(Mode::BatchCgroupIdle),
+            p99(Mode::Appease),
+            batch(Mode::BatchCgroupIdle),
+            batch(Mode::Appease),
+        );
+    }
+    s
+}
+
+/// "dump beside PostgreSQL", as the page names a fetch case.
+pub fn fetch_case_name(c: &Case) -> String {
+    format!(
+        "{} beside {}",
+        fetch_job_name(c.job),
+        fetch_server_name(c.server)
+    )
+}
+
+pub fn fetch_server_name(server: Server) -> &'static str {
+    match server {
+        Server::Db => "PostgreSQL",
+        Server::Web => "nginx",
+    }
+}
+
+fn fetch_job_name(job: Job) -> &'static str {
+    match job {
+        Job::Dump => "dump",
+        Job::Pull => "pull",
+        Job::Etl => "ETL",
+    }
 }
 
 /// `text` broken at spaces into lines of at most 120 characters (a longer word stands
