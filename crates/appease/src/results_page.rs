@@ -226,10 +226,7 @@ fn fetch_cells(r: &FetchResult, measured: Measured, row: &Row, path: &Path) -> R
         bail!("{}: no case beside the server {name:?}", path.display());
     }
     let per_job = |f: &dyn Fn(&appease_bench::fetch::ModeSummary) -> Option<String>, mode| {
-        let cells: Option<Vec<String>> = cases
-            .iter()
-            .map(|c| c.modes.iter().find(|m| m.mode == mode).and_then(f))
-            .collect();
+        let cells: Option<Vec<String>> = cases.iter().map(|c| c.mode(mode).and_then(f)).collect();
         cells.map(|c| c.join(" / "))
     };
     let p99 = |m: &appease_bench::fetch::ModeSummary| Some(format!("{:.2}", m.median.p99_ms));

@@ -198,6 +198,13 @@ pub struct Case {
 
 pub type FetchResult = Cases<Case>;
 
+impl Case {
+    /// The case's figures in `mode`, if it ran.
+    pub fn mode(&self, mode: Mode) -> Option<&ModeSummary> {
+        self.modes.iter().find(|m| m.mode == mode)
+    }
+}
+
 impl CaseTable for Case {
     fn table(&self) -> String {
         let mut out = String::new();

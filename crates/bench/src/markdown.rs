@@ -162,7 +162,7 @@ pub fn fetch(r: &FetchResult) -> String {
     );
     s += &format!("|{}\n", "---|".repeat(9));
     for c in &r.cases {
-        let of = |mode: Mode| c.modes.iter().find(|m| m.mode == mode);
+        let of = |mode| c.mode(mode);
         let p99 = |mode| of(mode).map_or("–".to_string(), |m| format!("{:.2}", m.median.p99_ms));
         let batch = |mode| {
             of(mode)
@@ -188,7 +188,7 @@ pub fn fetch(r: &FetchResult) -> String {
 }
 
 /// "dump beside PostgreSQL", as the page names a fetch case.
-pub fn fetch_case_name(c: &Case) -> String {
+fn fetch_case_name(c: &Case) -> String {
     format!(
         "{} beside {}",
         fetch_job_name(c.job),
@@ -196,7 +196,7 @@ pub fn fetch_case_name(c: &Case) -> String {
     )
 }
 
-pub fn fetch_server_name(server: Server) -> &'static str {
+fn fetch_server_name(server: Server) -> &'static str {
     match server {
         Server::Db => "PostgreSQL",
         Server::Web => "nginx",

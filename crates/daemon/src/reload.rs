@@ -171,6 +171,7 @@ impl Daemon<'_> {
         if plan.elevation {
             self.policy.set_params(cfg.elevation_params());
             self.tick = Duration::from_millis(cfg.elevation.tick_ms);
+            self.thread_times.config_changed();
             changed.push("[elevation]".into());
         }
         if plan.hands_off {

@@ -269,11 +269,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         let (burst, forget_ns) = (self.burst_ns, self.forget_ns);
         let watch = self.sink_ns.is_some();
         let share = self.params.budget.cpu_share;
-        let at = self
-            .params
-            .ladder
-            .step_index_for(load.ladder_index(self.params.min_psi_pct));
-        let step = &self.params.ladder.steps()[at];
+        let (at, step) = self.step_for(load);
         let below_first_step = at == 0;
         let target = step.levels(source == Source::Unix);
         let t = &mut self.threads[slot];
@@ -395,6 +391,12 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             .map(|(t, _)| (t.pid, t.tid))
     }
 
+    /// The ladder's step for `load` (its index, 0 below the first) and the step.
+    fn step_for(&self, load: Load) -> (usize, crate::Step) {
+        let at = (self.params.ladder).step_index_for(load.ladder_index(self.params.min_psi_pct));
+        (at, self.params.ladder.steps()[at])
+    }
+
     /// Thread `tid`'s latest request as the tick read it from the probe: at `at`, its
     /// CPU time then `cpu_at_request` (a held thread's requests are reported at most every
     /// held gap). A long request is timed from there, and an elevated thread's fade
@@ -408,11 +410,7 @@ impl<I: SlotIndex> ElevationPolicy<I> {
         load: Load,
     ) -> Option<Decision> {
         let slot = self.slots.get(tid)? as usize;
-        let at_step = self
-            .params
-            .ladder
-            .step_index_for(load.ladder_index(self.params.min_psi_pct));
-        let step = &self.params.ladder.steps()[at_step];
+        let (at_step, step) = self.step_for(load);
         let (forget_ns, watch) = (self.forget_ns, self.sink_ns.is_some());
         let t = &mut self.threads[slot];
         t.cpu_at_request = t.cpu_at_request.max(cpu_at_request);

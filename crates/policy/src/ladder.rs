@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::{NICE_MAX, NICE_MIN};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Step {
     /// This step applies when the load is at least this many runnable tasks per CPU.
     pub from_runnable_per_cpu: f64,
