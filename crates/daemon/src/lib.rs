@@ -6,6 +6,7 @@ pub mod cadence;
 mod configured;
 mod connection_sessions;
 pub mod control;
+mod held;
 pub mod host;
 pub mod lock;
 pub mod log_writer;
@@ -26,7 +27,7 @@ use std::time::Duration;
 use anyhow::Result;
 use appease_actuator::{ActError, Identity, KernelActuator, Seen, ThreadLookup};
 use appease_config::Config;
-use appease_policy::{AppChange, Decision, ElevationPolicy, LoadTracker, Reason, Source};
+use appease_policy::{AppChange, Decision, ElevationPolicy, LoadTracker, Source};
 use appease_probe::{monotonic_ns, Event, Family, Probe};
 use hdrhistogram::Histogram;
 
@@ -565,6 +566,7 @@ impl<'obj> Daemon<'obj> {
         if !self.restore_again.is_empty() {
             self.retry_restores();
         }
+        self.policy.on_load(self.load.current());
         let wanted: Vec<(u32, u32)> = self.policy.cpu_wanted(now).collect();
         let times = &mut self.thread_times;
         times.sync_held_gap(&mut self.probe, &self.opts.config);
@@ -604,7 +606,7 @@ impl<'obj> Daemon<'obj> {
             Decision::Elevate { reason, .. } | Decision::Sink { reason, .. } => (false, *reason),
             Decision::Restore { reason, .. } => (true, *reason),
         };
-        let hold = held_after(&d, &self.held);
+        let hold = held::held_after(&d, &self.held);
         let (tid, result) = match d {
             Decision::Elevate {
                 pid,
@@ -817,23 +819,6 @@ fn next_wake(deadlines: [u64; 4], next_scan: u64, scanning: bool) -> u64 {
     deadlines.into_iter().fold(scan, u64::min)
 }
 
-/// Whether a thread is held elevated once `d` is applied, and at what levels: elevated for
-/// a request (reported, or read at a tick), its further requests need not wake the daemon
-/// until it has faded below half of that; restored, sunk, or faded further, they must.
-fn held_after(d: &Decision, held: &HashMap<u32, u32>) -> Option<u32> {
-    match d {
-        Decision::Elevate {
-            levels,
-            reason: Reason::UnixRequest | Reason::NetworkRequest,
-            ..
-        } => Some(*levels),
-        Decision::Elevate { tid, levels, .. } => {
-            held.get(tid).copied().filter(|full| levels * 2 >= *full)
-        }
-        _ => None,
-    }
-}
-
 fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid histogram bounds")
 }
@@ -851,16 +836,6 @@ fn latency_view(h: &Histogram<u64>) -> LatencyView {
 mod tests {
     use super::*;
 
-    fn elevate(levels: u32, reason: Reason) -> Decision {
-        Decision::Elevate {
-            pid: 7,
-            tid: 7,
-            levels,
-            slice: None,
-            reason,
-        }
-    }
-
     #[test]
     fn a_scan_due_while_one_runs_never_makes_the_loop_wake_at_once() {
         let later = [5_000, 7_000, 9_000, u64::MAX];
@@ -870,25 +845,5 @@ mod tests {
         assert_eq!(next_wake(later, 0, false), 0);
         assert_eq!(next_wake(later, 3_000, false), 3_000);
         assert_eq!(next_wake([u64::MAX; 4], 3_000, true), u64::MAX);
-    }
-
-    #[test]
-    fn a_thread_is_held_from_its_requests_elevation_until_it_fades_below_half_of_it() {
-        let mut held = HashMap::new();
-        assert_eq!(held_after(&elevate(8, Reason::UnixRequest), &held), Some(8));
-        held.insert(7, 8);
-        assert_eq!(held_after(&elevate(4, Reason::Decay), &held), Some(8));
-        assert_eq!(held_after(&elevate(3, Reason::Decay), &held), None);
-        let restore = Decision::Restore {
-            pid: 7,
-            tid: 7,
-            reason: Reason::Faded,
-        };
-        assert_eq!(held_after(&restore, &held), None);
-        // A lift or decay of a thread no request elevated holds nothing.
-        assert_eq!(
-            held_after(&elevate(8, Reason::Decay), &HashMap::new()),
-            None
-        );
     }
 }

@@ -172,6 +172,9 @@ pub struct ElevationPolicy<I = FxHashMap<u32, u32>> {
     sink_ns: Option<u64>,
     /// `sink.lift` in ns (None: no lifting, and the probe is told of no application).
     lift_ns: Option<u64>,
+    /// The ladder's step at the last tick, and whether it rose then (`on_load`).
+    step_seen: usize,
+    step_rose: bool,
 }
 
 impl ElevationPolicy {
@@ -199,6 +202,8 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             lifted: Vec::new(),
             refused: RefusedWaits::default(),
             app_changes: Vec::new(),
+            step_seen: 0,
+            step_rose: false,
         }
     }
 
@@ -380,15 +385,28 @@ impl<I: SlotIndex> ElevationPolicy<I> {
     }
 
     /// The threads whose CPU time `on_tick(now, …)` will ask for: due, watched, not read
-    /// within CPU_REFRESH_NS. A caller reads them all in one call before the tick; the tick
-    /// may ask for a few more (those its own work makes due).
+    /// within CPU_REFRESH_NS, and every elevated one when the load rose a step (`on_load`).
+    /// A caller reads them all in one call before the tick; the tick may ask for a few more
+    /// (those its own work makes due).
     pub fn cpu_wanted(&self, now: Nanos) -> impl Iterator<Item = (u32, u32)> + '_ {
-        let sinking = self.sink_ns.is_some();
+        let (sinking, rose) = (self.sink_ns.is_some(), self.step_rose);
         self.threads
             .iter()
             .zip(&self.due)
-            .filter(move |&(t, &due)| due <= now && wants_cpu(t, now, sinking))
+            .filter(move |&(t, &due)| {
+                (rose && t.levels > 0 && !t.sunk) || (due <= now && wants_cpu(t, now, sinking))
+            })
             .map(|(t, _)| (t.pid, t.tid))
+    }
+
+    /// The load at a tick, before `cpu_wanted`: when it moved the ladder up a step, every
+    /// elevated thread is read at this tick, so that a held one (whose requests are
+    /// reported only every held gap) is raised now by its latest request (`note_request`),
+    /// as a reported request would raise it, not at its next reading.
+    pub fn on_load(&mut self, load: Load) {
+        let (at, _) = self.step_for(load);
+        self.step_rose = at > self.step_seen;
+        self.step_seen = at;
     }
 
     /// The ladder's step for `load` (its index, 0 below the first) and the step.

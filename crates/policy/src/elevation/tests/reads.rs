@@ -133,3 +133,27 @@ fn a_request_read_at_the_tick_elevates_no_thread_that_is_not_elevated() {
     // An unknown thread: nothing.
     assert_eq!(p.note_request(99, 250 * MS, 0, load(4.0)), None);
 }
+
+#[test]
+fn a_rise_of_the_load_reads_every_elevated_thread_at_that_tick() {
+    let mut p = ElevationPolicy::new(params());
+    p.on_load(load(1.5));
+    for tid in [7, 8] {
+        p.on_request(0, 1, 1, tid, Source::Network, 0, load(1.5));
+    }
+    let tick = |p: &mut ElevationPolicy, now, l| {
+        p.on_load(load(l));
+        let wanted: Vec<_> = p.cpu_wanted(now).collect();
+        p.on_tick(now, |_, _| Some(0));
+        wanted
+    };
+    // Read 10 ms ago (their requests carried their CPU time), not due to fade.
+    assert!(tick(&mut p, 10 * MS, 1.5).is_empty(), "nothing due");
+    assert_eq!(
+        tick(&mut p, 20 * MS, 4.0),
+        [(1, 7), (1, 8)],
+        "the ladder stepped up: both read"
+    );
+    assert!(tick(&mut p, 30 * MS, 4.0).is_empty(), "once, at the rise");
+    assert!(tick(&mut p, 40 * MS, 1.5).is_empty(), "a fall reads none");
+}
