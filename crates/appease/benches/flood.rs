@@ -9,9 +9,12 @@
 //! elevation p99 and its CPU (all its threads), and the probe's events: reported, lost (a
 //! full ring buffer) and dropped over the users' bounds. Medians over the rounds.
 //!
+//! The flood runs in a session of its own, as a user's login would start it.
+//!
 //! Run: `cargo bench -p appease --bench flood` (`APPEASE_FLOOD_THREADS`,
 //! `APPEASE_FLOOD_ROUNDS`, `APPEASE_FLOOD_SECONDS` change 10,000, 3 and 20;
-//! `APPEASE_FLOOD_CONFIG` adds config text, e.g. "[users]\nevents_per_s = 50\n").
+//! `APPEASE_FLOOD_CONFIG` adds config text, e.g. "[users]\nevents_per_s = 50\n";
+//! `APPEASE_FLOOD_SAME_SESSION=1` starts the flood in the server's session instead).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -171,18 +174,29 @@ fn run_round(
     let _idle = cfg
         .is_none()
         .then(|| IdleByHand::new(soak.0.iter().map(|c| c.id())));
-    // The flood, as another user, in a process group of its own.
+    // The flood, as another user, in a session of its own as a user's login gives it (and
+    // so in an autogroup of its own, not the server's; `APPEASE_FLOOD_SAME_SESSION=1`
+    // keeps it in the server's session instead), ended by its process group.
+    let own_session = std::env::var_os("APPEASE_FLOOD_SAME_SESSION").is_none();
     let flooder = flood.map(|n| {
         let exe = std::env::current_exe().unwrap();
-        let child = Command::new(exe)
-            .args(["--flood", &n.to_string(), &(secs + 30).to_string()])
+        let mut cmd = Command::new(exe);
+        cmd.args(["--flood", &n.to_string(), &(secs + 30).to_string()])
             .uid(FLOOD_UID)
             .gid(FLOOD_UID)
-            .process_group(0)
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        ProcessGroup(child)
+            .stdin(Stdio::null());
+        if own_session {
+            // SAFETY: setsid is async-signal-safe; the new session's group id is the pid.
+            unsafe {
+                cmd.pre_exec(|| match libc::setsid() {
+                    -1 => Err(std::io::Error::last_os_error()),
+                    _ => Ok(()),
+                })
+            };
+        } else {
+            cmd.process_group(0);
+        }
+        ProcessGroup(cmd.spawn().unwrap())
     });
     // The soakers demoted (after 5 s), the flood's threads started.
     thread::sleep(Duration::from_secs(7));
