@@ -189,26 +189,15 @@ pub fn fetch(r: &FetchResult) -> String {
 
 /// "dump beside PostgreSQL", as the page names a fetch case.
 fn fetch_case_name(c: &Case) -> String {
-    format!(
-        "{} beside {}",
-        fetch_job_name(c.job),
-        fetch_server_name(c.server)
-    )
-}
-
-fn fetch_server_name(server: Server) -> &'static str {
-    match server {
+    let job = match c.job {
+        Job::Etl => "ETL",
+        job => job.name(),
+    };
+    let server = match c.server {
         Server::Db => "PostgreSQL",
         Server::Web => "nginx",
-    }
-}
-
-fn fetch_job_name(job: Job) -> &'static str {
-    match job {
-        Job::Dump => "dump",
-        Job::Pull => "pull",
-        Job::Etl => "ETL",
-    }
+    };
+    format!("{job} beside {server}")
 }
 
 /// `text` broken at spaces into lines of at most 120 characters (a longer word stands

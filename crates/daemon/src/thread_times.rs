@@ -36,9 +36,9 @@ pub struct ThreadTimes {
     files: ThreadCpu,
     /// The kernel refused the probe's reader once: files only from then on.
     refused: bool,
-    /// The held gap the probe was last given, and whether the reader ran then (None:
-    /// none given since start or the last reload).
-    held_gap: Option<(bool, Duration)>,
+    /// Whether the reader ran when the probe was last given its held gap (None: none
+    /// given since start or the last reload).
+    held_gap_read: Option<bool>,
 }
 
 impl ThreadTimes {
@@ -115,27 +115,23 @@ impl ThreadTimes {
     /// it. At start, one read of this thread says which.
     pub fn sync_held_gap(&mut self, probe: &mut Probe, cfg: &Config) {
         // Once given, the gap changes only with a reload or a refusal: ticks pass here.
-        if self
-            .held_gap
-            .is_some_and(|(reads, _)| reads != self.refused)
-        {
+        if self.held_gap_read == Some(!self.refused) {
             return;
         }
-        if self.held_gap.is_none() && !self.refused {
+        if self.held_gap_read.is_none() && !self.refused {
             let me = std::process::id();
             if let Err(e) = probe.threads_cpu(&[me], |_, _| {}) {
                 tracing::info!(error = %e, "threads' CPU times are read from /proc");
                 self.refused = true;
             }
         }
-        let gap = held_gap(cfg, !self.refused);
-        probe.set_held_gap(gap);
-        self.held_gap = Some((!self.refused, gap));
+        probe.set_held_gap(held_gap(cfg, !self.refused));
+        self.held_gap_read = Some(!self.refused);
     }
 
     /// A reload: the next tick gives the probe the held gap of the new config.
     pub fn config_changed(&mut self) {
-        self.held_gap = None;
+        self.held_gap_read = None;
     }
 
     /// The probe as the actuator's check of a thread it first takes charge of (one call

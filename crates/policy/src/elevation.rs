@@ -229,6 +229,8 @@ impl<I: SlotIndex> ElevationPolicy<I> {
             }
         }
         self.params = params;
+        // A new ladder may ask more of the held threads: all read at the next tick.
+        self.step_seen = 0;
         let watch = self.sink_ns.is_some();
         for (due, t) in self.due.iter_mut().zip(&self.threads) {
             let exhausted = budget_spent(&self.apps, &self.users, t);

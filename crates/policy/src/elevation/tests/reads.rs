@@ -156,4 +156,10 @@ fn a_rise_of_the_load_reads_every_elevated_thread_at_that_tick() {
     );
     assert!(tick(&mut p, 30 * MS, 4.0).is_empty(), "once, at the rise");
     assert!(tick(&mut p, 40 * MS, 1.5).is_empty(), "a fall reads none");
+    p.set_params(params());
+    assert_eq!(
+        tick(&mut p, 50 * MS, 1.5),
+        [(1, 7), (1, 8)],
+        "a new ladder: both read again"
+    );
 }
