@@ -1,7 +1,8 @@
 //! The layouts most hosts run, booted in a VM (scripts/vm): Debian 13 with cgroup v2 under
 //! systemd, and the same kernel with a minimal PID 1 (cgroup v2, no service manager). The
 //! checks run inside the VM (crates/appease/tests/vm/*.sh); each prints ok / not ok. The
-//! systemd tests share one boot, each script run in turn, each test reading its part.
+//! systemd tests share one boot, each script run in turn, each test reading its part; the VM
+//! without systemd boots beside it (harness/vm.rs).
 
 use super::*;
 
