@@ -38,8 +38,7 @@ db-analytic|db-analytic --modes $vs --repeat 3$peer_bin
 db-analytic-fresh|db-analytic-fresh --modes unloaded,unmanaged,batch-cgroup-idle,appease --repeat 3
 frames|frames --modes $vs --repeat 3$peer_bin
 pipeline|pipeline --modes $vs --repeat 3$peer_bin
-utilization|utilization
-utilization-peers|utilization --modes ananicy,system76-scheduler --repeat 3$peer_bin
+utilization|utilization --repeat 3${PEER_BIN:+ --modes ananicy,system76-scheduler}$peer_bin
 web-clients|web --clients 2,4,8,16,32,64,128,256
 db-clients|db --clients 2,4,8,16,32,64,128,256
 nested-redis|nested --server redis --repeat 8 --seconds 10
@@ -99,7 +98,6 @@ mkdir -p "$out"
 start=$SECONDS
 while IFS='|' read -r name args; do
     if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx -- "$name"; then continue; fi
-    if [ "$name" = utilization-peers ] && [ -z "$peers" ]; then continue; fi
     echo "== $name: appease bench $args" >&2
     t0=$SECONDS
     mkdir -p "$out/$name"

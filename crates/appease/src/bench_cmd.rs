@@ -225,8 +225,13 @@ pub(crate) fn table(files: &[PathBuf]) -> Result<()> {
         if i > 0 {
             println!();
         }
-        println!("`{}` ({}):\n", measured.command, measured.date);
+        // Wrapped as the page's prose is (a code span may go on over a line's end).
+        let made_by = format!("`{}` ({}):", measured.command, measured.date);
+        println!("{}\n", appease_bench::markdown::wrap(&made_by));
         match report {
+            Report::Latency(results) if results.len() > 1 => {
+                print!("{}", appease_bench::markdown::load_sweep(&results))
+            }
             Report::Latency(results) => {
                 let tables: Vec<String> = results
                     .iter()
@@ -235,6 +240,7 @@ pub(crate) fn table(files: &[PathBuf]) -> Result<()> {
                 print!("{}", tables.join("\n"));
             }
             Report::Fetch(r) => print!("{}", appease_bench::markdown::fetch(&r)),
+            Report::Utilization(r) => print!("{}", appease_bench::markdown::utilization(&r)),
             // The bench's own text table, as it printed it.
             other => println!("```\n{}\n```", Output::of(other, false)?.table.trim_end()),
         }

@@ -9,8 +9,10 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use appease_bench::closed_loop::ClosedLoopResult;
 use appease_bench::fetch::{FetchResult, Server};
+use appease_bench::markdown::thousands;
 use appease_bench::report::{ModeResult, ScenarioResult};
-use appease_bench::{Mode, Report};
+use appease_bench::utilization::UtilizationResult;
+use appease_bench::{Batch, Mode, Report};
 use serde::Deserialize;
 
 use crate::bench_cmd::{read_result, Measured};
@@ -53,6 +55,9 @@ struct Row {
     peers: Option<TypedPeers>,
     /// Of a fetch file, the cases beside this server ("db", "web"): one row a server.
     server: Option<String>,
+    /// Of a utilization file, which of its figures: "groups" (the batch groups without a
+    /// server), or the batch beside the server ("soak", "mixed").
+    part: Option<String>,
 }
 
 /// The peer daemons' cells typed from an earlier run (`make peers` is a build of their
@@ -63,8 +68,8 @@ struct TypedPeers {
     ananicy: String,
     #[serde(rename = "system76-scheduler")]
     system76_scheduler: String,
-    /// README's best-peer cell, e.g. "47.55 (Ananicy)".
-    best: String,
+    /// README's best-peer cell, e.g. "47.55 (Ananicy)", for a row README shows.
+    best: Option<String>,
     date: String,
 }
 
@@ -133,7 +138,7 @@ fn readme_cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
         .filter_map(|mode| of(mode).map(|(v, c)| (v, format!("{c} ({})", peer_name(mode)))))
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
-        .or_else(|| row.peers.as_ref().map(|p| p.best.clone()))
+        .or_else(|| row.peers.as_ref().and_then(|p| p.best.clone()))
         .unwrap_or_else(|| "–".to_string());
     Ok(vec![
         cell(Mode::Unloaded),
@@ -246,6 +251,115 @@ fn fetch_cells(r: &FetchResult, measured: Measured, row: &Row, path: &Path) -> R
     Ok(cells)
 }
 
+/// A batch-level sweep's row: each mode's p99 at every level, in the file's order, and
+/// the range of the CPUs appease's batch got over the levels.
+fn load_sweep_cells(levels: &[ScenarioResult], measured: Measured, row: &Row) -> Vec<String> {
+    let mut cells: Vec<String> = MODES
+        .iter()
+        .map(|&(name, mode)| {
+            let p99s: Option<Vec<String>> = levels
+                .iter()
+                .map(|r| r.modes.iter().find(|m| m.mode == mode).map(headline))
+                .collect();
+            match (p99s, mode) {
+                (None, _) => "–".to_string(),
+                (Some(c), Mode::Appease) => mark(row, name, format!("**{}**", c.join(" / "))),
+                (Some(c), _) => mark(row, name, c.join(" / ")),
+            }
+        })
+        .collect();
+    let cpus: Vec<f64> = levels
+        .iter()
+        .filter_map(|r| r.modes.iter().find(|m| m.mode == Mode::Appease))
+        .map(|m| m.batch_cpus)
+        .collect();
+    let (least, most) = cpus
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &c| (lo.min(c), hi.max(c)));
+    cells.push(match cpus.is_empty() {
+        true => "–".to_string(),
+        false => mark(row, "batch", format!("{least:.2}–{most:.2} CPUs")),
+    });
+    cells.push(measured.date);
+    cells.push(format!("`{}`", measured.command));
+    cells
+}
+
+/// A utilization row: without a server, Jain's index over 48 one-soaker groups under one
+/// idle group (by hand) and under appease, and how busy the CPUs were under appease; beside
+/// the server, each mode's p99 and Jain's index over the jobs, and the CPUs appease's batch
+/// got.
+fn utilization_cells(
+    u: &UtilizationResult,
+    measured: Measured,
+    row: &Row,
+    path: &Path,
+) -> Result<Vec<String>> {
+    let part = row.part.as_deref().unwrap_or_default();
+    let (cell, batch): (Box<dyn Fn(Mode) -> Option<String>>, String) = if part == "groups" {
+        let case = |name: &str| u.cases.iter().find(|c| c.case.contains(name));
+        let (Some(hand), Some(managed)) = (
+            case("groups under an idle group"),
+            case("under the appease daemon"),
+        ) else {
+            bail!(
+                "{}: no case of batch groups by hand and under appease",
+                path.display()
+            );
+        };
+        let cell = move |mode| match mode {
+            Mode::BatchCgroupIdle => Some(format!("{:.4}", hand.jain_index)),
+            Mode::Appease => Some(format!("{:.4}", managed.jain_index)),
+            _ => None,
+        };
+        (
+            Box::new(cell),
+            format!("{:.2} % busy", managed.cpu_util_pct),
+        )
+    } else {
+        let batch = Batch::parse(part).with_context(|| {
+            format!(
+                "{}: a utilization file's row names its `part`: groups, or the batch beside the server",
+                path.display()
+            )
+        })?;
+        let Some(level) = u.with_server.iter().find(|l| l.params.batch == batch) else {
+            bail!("{}: no run of {part:?} beside the server", path.display());
+        };
+        let of = |mode| level.modes.iter().find(|m| m.mode == mode);
+        let cell = move |mode| {
+            of(mode).map(|m| {
+                let jain = m.batch_jain.map_or("–".to_string(), |j| format!("{j:.3}"));
+                format!("{}; {jain}", thousands(m.latency_ms.p99))
+            })
+        };
+        let batch = of(Mode::Appease).map_or("–".to_string(), |m| {
+            format!("{:.2} CPUs, {:.1} % busy", m.batch_cpus, m.cpu_util_pct)
+        });
+        (Box::new(cell), batch)
+    };
+    let mut cells: Vec<String> = MODES
+        .iter()
+        .map(|&(name, mode)| {
+            let typed = row
+                .peers
+                .as_ref()
+                .and_then(|p| p.cell(mode))
+                .map(str::to_string);
+            match (cell(mode).or(typed), mode) {
+                (None, _) => "–".to_string(),
+                (Some(c), Mode::Appease) => mark(row, name, format!("**{c}**")),
+                (Some(c), _) => mark(row, name, c),
+            }
+        })
+        .collect();
+    cells.push(mark(row, "batch", batch));
+    let peers_typed = part != "groups" && row.peers.is_some() && cell(Mode::Ananicy).is_none();
+    cells.push(measured_on(row, measured.date, peers_typed));
+    cells.push(format!("`{}`", measured.command));
+    Ok(cells)
+}
+
 /// The summary table in Markdown.
 pub fn summary(spec_path: &Path) -> Result<String> {
     let spec = read_spec(spec_path)?;
@@ -282,6 +396,10 @@ fn cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
     let r = match report {
         Report::ClosedLoop(sweep) => return Ok(sweep_cells(&sweep, measured, row)),
         Report::Fetch(fetch) => return fetch_cells(&fetch, measured, row, path),
+        Report::Utilization(u) => return utilization_cells(&u, measured, row, path),
+        Report::Latency(levels) if levels.len() > 1 => {
+            return Ok(load_sweep_cells(&levels, measured, row))
+        }
         report => latency_result(report, path)?,
     };
     let r = &r;
@@ -306,12 +424,17 @@ fn cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
         row.peers.as_ref().is_some_and(|p| p.cell(mode).is_some())
             && !r.modes.iter().any(|m| m.mode == mode)
     });
-    cells.push(match (&row.peers, peers_typed) {
-        (Some(p), true) => format!("{}; the peers {}", measured.date, p.date),
-        _ => measured.date,
-    });
+    cells.push(measured_on(row, measured.date, peers_typed));
     cells.push(format!("`{}`", measured.command));
     Ok(cells)
+}
+
+/// The date cell: the run's, and the typed peers' when the row shows them.
+fn measured_on(row: &Row, date: String, peers_typed: bool) -> String {
+    match (&row.peers, peers_typed) {
+        (Some(p), true) => format!("{date}; the peers {}", p.date),
+        _ => date,
+    }
 }
 
 /// The server's headline figure: its p99 in ms; for a player, and its frames dropped.
@@ -332,35 +455,9 @@ fn batch_share(r: &ScenarioResult) -> String {
         .map_or("–".to_string(), |pct| format!("{pct:.1} %"))
 }
 
-/// Milliseconds as the page writes them: two decimals, whole numbers with separators
-/// from 1,000 up.
-fn thousands(ms: f64) -> String {
-    if ms < 1000.0 {
-        return format!("{ms:.2}");
-    }
-    let digits = format!("{:.0}", ms);
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn figures_read_as_the_page_writes_them() {
-        assert_eq!(thousands(6.2449), "6.24");
-        assert_eq!(thousands(999.994), "999.99");
-        assert_eq!(thousands(26_706.4), "26,706");
-        assert_eq!(thousands(113_705.0), "113,705");
-        assert_eq!(thousands(1_234_567.0), "1,234,567");
-    }
 
     /// A spec of one row made from the kept synthetic run (which ran without the peers),
     /// with the peers' figures typed from an earlier run.
@@ -401,18 +498,11 @@ mod tests {
 
     #[test]
     fn a_client_sweeps_row_gives_each_modes_completion_times_at_its_most_clients() {
-        let dir = std::env::temp_dir().join(format!("appease-sweep-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let kept = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/results/db-clients.json");
-        std::fs::copy(&kept, dir.join("db-clients.json")).unwrap();
-        let spec = dir.join("summary.toml");
-        std::fs::write(
-            &spec,
+        let table = summary_over(
+            "db-clients.json",
             "[[row]]\nscenario = \"db\"\nfile = \"db-clients.json\"\nmarks = { appease = \"(h)\" }\n",
-        )
-        .unwrap();
-        let table = summary(&spec);
-        std::fs::remove_dir_all(&dir).unwrap();
+        );
+        let kept = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/results/db-clients.json");
         let (report, _) = read_result(&kept).unwrap();
         let Report::ClosedLoop(r) = report else {
             panic!("a sweep")
@@ -537,5 +627,129 @@ mod tests {
             err.contains("the row \"web\" needs either `file` or 9 `cells`"),
             "{err}"
         );
+    }
+
+    /// The summary made by `spec` (a TOML text of rows) over docs/results/`file`.
+    fn summary_over(file: &str, spec: &str) -> Result<String> {
+        let dir = std::env::temp_dir().join(format!("appease-rows-{}-{file}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kept = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../docs/results")
+            .join(file);
+        std::fs::copy(&kept, dir.join(file)).unwrap();
+        std::fs::write(dir.join("summary.toml"), spec).unwrap();
+        let table = summary(&dir.join("summary.toml"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        table
+    }
+
+    /// The rows' cells of that summary.
+    fn rows_of(file: &str, spec: &str) -> Vec<Vec<String>> {
+        let table = summary_over(file, spec).unwrap();
+        let cells = |row: &str| {
+            row.trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_string())
+                .collect()
+        };
+        table.lines().skip(2).map(cells).collect()
+    }
+
+    #[test]
+    fn utilization_rows_give_the_groups_fairness_and_beside_the_server_each_modes_p99_and_fairness()
+    {
+        let kept =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/results/utilization.json");
+        let Report::Utilization(u) = read_result(&kept).unwrap().0 else {
+            panic!("a utilization file")
+        };
+        let rows = rows_of(
+            "utilization.json",
+            "[[row]]\nscenario = \"g\"\nfile = \"utilization.json\"\npart = \"groups\"\n\
+             [[row]]\nscenario = \"m\"\nfile = \"utilization.json\"\npart = \"mixed\"\n\
+             peers = { ananicy = \"1; 0.5\", system76-scheduler = \"2; 0.6\", date = \"2026-12-01\" }\n",
+        );
+        let jain = |name: &str| {
+            let c = u.cases.iter().find(|c| c.case.contains(name)).unwrap();
+            format!("{:.4}", c.jain_index)
+        };
+        assert_eq!(
+            rows[0][3],
+            jain("groups under an idle group"),
+            "{:?}",
+            rows[0]
+        );
+        assert_eq!(
+            rows[0][4],
+            format!("**{}**", jain("under the appease daemon")),
+            "{:?}",
+            rows[0]
+        );
+        assert_eq!(rows[0][5], "–", "{:?}", rows[0]);
+        let mixed = u
+            .with_server
+            .iter()
+            .find(|l| l.params.batch == Batch::Mixed)
+            .unwrap();
+        let of = |mode| mixed.modes.iter().find(|m| m.mode == mode).unwrap();
+        let cell = |m: &ModeResult| {
+            format!(
+                "{}; {:.3}",
+                thousands(m.latency_ms.p99),
+                m.batch_jain.unwrap()
+            )
+        };
+        assert_eq!(rows[1][3], cell(of(Mode::BatchCgroupIdle)), "{:?}", rows[1]);
+        assert_eq!(
+            rows[1][4],
+            format!("**{}**", cell(of(Mode::Appease))),
+            "{:?}",
+            rows[1]
+        );
+        assert_eq!(
+            &rows[1][5..7],
+            ["1; 0.5", "2; 0.6"],
+            "the peers typed: {:?}",
+            rows[1]
+        );
+        assert!(
+            rows[1][8].ends_with("; the peers 2026-12-01"),
+            "{:?}",
+            rows[1]
+        );
+        let spec = "[[row]]\nscenario = \"x\"\nfile = \"utilization.json\"\npart = \"soakers\"\n";
+        let wrong = format!("{:#}", summary_over("utilization.json", spec).unwrap_err());
+        assert!(wrong.contains("`part`"), "{wrong}");
+    }
+
+    #[test]
+    fn a_batch_level_sweeps_row_gives_each_modes_p99_at_every_level() {
+        let kept = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/results/sweep.json");
+        let Report::Latency(levels) = read_result(&kept).unwrap().0 else {
+            panic!("a latency file")
+        };
+        assert!(levels.len() > 1, "a sweep of batch levels");
+        let rows = rows_of(
+            "sweep.json",
+            "[[row]]\nscenario = \"s\"\nfile = \"sweep.json\"\n",
+        );
+        let at_every = |mode| {
+            let p99s: Vec<String> = levels
+                .iter()
+                .map(|r| r.modes.iter().find(|m| m.mode == mode).unwrap())
+                .map(|m| thousands(m.latency_ms.p99))
+                .collect();
+            p99s.join(" / ")
+        };
+        assert_eq!(rows[0][1], at_every(Mode::Unloaded), "{:?}", rows[0]);
+        assert_eq!(rows[0][3], at_every(Mode::BatchCgroupIdle), "{:?}", rows[0]);
+        assert_eq!(
+            rows[0][4],
+            format!("**{}**", at_every(Mode::Appease)),
+            "{:?}",
+            rows[0]
+        );
+        assert_eq!(rows[0][5], "–", "no peer in the sweep: {:?}", rows[0]);
+        assert!(rows[0][7].ends_with(" CPUs"), "{:?}", rows[0]);
     }
 }

@@ -4,6 +4,7 @@
 use crate::closed_loop::{ClosedLoopResult, Point, Series};
 use crate::fetch::{Case, FetchResult, Job, Server};
 use crate::report::{self, ModeResult, ScenarioResult};
+use crate::utilization::UtilizationResult;
 use crate::Mode;
 
 /// The client sweeps' tables, one column per variant of every result (web's `ab` and
@@ -152,6 +153,112 @@ pub fn scenario(r: &ScenarioResult) -> String {
     s
 }
 
+/// A batch-level sweep (`--load` with several levels) as docs/RESULTS.md shows it: a row a
+/// level, each mode's p99 (ms), appease's against by hand's, late requests and the batch's
+/// throughput against unmanaged's (its CPUs) by hand and under appease.
+pub fn load_sweep(levels: &[ScenarioResult]) -> String {
+    let mut s = String::from(
+        "| soakers per CPU | unloaded | unmanaged | by hand | appease | appease against by hand | \
+         late, by hand / appease | batch, by hand / appease |\n",
+    );
+    s += &format!("|{}\n", "---|".repeat(8));
+    for r in levels {
+        let of = |mode| r.modes.iter().find(|m| m.mode == mode);
+        let p99 = |mode| of(mode).map_or("–".to_string(), |m| thousands(m.latency_ms.p99));
+        let (hand, appease) = (of(Mode::BatchCgroupIdle), of(Mode::Appease));
+        let pair = |f: &dyn Fn(&ModeResult) -> String| match (hand, appease) {
+            (Some(h), Some(a)) => format!("{} / {}", f(h), f(a)),
+            _ => "–".to_string(),
+        };
+        let ratio = match (hand, appease) {
+            (Some(h), Some(a)) => format!(
+                "{:+.1} %",
+                100.0 * (a.latency_ms.p99 / h.latency_ms.p99 - 1.0)
+            ),
+            _ => "–".to_string(),
+        };
+        let late = pair(&|m| report::opt(m.late));
+        let batch = match (hand, appease) {
+            (Some(h), Some(a)) => {
+                let pct = |m| {
+                    report::batch_vs_unmanaged(r, m).map_or("?".to_string(), |p| format!("{p:.1}"))
+                };
+                format!(
+                    "{} / {} % ({:.2} / {:.2})",
+                    pct(h),
+                    pct(a),
+                    h.batch_cpus,
+                    a.batch_cpus
+                )
+            }
+            _ => "–".to_string(),
+        };
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {ratio} | {late} | {batch} |\n",
+            r.load_per_cpu,
+            p99(Mode::Unloaded),
+            p99(Mode::Unmanaged),
+            p99(Mode::BatchCgroupIdle),
+            p99(Mode::Appease),
+        );
+    }
+    s
+}
+
+/// Milliseconds as the page writes them: two decimals, whole numbers with separators
+/// from 1,000 up.
+pub fn thousands(ms: f64) -> String {
+    if ms < 1000.0 {
+        return format!("{ms:.2}");
+    }
+    let digits = format!("{:.0}", ms);
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The utilization scenario as docs/RESULTS.md shows it: a row a case without a server
+/// (its CPUs' use, Jain's index over the soakers, their least and most CPU time), then a
+/// row a batch beside the server and mode: the server's p99 (ms), its late requests, Jain's
+/// index over the jobs, the CPUs the batch got and how busy the CPUs were.
+pub fn utilization(r: &UtilizationResult) -> String {
+    let mut s = String::from("| case | CPU util | Jain | min / max CPU s |\n|---|---|---|---|\n");
+    for c in &r.cases {
+        s += &format!(
+            "| {} | {:.2} % | {:.4} | {:.2} / {:.2} |\n",
+            c.case, c.cpu_util_pct, c.jain_index, c.min_cpu_s, c.max_cpu_s
+        );
+    }
+    if r.with_server.is_empty() {
+        return s;
+    }
+    s += "\n| beside the server | mode | p99 | late | Jain over the jobs | b.CPUs | CPU util |\n";
+    s += &format!("|{}\n", "---|".repeat(7));
+    for level in &r.with_server {
+        let batch = level
+            .params
+            .batch
+            .describe(level.soakers, level.load_per_cpu);
+        for m in &level.modes {
+            let jain = m.batch_jain.map_or("–".to_string(), |j| format!("{j:.4}"));
+            s += &format!(
+                "| {batch} | {} | {} | {} | {jain} | {:.2} | {:.1} % |\n",
+                m.mode.name(),
+                thousands(m.latency_ms.p99),
+                report::opt(m.late),
+                m.batch_cpus,
+                m.cpu_util_pct
+            );
+        }
+    }
+    s
+}
+
 /// The fetch scenario as docs/RESULTS.md shows it: a row a job and server, its p99 in each
 /// mode (ms, medians over the rounds), appease's against by hand's, and the job's pace
 /// against unmanaged's under by hand and under appease.
@@ -220,6 +327,15 @@ pub fn wrap(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn figures_read_as_the_page_writes_them() {
+        assert_eq!(thousands(6.2449), "6.24");
+        assert_eq!(thousands(999.994), "999.99");
+        assert_eq!(thousands(26_706.4), "26,706");
+        assert_eq!(thousands(113_705.0), "113,705");
+        assert_eq!(thousands(1_234_567.0), "1,234,567");
+    }
 
     #[test]
     fn prose_is_wrapped_at_120_characters_between_words() {
