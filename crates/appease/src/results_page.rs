@@ -193,23 +193,16 @@ fn mark(row: &Row, column: &str, cell: String) -> String {
 /// one per client variant in the file's order (e.g. read-only / read-write).
 fn sweep_cells(r: &ClosedLoopResult, measured: Measured, row: &Row) -> Vec<String> {
     let most = r.clients.iter().copied().max();
-    let mut cells: Vec<String> = MODES
-        .iter()
-        .map(|&(name, mode)| {
-            let times: Vec<String> = r
-                .series
-                .iter()
-                .filter(|s| s.mode == mode)
-                .filter_map(|s| s.points.iter().find(|p| Some(p.clients) == most))
-                .map(|p| format!("{:.2}", p.completion_s))
-                .collect();
-            match (times.is_empty(), mode) {
-                (true, _) => "–".to_string(),
-                (false, Mode::Appease) => mark(row, name, format!("**{}**", times.join(" / "))),
-                (false, _) => mark(row, name, times.join(" / ")),
-            }
-        })
-        .collect();
+    let (mut cells, _) = mode_cells(row, |mode| {
+        let times: Vec<String> = r
+            .series
+            .iter()
+            .filter(|s| s.mode == mode)
+            .filter_map(|s| s.points.iter().find(|p| Some(p.clients) == most))
+            .map(|p| format!("{:.2}", p.completion_s))
+            .collect();
+        (!times.is_empty()).then(|| times.join(" / "))
+    });
     cells.push("–".to_string());
     cells.push(measured.date);
     cells.push(format!("`{}`", measured.command));
@@ -235,14 +228,7 @@ fn fetch_cells(r: &FetchResult, measured: Measured, row: &Row, path: &Path) -> R
         cells.map(|c| c.join(" / "))
     };
     let p99 = |m: &appease_bench::fetch::ModeSummary| Some(format!("{:.2}", m.median.p99_ms));
-    let mut cells: Vec<String> = MODES
-        .iter()
-        .map(|&(name, mode)| match (per_job(&p99, mode), mode) {
-            (None, _) => "–".to_string(),
-            (Some(c), Mode::Appease) => mark(row, name, format!("**{c}**")),
-            (Some(c), _) => mark(row, name, c),
-        })
-        .collect();
+    let (mut cells, _) = mode_cells(row, |mode| per_job(&p99, mode));
     let batch = |m: &appease_bench::fetch::ModeSummary| m.batch_pct.map(|b| format!("{b:.1}"));
     let share = per_job(&batch, Mode::Appease).map_or("–".to_string(), |b| format!("{b} %"));
     cells.push(mark(row, "batch", share));
@@ -254,20 +240,13 @@ fn fetch_cells(r: &FetchResult, measured: Measured, row: &Row, path: &Path) -> R
 /// A batch-level sweep's row: each mode's p99 at every level, in the file's order, and
 /// the range of the CPUs appease's batch got over the levels.
 fn load_sweep_cells(levels: &[ScenarioResult], measured: Measured, row: &Row) -> Vec<String> {
-    let mut cells: Vec<String> = MODES
-        .iter()
-        .map(|&(name, mode)| {
-            let p99s: Option<Vec<String>> = levels
-                .iter()
-                .map(|r| r.modes.iter().find(|m| m.mode == mode).map(headline))
-                .collect();
-            match (p99s, mode) {
-                (None, _) => "–".to_string(),
-                (Some(c), Mode::Appease) => mark(row, name, format!("**{}**", c.join(" / "))),
-                (Some(c), _) => mark(row, name, c.join(" / ")),
-            }
-        })
-        .collect();
+    let (mut cells, _) = mode_cells(row, |mode| {
+        let p99s: Option<Vec<String>> = levels
+            .iter()
+            .map(|r| r.modes.iter().find(|m| m.mode == mode).map(headline))
+            .collect();
+        p99s.map(|c| c.join(" / "))
+    });
     let cpus: Vec<f64> = levels
         .iter()
         .filter_map(|r| r.modes.iter().find(|m| m.mode == Mode::Appease))
@@ -296,7 +275,8 @@ fn utilization_cells(
     path: &Path,
 ) -> Result<Vec<String>> {
     let part = row.part.as_deref().unwrap_or_default();
-    let (cell, batch): (Box<dyn Fn(Mode) -> Option<String>>, String) = if part == "groups" {
+    // Each mode's figure, and the batch's cell.
+    let (figures, batch): (Vec<(Mode, String)>, String) = if part == "groups" {
         let case = |name: &str| u.cases.iter().find(|c| c.case.contains(name));
         let (Some(hand), Some(managed)) = (
             case("groups under an idle group"),
@@ -307,15 +287,11 @@ fn utilization_cells(
                 path.display()
             );
         };
-        let cell = move |mode| match mode {
-            Mode::BatchCgroupIdle => Some(format!("{:.4}", hand.jain_index)),
-            Mode::Appease => Some(format!("{:.4}", managed.jain_index)),
-            _ => None,
-        };
-        (
-            Box::new(cell),
-            format!("{:.2} % busy", managed.cpu_util_pct),
-        )
+        let figures = vec![
+            (Mode::BatchCgroupIdle, format!("{:.4}", hand.jain_index)),
+            (Mode::Appease, format!("{:.4}", managed.jain_index)),
+        ];
+        (figures, format!("{:.2} % busy", managed.cpu_util_pct))
     } else {
         let batch = Batch::parse(part).with_context(|| {
             format!(
@@ -326,35 +302,26 @@ fn utilization_cells(
         let Some(level) = u.with_server.iter().find(|l| l.params.batch == batch) else {
             bail!("{}: no run of {part:?} beside the server", path.display());
         };
-        let of = |mode| level.modes.iter().find(|m| m.mode == mode);
-        let cell = move |mode| {
-            of(mode).map(|m| {
-                let jain = m.batch_jain.map_or("–".to_string(), |j| format!("{j:.3}"));
-                format!("{}; {jain}", thousands(m.latency_ms.p99))
-            })
-        };
-        let batch = of(Mode::Appease).map_or("–".to_string(), |m| {
-            format!("{:.2} CPUs, {:.1} % busy", m.batch_cpus, m.cpu_util_pct)
+        let figures = level.modes.iter().map(|m| {
+            let jain = m.batch_jain.map_or("–".to_string(), |j| format!("{j:.3}"));
+            (m.mode, format!("{}; {jain}", thousands(m.latency_ms.p99)))
         });
-        (Box::new(cell), batch)
+        let batch = level
+            .modes
+            .iter()
+            .find(|m| m.mode == Mode::Appease)
+            .map_or("–".to_string(), |m| {
+                format!("{:.2} CPUs, {:.1} % busy", m.batch_cpus, m.cpu_util_pct)
+            });
+        (figures.collect(), batch)
     };
-    let mut cells: Vec<String> = MODES
-        .iter()
-        .map(|&(name, mode)| {
-            let typed = row
-                .peers
-                .as_ref()
-                .and_then(|p| p.cell(mode))
-                .map(str::to_string);
-            match (cell(mode).or(typed), mode) {
-                (None, _) => "–".to_string(),
-                (Some(c), Mode::Appease) => mark(row, name, format!("**{c}**")),
-                (Some(c), _) => mark(row, name, c),
-            }
-        })
-        .collect();
+    let (mut cells, peers_typed) = mode_cells(row, |mode| {
+        figures
+            .iter()
+            .find(|(m, _)| *m == mode)
+            .map(|(_, f)| f.clone())
+    });
     cells.push(mark(row, "batch", batch));
-    let peers_typed = part != "groups" && row.peers.is_some() && cell(Mode::Ananicy).is_none();
     cells.push(measured_on(row, measured.date, peers_typed));
     cells.push(format!("`{}`", measured.command));
     Ok(cells)
@@ -402,31 +369,36 @@ fn cells_of_file(path: &Path, row: &Row) -> Result<Vec<String>> {
         }
         report => latency_result(report, path)?,
     };
-    let r = &r;
-    let mark = |column: &str, cell: String| mark(row, column, cell);
-    let mut cells: Vec<String> = MODES
-        .iter()
-        .map(|&(name, mode)| {
-            let measured = r.modes.iter().find(|m| m.mode == mode).map(headline);
-            let typed = row.peers.as_ref().and_then(|p| p.cell(mode));
-            let cell = measured
-                .or(typed.map(str::to_string))
-                .unwrap_or_else(|| "–".to_string());
-            let cell = mark(name, cell);
-            match mode {
-                Mode::Appease if cell != "–" => format!("**{cell}**"),
-                _ => cell,
-            }
-        })
-        .collect();
-    cells.push(mark("batch", batch_share(r)));
-    let peers_typed = MODES.iter().any(|&(_, mode)| {
-        row.peers.as_ref().is_some_and(|p| p.cell(mode).is_some())
-            && !r.modes.iter().any(|m| m.mode == mode)
+    let (mut cells, peers_typed) = mode_cells(row, |mode| {
+        r.modes.iter().find(|m| m.mode == mode).map(headline)
     });
+    cells.push(mark(row, "batch", batch_share(&r)));
     cells.push(measured_on(row, measured.date, peers_typed));
     cells.push(format!("`{}`", measured.command));
     Ok(cells)
+}
+
+/// The mode columns' cells: each mode's figure from the row's file, else the row's typed
+/// peer figure, else "–"; appease's in bold, a column's mark after it. And whether a typed
+/// figure was shown (the date cell then dates the peers apart).
+fn mode_cells(row: &Row, figure: impl Fn(Mode) -> Option<String>) -> (Vec<String>, bool) {
+    let mut typed_shown = false;
+    let mut cells = Vec::with_capacity(MODES.len());
+    for &(name, mode) in &MODES {
+        let typed = || {
+            row.peers
+                .as_ref()
+                .and_then(|p| p.cell(mode))
+                .map(str::to_string)
+        };
+        let cell = figure(mode).or_else(|| typed().inspect(|_| typed_shown = true));
+        cells.push(match (cell, mode) {
+            (None, _) => "–".to_string(),
+            (Some(c), Mode::Appease) => mark(row, name, format!("**{c}**")),
+            (Some(c), _) => mark(row, name, c),
+        });
+    }
+    (cells, typed_shown)
 }
 
 /// The date cell: the run's, and the typed peers' when the row shows them.
