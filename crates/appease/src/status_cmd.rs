@@ -118,12 +118,17 @@ fn print_status(status: &Status) {
         l.runnable_per_cpu, status.cpus, l.psi_some_pct, l.ladder_step, l.unix_nice, l.inet_nice, l.decay_ms
     );
     println!(
-        "probe: {} socket reads, {} request events, {} lost, {} over users' bounds; {} reads of responses (a client's side)",
+        "probe: {} socket reads, {} request events, {} lost, {} over users' bounds; {} reads of responses (a client's side){}",
         status.probe.socket_reads,
         status.probe.request_events,
         status.probe.lost_events,
         status.probe.throttled_events,
-        status.probe.response_reads
+        status.probe.response_reads,
+        if status.probe.lock_wait_hook {
+            "; lock waits watched (an application has sunk threads or demoted trees)"
+        } else {
+            ""
+        }
     );
     let (lat, def) = (
         &status.elevation_latency_us,

@@ -40,6 +40,9 @@ const LOAD_SAMPLE_NS: u64 = 100_000_000;
 const OWN_COMM: &str = "appease";
 /// Tick period while nothing is elevated (forgetting idle threads only).
 const IDLE_TICK_NS: u64 = 100_000_000;
+/// How long the lock-wait hook stays attached after the last application with sunk
+/// threads or demoted trees is unmarked.
+const LOCK_WAIT_HOOK_HOLD: Duration = Duration::from_secs(30);
 use status::{LatencyView, LoadView, ProbeView, Status, ThreadStatus};
 
 /// Where the journal, lock and status live. `APPEASE_RUN_DIR` overrides it (tests,
@@ -76,6 +79,8 @@ struct Daemon<'obj> {
     /// The applications the probe has been told of: those with sunk threads or demoted
     /// trees.
     marked_apps: HashSet<u32>,
+    /// Since when no application has been marked (monotonic ns), if none is.
+    unmarked_since_ns: Option<u64>,
     /// Threads the probe knows as held (their requests wake nobody): elevated, with the
     /// levels their last request gave them, or 0 while their budget is spent.
     held: HashMap<u32, u32>,
@@ -148,6 +153,7 @@ impl<'obj> Daemon<'obj> {
             load: LoadTracker::new(cpus),
             restore_again: Default::default(),
             marked_apps: HashSet::new(),
+            unmarked_since_ns: None,
             held: HashMap::new(),
             connection_sessions: Default::default(),
             cpus,
@@ -534,6 +540,20 @@ impl<'obj> Daemon<'obj> {
         if let Err(e) = result {
             tracing::warn!(error = %e, "could not update the probe's applications");
         }
+        // The lock-wait hook costs every context switch of the host: detached once no
+        // application has been marked for a while (attaching and detaching it patch the
+        // kernel's code on every CPU, so a sink that comes and goes keeps it).
+        if !self.marked_apps.is_empty() {
+            self.unmarked_since_ns = None;
+            return;
+        }
+        let now = monotonic_ns();
+        let since = *self.unmarked_since_ns.get_or_insert(now);
+        if now.saturating_sub(since) >= LOCK_WAIT_HOOK_HOLD.as_nanos() as u64
+            && self.probe.detach_lock_waits()
+        {
+            tracing::debug!("no application sunk for a while: the lock-wait hook detached");
+        }
     }
 
     /// Runnable tasks but the idle class's and the loop's own, from the run queues now
@@ -768,6 +788,7 @@ impl<'obj> Daemon<'obj> {
                 throttled_events: c.throttled,
                 held_requests: c.held,
                 waking_requests: c.woke,
+                lock_wait_hook: self.probe.lock_waits_attached(),
             },
             actuator: self.actuator.counters.clone().into(),
             elevation_latency_us: latency_view(&self.latency_us),

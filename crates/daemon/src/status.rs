@@ -100,6 +100,10 @@ pub struct ProbeView {
     /// Requests that woke the daemon at once (the rest are read at its next tick).
     #[serde(default)]
     pub waking_requests: u64,
+    /// Whether the lock-wait hook (on every context switch) is attached: while an
+    /// application has sunk threads or demoted trees, and for a while after.
+    #[serde(default)]
+    pub lock_wait_hook: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

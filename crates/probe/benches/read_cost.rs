@@ -2,7 +2,8 @@
 //! between no probe and the probe loaded, each round timing many 1-byte reads from a
 //! pre-filled socket (the reads never block). Prints per-round medians and the
 //! difference; then, with the kernel's BPF statistics on for a while (put back after),
-//! the probe program's own time per run. Needs root. Run:
+//! the probe program's own time per run. Last, what the lock-wait hook (attached while
+//! an application has sunk threads) adds to a context switch. Needs root. Run:
 //! `cargo bench -p appease-probe --bench read_cost`.
 
 use std::io::{Read, Write};
@@ -99,6 +100,71 @@ fn pass(
         out.push((ns, program));
     }
     out
+}
+
+/// Round trips a switch timing makes: two switches each.
+const TRIPS: usize = 50_000;
+
+/// ns per context switch: two threads on CPU 0 pass a byte back and forth through pipes
+/// (no socket: the read hook stays out of it).
+fn time_switches() -> f64 {
+    use std::fs::File;
+    use std::os::fd::FromRawFd;
+    let pipe = || {
+        let mut fds = [0; 2];
+        // SAFETY: fds has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+        // SAFETY: both descriptors are new and owned by nobody else.
+        unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+    };
+    let pin = || {
+        // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity only read it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+        }
+    };
+    let ((mut ping_r, mut ping_w), (mut pong_r, mut pong_w)) = (pipe(), pipe());
+    let mut b = [0u8; 1];
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            pin();
+            let mut b = [0u8; 1];
+            for _ in 0..TRIPS {
+                ping_r.read_exact(&mut b).unwrap();
+                pong_w.write_all(&b).unwrap();
+            }
+        });
+        pin();
+        let start = Instant::now();
+        for _ in 0..TRIPS {
+            ping_w.write_all(&b).unwrap();
+            pong_r.read_exact(&mut b).unwrap();
+        }
+        start.elapsed().as_nanos() as f64 / (2 * TRIPS) as f64
+    })
+}
+
+/// The switch timing with the lock-wait hook detached and attached, alternating.
+fn switch_cost() -> (f64, f64) {
+    let cfg = ProbeConfig {
+        serving_window: Some(Duration::from_millis(500)),
+        ..ProbeConfig::default()
+    };
+    let mut storage = ProbeStorage::uninit();
+    let mut probe = Probe::load(&cfg, &mut storage).expect("probe loads");
+    // No process has this number: a mark that attaches the hook and matches no thread.
+    let nobody = u32::MAX - 1;
+    let (mut off, mut on) = (vec![], vec![]);
+    for _ in 0..ROUNDS {
+        probe.set_sunk_app(nobody, false).unwrap();
+        probe.detach_lock_waits();
+        off.push(time_switches());
+        probe.set_sunk_app(nobody, true).unwrap();
+        on.push(time_switches());
+    }
+    (median(&mut off), median(&mut on))
 }
 
 const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
@@ -198,4 +264,11 @@ fn main() {
             b - a
         );
     }
+    let (off, on) = switch_cost();
+    println!(
+        "context switch (two threads on one CPU, {ROUNDS} rounds x {} switches): {off:.0} ns \
+         without the lock-wait hook, {on:.0} with it attached, {:.0} added",
+        2 * TRIPS,
+        on - off
+    );
 }

@@ -266,7 +266,9 @@ pub struct ProbeConfig {
     /// The ring buffer's size: a power of two, at least a page.
     pub ring_bytes: u32,
     /// Lock waits of threads whose last reported request is younger than this are reported
-    /// for applications marked with [`Probe::set_sunk_app`]; None reports none.
+    /// for applications marked with [`Probe::set_sunk_app`]; None reports none. The hook
+    /// that sees them (on every context switch of the host) is attached by the first mark
+    /// and detached by [`Probe::detach_lock_waits`].
     pub serving_window: Option<Duration>,
     /// Users from this uid on are unprivileged: their request events are bounded.
     pub uid_min: u32,
@@ -312,6 +314,8 @@ pub struct Probe<'obj> {
     ring: RingBuffer<'obj>,
     queue: Rc<RefCell<VecDeque<Event>>>,
     min_gap: Duration,
+    /// Applications marked sunk now: the context-switch hook is wanted while any is.
+    marked_apps: usize,
 }
 
 impl<'obj> Probe<'obj> {
@@ -345,11 +349,13 @@ impl<'obj> Probe<'obj> {
         rodata.serving_window_ns = cfg
             .serving_window
             .map_or(0, |w| w.as_nanos().clamp(1, u64::MAX as u128) as u64);
-        // Without lock waits to report, the context-switch hook is not even attached (it
-        // would cost every switch on the host a program call).
+        // Without lock waits to report, the context-switch hook is not even loaded; with
+        // them, it is attached only while an application is marked (it costs every
+        // switch on the host a program call: 100-150 ns here).
         if cfg.serving_window.is_none() {
             open.progs.on_switch.set_autoload(false);
         }
+        open.progs.on_switch.set_autoattach(false);
         open.maps
             .events
             .set_max_entries(cfg.ring_bytes)
@@ -375,6 +381,7 @@ impl<'obj> Probe<'obj> {
             ring,
             queue,
             min_gap,
+            marked_apps: 0,
         };
         probe.set_held_gap(cfg.held_gap);
         Ok(probe)
@@ -508,27 +515,69 @@ impl<'obj> Probe<'obj> {
     }
 
     /// Marks `app` as having sunk threads (its serving threads' lock waits are then
-    /// reported), or clears the mark. Marking an application already marked, or clearing
-    /// one that is not, changes nothing.
+    /// reported, the context-switch hook attached if it was not), or clears the mark.
+    /// Marking an application already marked, or clearing one that is not, changes
+    /// nothing.
     pub fn set_sunk_app(&mut self, app: u32, sunk: bool) -> Result<(), ProbeError> {
         let key = app.to_ne_bytes();
         let map = &self.skel.maps.sunk_apps;
         let result = if sunk {
             // Only if absent: an update would overwrite the kernel's count of waiters.
             match map.update(&key, &app_waits(0), MapFlags::NO_EXIST) {
-                Err(e) if e.kind() == libbpf_rs::ErrorKind::AlreadyExists => Ok(()),
-                other => other,
+                Ok(()) => Ok(1),
+                Err(e) if e.kind() == libbpf_rs::ErrorKind::AlreadyExists => Ok(0),
+                Err(e) => Err(e),
             }
         } else {
             match map.delete(&key) {
-                Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
-                other => other,
+                Ok(()) => Ok(-1),
+                Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(0),
+                Err(e) => Err(e),
             }
         };
-        result.map_err(|source| ProbeError::Bpf {
+        let change = result.map_err(|source| ProbeError::Bpf {
             stage: "mark an application in",
             source,
-        })
+        })?;
+        self.marked_apps = self.marked_apps.saturating_add_signed(change);
+        if sunk {
+            self.attach_lock_waits()?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the context-switch hook, if it is loaded and not attached.
+    fn attach_lock_waits(&mut self) -> Result<(), ProbeError> {
+        if self.skel.links.on_switch.is_some() || !self.skel.progs.on_switch.autoload() {
+            return Ok(());
+        }
+        let link = self
+            .skel
+            .progs
+            .on_switch
+            .attach()
+            .map_err(|source| ProbeError::Bpf {
+                stage: "attach the lock-wait hook of",
+                source,
+            })?;
+        self.skel.links.on_switch = Some(link);
+        Ok(())
+    }
+
+    /// Detaches the context-switch hook if no application is marked: switches cost the
+    /// host nothing again. True if it was attached and is no longer. Attaching and
+    /// detaching patch the kernel's code on every CPU: the caller waits a while after the
+    /// last mark goes before it calls this.
+    pub fn detach_lock_waits(&mut self) -> bool {
+        if self.marked_apps > 0 {
+            return false;
+        }
+        self.skel.links.on_switch.take().is_some()
+    }
+
+    /// Whether the context-switch hook is attached now.
+    pub fn lock_waits_attached(&self) -> bool {
+        self.skel.links.on_switch.is_some()
     }
 
     /// Marks a process as a server, as its listen() would have had the probe been loaded

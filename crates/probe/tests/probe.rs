@@ -697,34 +697,48 @@ fn a_serving_threads_lock_wait_in_a_sunk_application_is_reported_with_its_end() 
         thread::sleep(Duration::from_millis(150));
         drop(g);
     };
+    // A thread that just read a request waits on the lock: what the probe reports.
+    let serve_and_wait = |probe: &mut Probe| {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let mut serving = None;
+        hold(&mut || {
+            serving = Some(blocker(Some(b.try_clone().unwrap())));
+            a.write_all(b"r").unwrap();
+        });
+        serving.unwrap().join().unwrap();
+        collect(probe, Duration::from_millis(100))
+    };
+    // No application marked: the context-switch hook is not attached.
+    assert!(!probe.lock_waits_attached(), "attached before any mark");
     // Marked sunk; a thread that serves no request waits: nothing reported.
     probe.set_sunk_app(me, true).unwrap();
+    assert!(probe.lock_waits_attached(), "a mark attaches the hook");
+    assert!(
+        !probe.detach_lock_waits(),
+        "kept while an application is marked"
+    );
     let mut quiet = None;
     hold(&mut || quiet = Some(blocker(None)));
     quiet.unwrap().join().unwrap();
     let events = collect(&mut probe, Duration::from_millis(100));
     assert_eq!(waits(&events), Vec::<&str>::new(), "not a serving thread");
     // A thread that just read a request waits: the wait and its end.
-    let (mut a, b) = UnixStream::pair().unwrap();
-    let mut serving = None;
-    hold(&mut || {
-        serving = Some(blocker(Some(b.try_clone().unwrap())));
-        a.write_all(b"r").unwrap();
-    });
-    serving.unwrap().join().unwrap();
-    let events = collect(&mut probe, Duration::from_millis(100));
+    let events = serve_and_wait(&mut probe);
     assert_eq!(waits(&events), ["wait", "end"], "{events:?}");
     // Unmarked: the same wait is not reported.
     probe.set_sunk_app(me, false).unwrap();
-    let (mut a, b) = UnixStream::pair().unwrap();
-    let mut serving = None;
-    hold(&mut || {
-        serving = Some(blocker(Some(b.try_clone().unwrap())));
-        a.write_all(b"r").unwrap();
-    });
-    serving.unwrap().join().unwrap();
-    let events = collect(&mut probe, Duration::from_millis(100));
+    let events = serve_and_wait(&mut probe);
     assert_eq!(waits(&events), Vec::<&str>::new(), "no sunk thread");
+    // Detached with no application marked; a new mark attaches it again.
+    assert!(probe.detach_lock_waits(), "detached once nothing is marked");
+    assert!(!probe.lock_waits_attached());
+    probe.set_sunk_app(me, true).unwrap();
+    let events = serve_and_wait(&mut probe);
+    assert_eq!(
+        waits(&events),
+        ["wait", "end"],
+        "after attaching again: {events:?}"
+    );
 }
 
 #[test]
