@@ -23,12 +23,15 @@ for tool in nginx ab "$appease"; do
     command -v "$tool" > /dev/null || { echo "probe-overhead.sh: $tool not found (make bench-deps build)" >&2; exit 2; }
 done
 
-dir=$(mktemp -d /tmp/appease-overhead.XXXXXX)
+dir=$(mktemp -d) # a fresh directory only root can write
 daemon=""
 cleanup() {
     [ -n "$daemon" ] && kill "$daemon" 2> /dev/null && wait "$daemon" 2> /dev/null || true
-    [ -s "$dir/nginx.pid" ] && kill "$(cat "$dir/nginx.pid")" 2> /dev/null || true
-    sleep 0.5
+    if [ -s "$dir/nginx.pid" ]; then
+        nginx=$(cat "$dir/nginx.pid")
+        kill "$nginx" 2> /dev/null || true
+        for _ in $(seq 50); do kill -0 "$nginx" 2> /dev/null || break; sleep 0.1; done
+    fi
     rm -rf "$dir"
 }
 trap cleanup EXIT
