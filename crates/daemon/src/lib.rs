@@ -540,18 +540,26 @@ impl<'obj> Daemon<'obj> {
         if let Err(e) = result {
             tracing::warn!(error = %e, "could not update the probe's applications");
         }
-        // The lock-wait hook costs every context switch of the host: detached once no
-        // application has been marked for a while (attaching and detaching it patch the
-        // kernel's code on every CPU, so a sink that comes and goes keeps it).
+        // From the last unmark on, the tick counts down to detaching the lock-wait hook.
         if !self.marked_apps.is_empty() {
             self.unmarked_since_ns = None;
+        } else if self.unmarked_since_ns.is_none() && self.probe.lock_waits_attached() {
+            self.unmarked_since_ns = Some(monotonic_ns());
+        }
+    }
+
+    /// Detaches the lock-wait hook, which costs every context switch of the host, once no
+    /// application has been marked for `LOCK_WAIT_HOOK_HOLD` (attaching and detaching it
+    /// patch the kernel's code on every CPU, so a sink that comes and goes keeps it).
+    fn release_lock_wait_hook(&mut self, now: u64) {
+        let Some(since) = self.unmarked_since_ns else {
+            return;
+        };
+        if now.saturating_sub(since) < LOCK_WAIT_HOOK_HOLD.as_nanos() as u64 {
             return;
         }
-        let now = monotonic_ns();
-        let since = *self.unmarked_since_ns.get_or_insert(now);
-        if now.saturating_sub(since) >= LOCK_WAIT_HOOK_HOLD.as_nanos() as u64
-            && self.probe.detach_lock_waits()
-        {
+        self.unmarked_since_ns = None;
+        if self.probe.detach_lock_waits() {
             tracing::debug!("no application sunk for a while: the lock-wait hook detached");
         }
     }
@@ -586,6 +594,7 @@ impl<'obj> Daemon<'obj> {
         if !self.restore_again.is_empty() {
             self.retry_restores();
         }
+        self.release_lock_wait_hook(now);
         self.policy.on_load(self.load.current());
         let wanted: Vec<(u32, u32)> = self.policy.cpu_wanted(now).collect();
         let times = &mut self.thread_times;
