@@ -309,6 +309,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     }
     let (json, out) = (args.json, args.out.clone());
     let opts = options(args)?;
+    refuse_beside_a_daemon()?;
     let mut output = Output::of(appease_bench::run(&opts)?, out.is_some())?;
     if let Some(fields) = output.value.as_object_mut() {
         fields.insert("measured".into(), serde_json::to_value(Measured::now())?);
@@ -320,6 +321,22 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&output.value)?);
     } else {
         println!("{}", output.table);
+    }
+    Ok(())
+}
+
+/// A daemon acting on the host would manage the bench's servers and batch in every mode,
+/// unmanaged and by hand included: no figure would be what it says. One that was stopped a
+/// moment ago is waited for.
+fn refuse_beside_a_daemon() -> Result<()> {
+    let acting = appease_daemon::RunLock::acting_daemons(std::time::Duration::from_secs(10));
+    if let Some((group, pid)) = acting.first() {
+        let pid = pid.map_or("not yet written".to_string(), |p| p.to_string());
+        bail!(
+            "an appease daemon is running (pid {pid}, idle group /{group}): it would manage the \
+             bench's servers and batch in every mode, unmanaged and by hand included; stop it \
+             first (systemctl stop appease)"
+        );
     }
     Ok(())
 }

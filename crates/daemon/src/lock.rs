@@ -74,20 +74,74 @@ impl RunLock {
 
     /// The pid of the daemon holding the lock, if one does.
     pub fn holder(dir: &Path) -> Option<u32> {
-        let mut file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(dir.join(FILE))
-            .ok()?;
-        // SAFETY: valid fd owned by `file`.
-        let free = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
-        if free {
-            return None;
+        match state(&dir.join(FILE)) {
+            Lock::Held(pid) => pid,
+            Lock::Free => None,
         }
-        let mut pid = String::new();
-        file.read_to_string(&mut pid).ok()?;
-        pid.trim().parse().ok()
     }
+
+    /// The daemons acting on this host, as (idle group, pid if written yet): each holds
+    /// its idle group's lock (a dry run, which changes nothing, holds none). A holder on
+    /// its way out is waited for up to `patience`.
+    pub fn acting_daemons(patience: Duration) -> Vec<(String, Option<u32>)> {
+        let start = Instant::now();
+        loop {
+            let held = group_lock_holders();
+            let settled = held.iter().all(|(_, pid)| pid.is_some_and(|p| !exiting(p)));
+            if settled || start.elapsed() >= patience {
+                return held;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Lock {
+    Free,
+    /// By the pid written in it, unless its holder has not written it yet.
+    Held(Option<u32>),
+}
+
+/// Whether the lock file at `path` is held (a missing file is a free lock).
+fn state(path: &Path) -> Lock {
+    let Ok(mut file) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    else {
+        return Lock::Free;
+    };
+    // SAFETY: valid fd owned by `file`.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+        return Lock::Free;
+    }
+    let mut pid = String::new();
+    let _unwritten_yet = file.read_to_string(&mut pid);
+    Lock::Held(pid.trim().parse().ok())
+}
+
+/// The held locks of `GROUP_LOCKS`, as (idle group, holder's pid).
+fn group_lock_holders() -> Vec<(String, Option<u32>)> {
+    let Ok(entries) = std::fs::read_dir(GROUP_LOCKS) else {
+        return Vec::new();
+    };
+    let mut held: Vec<_> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e
+                .file_name()
+                .to_str()?
+                .strip_suffix(".lock")?
+                .replace('%', "/");
+            match state(&e.path()) {
+                Lock::Held(pid) => Some((name, pid)),
+                Lock::Free => None,
+            }
+        })
+        .collect();
+    held.sort();
+    held
 }
 
 /// Whether process `pid` is on its way out (or gone already).
@@ -135,6 +189,19 @@ mod tests {
         drop(first);
         let (_again, waited) = RunLock::acquire_after_exit(&dir, Duration::from_secs(5)).unwrap();
         assert!(waited < Duration::from_secs(1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_lock_is_held_while_its_file_is_locked_and_free_once_let_go_or_missing() {
+        let dir = std::env::temp_dir().join(format!("appease-lock-state-{}", std::process::id()));
+        let _fresh = std::fs::remove_dir_all(&dir);
+        let path = private::private_dir(&dir).unwrap().join("g.lock");
+        assert_eq!(state(&path), Lock::Free, "missing");
+        let held = lock_file(&path, "busy").unwrap();
+        assert_eq!(state(&path), Lock::Held(Some(std::process::id())));
+        drop(held);
+        assert_eq!(state(&path), Lock::Free, "let go: the file stays");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

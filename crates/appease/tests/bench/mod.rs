@@ -212,6 +212,25 @@ root_test! {
 }
 
 root_test! {
+    fn bench_refuses_to_run_beside_an_acting_daemon_and_names_it() {
+        // The daemon would manage the bench's servers and soakers in every mode.
+        let (_dir, _cfg, _soak, daemon) = loaded("bench-beside-a-daemon", 0);
+        let args = ["bench", "synthetic", "--quick", "--modes", "unmanaged"];
+        fails_saying(
+            Command::new(BIN).args(args),
+            &format!("an appease daemon is running (pid {}, idle group /appease.batch)", daemon.pid()),
+        );
+        // A dry run changes nothing and holds no idle group: the bench runs beside it.
+        drop(daemon);
+        let dry = TempDir::new("bench-beside-a-dry-run");
+        let cfg = dry.file("test.toml", &test_config());
+        let _watching = Daemon::start_with(&dry.0, &cfg, &["--dry-run"], &[]);
+        let out = Command::new(BIN).args(args).args(["--seconds", "1"]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+root_test! {
     fn bench_names_a_missing_peer_daemon_with_how_to_get_it_and_runs_the_other_modes() {
         let out = Command::new(BIN)
             .args([
