@@ -310,6 +310,9 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     let (json, out) = (args.json, args.out.clone());
     let opts = options(args)?;
     refuse_beside_a_daemon()?;
+    let exe = std::env::current_exe().context("finding the appease binary")?;
+    // Kept to the end: its pipe's closing tells the guardian the bench has gone.
+    let _guardian = appease_bench::guard::start(&exe)?;
     let mut output = Output::of(appease_bench::run(&opts)?, out.is_some())?;
     if let Some(fields) = output.value.as_object_mut() {
         fields.insert("measured".into(), serde_json::to_value(Measured::now())?);

@@ -118,6 +118,9 @@ enum Command {
         #[command(subcommand)]
         command: RolesCommand,
     },
+    /// The bench's guardian: ends what a killed bench left running (started by the bench).
+    #[command(hide = true)]
+    BenchGuard { pid: u32 },
     /// Processes the bench starts (server, soakers).
     #[command(hide = true)]
     BenchWorker {
@@ -266,6 +269,7 @@ fn run(cmd: Command) -> Result<()> {
             Ok(())
         }
         Command::BenchTable { files, .. } => bench_cmd::table(&files),
+        Command::BenchGuard { pid } => appease_bench::guard::watch(pid),
         Command::BenchWorker { worker } => bench_cmd::worker(worker),
         Command::CheckConfig { file } => {
             appease_config::Config::load(&file)?;

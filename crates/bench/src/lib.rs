@@ -6,6 +6,7 @@ pub mod closed_loop;
 mod db;
 pub mod docker;
 pub mod fetch;
+pub mod guard;
 pub mod markdown;
 pub mod nested;
 mod options;

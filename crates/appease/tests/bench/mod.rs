@@ -669,3 +669,84 @@ root_test! {
         assert_eq!(bench_processes_left(bench), vec![], "{screen}");
     }
 }
+
+root_test! {
+    fn a_bench_killed_outright_leaves_nothing_running_and_no_group_behind() {
+        let root = appease_cgroup::Cgroups::detect()
+            .unwrap()
+            .root()
+            .to_path_buf();
+        // Processes in the group or its subgroups (the daemon's job groups).
+        fn busy(group: &std::path::Path) -> bool {
+            let procs = std::fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default();
+            !procs.trim().is_empty()
+                || std::fs::read_dir(group)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && busy(&e.path()))
+        }
+        // Killed while a compile runs in the bench's own idle group, then while its daemon
+        // has demoted the soakers into the daemon's.
+        for (args, group) in [
+            (["--batch", "compile", "--modes", "batch-cgroup-idle"], None),
+            (["--batch", "soak", "--modes", "appease"], Some(root.join("appease.batch"))),
+        ] {
+            // Killed outright however this test ends: its guardian then cleans up.
+            let mut bench = KilledAtTheEnd(
+                Command::new(BIN)
+                    .args(["bench", "synthetic", "--seconds", "60"])
+                    .args(args)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+            let pid = bench.0.id();
+            let group = group.unwrap_or_else(|| root.join(format!("appease-bench-{pid}.idle")));
+            assert!(
+                wait_for(Duration::from_secs(30), || busy(&group)).is_some(),
+                "{args:?}: {} never held the batch",
+                group.display()
+            );
+            // SAFETY: killing our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let _killed = bench.0.wait().unwrap();
+            // The guardian holds the bench's stderr until it has done its work.
+            let mut err = String::new();
+            bench.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            assert!(
+                err.contains(&format!("the bench (pid {pid}) ended with")),
+                "{args:?}: {err}"
+            );
+            assert!(!err.contains("panicked"), "{args:?}: {err}");
+            assert_eq!(bench_processes_left(pid), vec![], "{args:?}");
+            let marked = format!("APPEASE_BENCH_RUN={pid}");
+            let running: Vec<_> = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter(|e| {
+                    std::fs::read(e.path().join("environ"))
+                        .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == marked.as_bytes()))
+                })
+                .map(|e| e.file_name())
+                .collect();
+            assert_eq!(running, Vec::<std::ffi::OsString>::new(), "{args:?}");
+            assert!(!group.exists(), "{args:?}: {} left behind", group.display());
+            let tmp = std::env::temp_dir().join(format!("appease-bench-{pid}"));
+            assert!(!tmp.exists(), "{} left behind", tmp.display());
+        }
+    }
+}
+
+/// A child SIGKILLed when dropped unless it has been reaped already: however a test ends.
+struct KilledAtTheEnd(std::process::Child);
+
+impl Drop for KilledAtTheEnd {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _gone_meanwhile = self.0.kill();
+            let _reaped = self.0.wait();
+        }
+    }
+}
