@@ -329,19 +329,28 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
 }
 
 /// A daemon acting on the host would manage the bench's servers and batch in every mode,
-/// unmanaged and by hand included: no figure would be what it says. One that was stopped a
-/// moment ago is waited for.
+/// unmanaged and by hand included: no figure would be what it says. One in its last
+/// moments (exiting) is waited for.
 fn refuse_beside_a_daemon() -> Result<()> {
     let acting = appease_daemon::RunLock::acting_daemons(std::time::Duration::from_secs(10));
-    if let Some((group, pid)) = acting.first() {
-        let pid = pid.map_or("not yet written".to_string(), |p| p.to_string());
-        bail!(
-            "an appease daemon is running (pid {pid}, idle group /{group}): it would manage the \
-             bench's servers and batch in every mode, unmanaged and by hand included; stop it \
-             first (systemctl stop appease)"
-        );
-    }
-    Ok(())
+    let Some((group, pid)) = acting.first() else {
+        return Ok(());
+    };
+    let (whose, stop) = match pid.and_then(appease_bench::guard::bench_of) {
+        Some(bench) => (
+            format!("the daemon of another appease bench (pid {bench})"),
+            "let that bench end, or stop it",
+        ),
+        None => (
+            "an appease daemon".to_string(),
+            "stop it first (systemctl stop appease)",
+        ),
+    };
+    let pid = pid.map_or("unknown".to_string(), |p| p.to_string());
+    bail!(
+        "{whose} is running (pid {pid}, idle group /{group}): it would manage this bench's \
+         servers and batch in every mode, unmanaged and by hand included; {stop}"
+    )
 }
 
 /// The bench's options from the command line, each checked.

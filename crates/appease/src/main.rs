@@ -120,7 +120,7 @@ enum Command {
     },
     /// The bench's guardian: ends what a killed bench left running (started by the bench).
     #[command(hide = true)]
-    BenchGuard { pid: u32 },
+    BenchGuard { pid: u32, since: u64 },
     /// Processes the bench starts (server, soakers).
     #[command(hide = true)]
     BenchWorker {
@@ -269,7 +269,7 @@ fn run(cmd: Command) -> Result<()> {
             Ok(())
         }
         Command::BenchTable { files, .. } => bench_cmd::table(&files),
-        Command::BenchGuard { pid } => appease_bench::guard::watch(pid),
+        Command::BenchGuard { pid, since } => appease_bench::guard::watch(pid, since),
         Command::BenchWorker { worker } => bench_cmd::worker(worker),
         Command::CheckConfig { file } => {
             appease_config::Config::load(&file)?;

@@ -48,7 +48,9 @@ impl Engine {
                 bail!("Docker is not installed ({program} is missing): apt-get install docker.io");
             }
         }
-        std::fs::create_dir_all(dir)?;
+        // Root's own (dockerd writes its state there), never through a link.
+        let dir = &appease_actuator::private::private_dir(dir)
+            .with_context(|| format!("the engine's directory {}", dir.display()))?;
         let existed = parent_groups();
         let sock = dir.join("docker.sock");
         let log = std::fs::File::create(dir.join("dockerd.log"))?;

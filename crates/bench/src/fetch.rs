@@ -381,10 +381,10 @@ pub fn run(opts: &Options) -> Result<FetchResult> {
             // The servers live for the whole case, in a directory of their own (each mode's
             // run has the bench's usual one, removed after it).
             let mut case_run = Run::default();
-            let tmp =
-                std::env::temp_dir().join(format!("appease-bench-fetch-{}", std::process::id()));
-            let _stale = std::fs::remove_dir_all(&tmp);
-            std::fs::create_dir_all(&tmp)?;
+            // Checked as the bench's own before anything in it is removed.
+            let stale = crate::run::private_tmp("appease-bench-fetch")?;
+            let _stale = std::fs::remove_dir_all(stale);
+            let tmp = crate::run::private_tmp("appease-bench-fetch")?;
             case_run.tmp = Some(tmp.clone());
             eprintln!(
                 "[{} beside {}] starting the servers ...",

@@ -26,10 +26,12 @@ pub const MARK: &str = "APPEASE_BENCH_RUN";
 /// pipe whose end tells the guardian the bench has gone.
 pub fn start(appease: &Path) -> Result<Child> {
     let me = std::process::id();
+    // Read here, not by the guardian: the bench may be killed before the guardian runs.
+    let since = start_of(me).context("reading the bench's own start time")?;
     // Single-threaded still: nothing reads the environment meanwhile.
     std::env::set_var(MARK, me.to_string());
     let mut cmd = Command::new(appease);
-    cmd.args(["bench-guard", &me.to_string()])
+    cmd.args(["bench-guard", &me.to_string(), &since.to_string()])
         .env_remove(MARK)
         .current_dir("/")
         .stdin(Stdio::piped())
@@ -49,64 +51,72 @@ pub fn start(appease: &Path) -> Result<Child> {
     cmd.spawn().context("starting the bench's guardian")
 }
 
-/// The guardian's whole life: waits for bench `pid` to go (its standard input closes),
-/// then ends what the bench left running and removes its groups and directories.
-pub fn watch(pid: u32) -> Result<()> {
-    // Read while the bench lives (it started us a moment ago): what started before it is
-    // not its own, whatever its environment says.
-    let since = start_of(pid).context("the bench is gone before its guardian started")?;
+/// The guardian's whole life: waits for bench `pid`, started at `since` (clock ticks after
+/// boot), to go (its standard input closes), then ends what it left running and removes
+/// its groups and directories (already gone after a bench that ended well).
+pub fn watch(pid: u32, since: u64) -> Result<()> {
     let mut rest = Vec::new();
     // EOF (or an error) once the bench's end of the pipe is closed: it has exited.
     let _gone = std::io::stdin().read_to_end(&mut rest);
-    let left_by = |pid| left_by(pid, since);
-    let mut left = left_by(pid);
-    if left.is_empty() {
-        return Ok(());
+    let mut left = left_by(pid, since);
+    if !left.is_empty() {
+        say(format_args!(
+            "the bench (pid {pid}) ended with {} of its processes running: ending them and \
+             removing its groups",
+            left.len()
+        ));
     }
-    say(format_args!(
-        "the bench (pid {pid}) ended with {} of its processes running: ending them and \
-         removing its groups",
-        left.len()
-    ));
     for (sig, patience) in [(libc::SIGTERM, 10), (libc::SIGKILL, 5)] {
-        for &p in &left {
-            // SAFETY: a process the bench started (it carries the bench's mark, or was
-            // started by one that does), found a moment ago.
-            unsafe { libc::kill(p as i32, sig) };
+        for &(p, started) in &left {
+            signal(p, started, sig);
         }
         let t = Instant::now();
         while !left.is_empty() && t.elapsed() < Duration::from_secs(patience) {
             std::thread::sleep(Duration::from_millis(50));
-            left = left_by(pid);
+            left = left_by(pid, since);
         }
     }
     remove_groups(pid);
-    for dir in [
-        "appease-bench",
-        "appease-bench-docker",
-        "appease-bench-fetch",
-    ] {
-        let _best_effort =
-            std::fs::remove_dir_all(std::env::temp_dir().join(format!("{dir}-{pid}")));
+    // APPEASE_BENCH_KEEP=1 keeps them for a look, as a bench that ends well does.
+    if std::env::var_os("APPEASE_BENCH_KEEP").is_none() {
+        for dir in [
+            "appease-bench",
+            "appease-bench-docker",
+            "appease-bench-fetch",
+        ] {
+            let dir = std::env::temp_dir().join(format!("{dir}-{pid}"));
+            // Only the bench's own: a user may have made one of these names first.
+            if appease_actuator::private::check_private_dir(&dir).is_ok() {
+                let _best_effort = std::fs::remove_dir_all(dir);
+            }
+        }
     }
     Ok(())
 }
 
-/// The processes started at or after `since` (clock ticks after boot) that carry bench
-/// `pid`'s mark, and those that the root ones among them started. Anyone can put the mark
-/// in a process of their own: a user's marked process is one they could end themselves,
-/// and what it started is not followed (a setuid program's child may be root's).
-fn left_by(pid: u32, since: u64) -> Vec<u32> {
+/// The bench whose mark process `pid` carries, if any.
+pub fn bench_of(pid: u32) -> Option<u32> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let mark = format!("{MARK}=");
+    env.split(|&b| b == 0).find_map(|v| {
+        std::str::from_utf8(v.strip_prefix(mark.as_bytes())?)
+            .ok()?
+            .parse()
+            .ok()
+    })
+}
+
+/// The processes started at or after `since` that carry bench `pid`'s mark, and those
+/// that the root ones among them started, as (pid, start time). Anyone can put the mark in
+/// a process of their own: a user's marked process is one they could end themselves, and
+/// what it started is not followed (a setuid program's child may be root's).
+fn left_by(pid: u32, since: u64) -> Vec<(u32, u64)> {
     let me = std::process::id();
-    let want = format!("{MARK}={pid}");
     let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten();
     let marked: Vec<u32> = pids
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&p| p != me && start_of(p).is_some_and(|s| s >= since))
-        .filter(|p| {
-            std::fs::read(format!("/proc/{p}/environ"))
-                .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == want.as_bytes()))
-        })
+        .filter(|&p| bench_of(p) == Some(pid))
         .collect();
     let roots: Vec<u32> = marked
         .iter()
@@ -117,7 +127,27 @@ fn left_by(pid: u32, since: u64) -> Vec<u32> {
     all.extend(marked);
     all.sort_unstable();
     all.dedup();
-    all
+    // A process gone meanwhile has no start time, and nothing to end.
+    all.into_iter()
+        .filter_map(|p| Some((p, start_of(p)?)))
+        .collect()
+}
+
+/// Signals process `pid` if it is still the one that started at `started`: through a
+/// pidfd, so that a pid reused after the check is never the one signalled.
+fn signal(pid: u32, started: u64, sig: i32) {
+    // SAFETY: plain system calls; the descriptor is closed below.
+    unsafe {
+        let fd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
+        if fd < 0 {
+            return; // gone
+        }
+        if start_of(pid) == Some(started) {
+            let none: *const libc::siginfo_t = std::ptr::null();
+            libc::syscall(libc::SYS_pidfd_send_signal, fd, sig, none, 0);
+        }
+        libc::close(fd);
+    }
 }
 
 fn real_uid(pid: u32) -> Option<u32> {
@@ -156,17 +186,27 @@ fn remove_groups(pid: u32) {
     }
 }
 
+/// A group and its subgroups (cgroupfs holds no links). A killed process leaves its group
+/// only once reaped, a moment after it has gone from the guardian's scan: removal is
+/// retried for a while.
 fn remove_tree(dir: &Path) {
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir() && !t.is_symlink()) {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
             remove_tree(&e.path());
         }
     }
-    if let Err(e) = std::fs::remove_dir(dir) {
-        eprintln!(
-            "appease bench-guard: could not remove {}: {e}",
-            dir.display()
-        );
+    let remove = || match std::fs::remove_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    };
+    let t = Instant::now();
+    let mut result = remove();
+    while result.is_err() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+        result = remove();
+    }
+    if let Err(e) = result {
+        say(format_args!("could not remove {}: {e}", dir.display()));
     }
 }
 
@@ -188,16 +228,12 @@ mod tests {
         };
         let (mut marked, mut plain) = (spawn(true), spawn(false));
         let started = start_of(marked.id()).unwrap();
-        assert_eq!(left_by(bench, started), vec![marked.id()]);
-        assert_eq!(
-            left_by(bench, started + 1),
-            Vec::<u32>::new(),
-            "started before"
-        );
+        assert_eq!(left_by(bench, started), vec![(marked.id(), started)]);
+        assert_eq!(left_by(bench, started + 1), vec![], "started before");
         for c in [&mut marked, &mut plain] {
             c.kill().unwrap();
             c.wait().unwrap();
         }
-        assert_eq!(left_by(bench, 0), Vec::<u32>::new(), "ended");
+        assert_eq!(left_by(bench, 0), vec![], "ended");
     }
 }

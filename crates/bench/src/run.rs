@@ -41,11 +41,22 @@ impl Run {
 
     /// The run's directory under the system's temporary directory, made on first use.
     pub(crate) fn tmp(&mut self) -> Result<PathBuf> {
-        let tmp = std::env::temp_dir().join(format!("appease-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&tmp)?;
+        let tmp = private_tmp("appease-bench")?;
         self.tmp.get_or_insert_with(|| tmp.clone());
         Ok(tmp)
     }
+}
+
+/// `NAME-PID` under the system's temporary directory, the bench's own: refused if it is a
+/// link or someone else's (the name is easy to guess, and root writes in it). Mode 0755:
+/// the servers that run as their own users (PostgreSQL) keep their data below it.
+pub(crate) fn private_tmp(name: &str) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let dir = appease_actuator::private::private_dir(&dir)
+        .with_context(|| format!("the bench's directory {}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    Ok(dir)
 }
 
 impl Drop for Run {

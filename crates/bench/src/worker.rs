@@ -223,8 +223,6 @@ pub fn soak(name: &str, threads: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// CPU time (user and system) of this process and of every child it reaped, ns: what
-/// the batch actually got, whatever it made of it.
 /// A worker's last line, for the bench that reads it. A bench killed outright reads
 /// nothing (its guardian ends the worker): a closed pipe is no error of the worker's.
 fn report(line: std::fmt::Arguments) {
@@ -232,6 +230,8 @@ fn report(line: std::fmt::Arguments) {
     let _reader_gone = writeln!(std::io::stdout(), "{line}");
 }
 
+/// CPU time (user and system) of this process and of every child it reaped, ns: what
+/// the batch actually got, whatever it made of it.
 fn cpu_used_ns() -> u64 {
     let ns = |who| {
         // SAFETY: getrusage fills the zeroed struct it is given.

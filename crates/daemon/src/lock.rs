@@ -154,9 +154,17 @@ fn exiting(pid: u32) -> bool {
 fn lock_file(path: &Path, busy: &str) -> Result<File> {
     let mut file = private::open_private(path, Access::ReadWrite)
         .with_context(|| format!("opening the lock {}", path.display()))?;
+    // A few tries: `state` (another process asking whether a daemon runs) holds a shared
+    // lock on a free file for a moment, and must not keep a daemon from starting.
+    let mut tries = 0;
     // SAFETY: valid fd owned by `file`.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let err = io::Error::last_os_error();
+        tries += 1;
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) && tries < 10 {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
         if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
             let mut pid = String::new();
             let _best_effort = file.read_to_string(&mut pid);

@@ -379,3 +379,49 @@ root_test! {
         assert!(holders.0.try_wait().unwrap().is_none(), "the silent clients were connected meanwhile");
     }
 }
+
+root_test! {
+    fn a_directory_made_first_under_the_benchs_guessable_name_is_refused_and_left_as_it_was() {
+        let user = TestUser::new("benchdir");
+        // The bench's directory is /tmp/appease-bench-PID: the user makes one for each of
+        // the next pids, with a file of theirs in it.
+        let last: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let made: Vec<PathBuf> = (last + 1..last + 400)
+            .map(|p| std::env::temp_dir().join(format!("appease-bench-{p}")))
+            .filter(|d| !d.exists())
+            .collect();
+        // One mkdir for all (a process each would use up the pids made for).
+        let script = "mkdir \"$@\" && for d in \"$@\"; do echo theirs > \"$d/mine\"; done";
+        let out = user.command("sh").args(["-c", script, "sh"]).args(&made).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        // The appease mode writes the daemon's config in the bench's directory.
+        let bench = Command::new(BIN)
+            .args(["bench", "synthetic", "--quick", "--modes", "appease"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let dir = std::env::temp_dir().join(format!("appease-bench-{}", bench.id()));
+        let out = bench.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let theirs = made.contains(&dir);
+        let entries = std::fs::read_dir(&dir).map_or(0, |d| d.count());
+        let kept = std::fs::read_to_string(dir.join("mine")).unwrap_or_default();
+        for d in &made {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        assert!(theirs, "the bench's pid fell outside the {} made", made.len());
+        assert!(!out.status.success(), "refused: {err}");
+        assert!(
+            err.contains(&format!("the bench's directory {}", dir.display()))
+                && err.contains(&format!("owned by uid {}", user.uid)),
+            "{err}"
+        );
+        // Nothing written in it, nothing removed from it (the guardian included).
+        assert_eq!((entries, kept.as_str()), (1, "theirs\n"));
+    }
+}
