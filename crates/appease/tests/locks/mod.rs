@@ -3,14 +3,28 @@
 
 use super::*;
 
+/// What one run of `short_latencies_beside_a_sunk_lock_holder` saw.
+struct SunkHolderRun {
+    /// The short requests' latencies, ms, sorted.
+    latencies: Vec<f64>,
+    /// The daemon's full log.
+    log: String,
+    /// Whether the lock-wait hook was attached while the long request was sunk.
+    hooked: bool,
+    /// With `hold`: how long after the sunk thread's end the hook was detached (None: not
+    /// within 50 s).
+    detached_after: Option<Duration>,
+}
+
 /// Short requests that need a lock which a long request of the same process holds while
-/// it computes; returns the short requests' latencies (ms, sorted) over `secs` seconds,
-/// once the long one has sunk, and the daemon's full log.
+/// it computes, over `secs` seconds once the long one has sunk. With `hold`, the daemon
+/// is kept until it detaches the lock-wait hook after the sunk thread's end.
 fn short_latencies_beside_a_sunk_lock_holder(
     name: &str,
     extra: &str,
     secs: u64,
-) -> (Vec<f64>, String) {
+    hold: bool,
+) -> SunkHolderRun {
     use std::sync::Mutex;
     let (_dir, _cfg, _soak, mut daemon) = loaded_with(name, 4, extra);
     let lock = Arc::new(Mutex::new(()));
@@ -40,6 +54,8 @@ fn short_latencies_beside_a_sunk_lock_holder(
         "the long request sinks: {}",
         daemon.log_text()
     );
+    let hook = |d: &Daemon| d.status_json()["probe"]["lock_wait_hook"] == true;
+    let hooked = wait_for(Duration::from_secs(2), || hook(&daemon)).is_some();
     // Two threads serving short requests (0.2 ms under the lock), a request every 30 ms each.
     let short = {
         let lock = lock.clone();
@@ -55,8 +71,19 @@ fn short_latencies_beside_a_sunk_lock_holder(
     let latencies = short.finish();
     long.join().unwrap();
     drop(long_client);
+    // Polled every quarter second: the hold is 30 s.
+    let since = Instant::now();
+    while hold && hook(&daemon) && since.elapsed() < Duration::from_secs(50) {
+        thread::sleep(Duration::from_millis(250));
+    }
+    let detached_after = (hold && !hook(&daemon)).then(|| since.elapsed());
     assert!(daemon.signal(libc::SIGTERM).success());
-    (latencies, daemon.full_log())
+    SunkHolderRun {
+        latencies,
+        log: daemon.full_log(),
+        hooked,
+        detached_after,
+    }
 }
 
 /// The `p` quantile of sorted `v` (NaN if empty).
@@ -69,9 +96,20 @@ fn quantile(v: &[f64], p: f64) -> f64 {
 root_test! {
     fn a_sunk_thread_holding_a_lock_short_requests_need_is_lifted_while_they_wait() {
         let q = quantile;
-        let (off, off_log) =
-            short_latencies_beside_a_sunk_lock_holder("lift-off", "[elevation.sink]\nlift_ms = 0\n", 4);
-        let (on, on_log) = short_latencies_beside_a_sunk_lock_holder("lift-on", "", 4);
+        let off_run = short_latencies_beside_a_sunk_lock_holder(
+            "lift-off",
+            "[elevation.sink]\nlift_ms = 0\n",
+            4,
+            false,
+        );
+        let on_run = short_latencies_beside_a_sunk_lock_holder("lift-on", "", 4, true);
+        // The hook costs every context switch of the host: attached only where lifting
+        // can use it, and detached 30 s after the last sunk thread has gone.
+        assert!(!off_run.hooked && on_run.hooked, "the lock-wait hook: off {}, on {}", off_run.hooked, on_run.hooked);
+        let after = on_run.detached_after.expect("the lock-wait hook detached within 50 s");
+        eprintln!("the lock-wait hook detached {after:?} after the sunk thread's end");
+        assert!(after >= Duration::from_secs(29), "held 30 s, detached after {after:?}");
+        let (off, off_log, on, on_log) = (off_run.latencies, off_run.log, on_run.latencies, on_run.log);
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let figures = format!(
             "short requests, ms: lifting off mean {:.2} p50 {:.2} p95 {:.2} max {:.2} ({} requests); \
