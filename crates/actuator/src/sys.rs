@@ -130,8 +130,18 @@ pub fn threads_of(pid: u32) -> Vec<u32> {
 
 /// A pidfd for one thread; it becomes readable when the thread exits.
 pub fn pidfd_open_thread(tid: u32) -> io::Result<OwnedFd> {
+    pidfd_open(tid, PIDFD_THREAD)
+}
+
+/// A pidfd for a process: signals sent through it never reach another process that got
+/// its pid after it ended.
+pub fn pidfd_open_process(pid: u32) -> io::Result<OwnedFd> {
+    pidfd_open(pid, 0)
+}
+
+fn pidfd_open(id: u32, flags: libc::c_uint) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall; a non-negative result is a new fd we own.
-    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::pid_t, PIDFD_THREAD) };
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, id as libc::pid_t, flags) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

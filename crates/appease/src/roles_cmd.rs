@@ -100,9 +100,9 @@ fn running(name: &str) -> Found {
             continue;
         }
         let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
-        let uid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        let uid = std::fs::read(format!("/proc/{pid}/status"))
             .ok()
-            .and_then(|t| real_uid(&t));
+            .and_then(|t| appease_cgroup::status_real_uid(&t));
         match (exe, uid) {
             (Ok(exe), Some(uid)) => return Found::Process { exe, uid },
             _ => found = Found::Unreadable,
@@ -118,17 +118,6 @@ fn comm_of(name: &str) -> &str {
         end -= 1;
     }
     &name[..end]
-}
-
-/// The real uid from /proc/PID/status text ("Uid:\treal\teffective\tsaved\tfs").
-fn real_uid(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// One `[[role]]` entry: by exe and user when the process was found, else by comm with
@@ -176,7 +165,10 @@ mod tests {
              and user (a comm is any process's to choose)\n"
         ));
         assert!(text.ends_with("comm = \"indexer\"\ntrust_comm = true\nrank = 1"));
-        assert_eq!(real_uid("Name:\tx\nUid:\t1000\t0\t0\t0\n"), Some(1000));
+        assert_eq!(
+            appease_cgroup::status_real_uid(b"Name:\tx\nUid:\t1000\t0\t0\t0\n"),
+            Some(1000)
+        );
         assert_eq!(comm_of("a-very-long-process-name"), "a-very-long-pro");
     }
 }

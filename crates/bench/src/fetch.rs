@@ -382,9 +382,9 @@ pub fn run(opts: &Options) -> Result<FetchResult> {
             // run has the bench's usual one, removed after it).
             let mut case_run = Run::default();
             // Checked as the bench's own before anything in it is removed.
-            let stale = crate::run::private_tmp("appease-bench-fetch")?;
+            let stale = crate::run::private_tmp(crate::run::FETCH_TMP)?;
             let _stale = std::fs::remove_dir_all(stale);
-            let tmp = crate::run::private_tmp("appease-bench-fetch")?;
+            let tmp = crate::run::private_tmp(crate::run::FETCH_TMP)?;
             case_run.tmp = Some(tmp.clone());
             eprintln!(
                 "[{} beside {}] starting the servers ...",

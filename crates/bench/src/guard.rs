@@ -79,12 +79,8 @@ pub fn watch(pid: u32, since: u64) -> Result<()> {
     remove_groups(pid);
     // APPEASE_BENCH_KEEP=1 keeps them for a look, as a bench that ends well does.
     if std::env::var_os("APPEASE_BENCH_KEEP").is_none() {
-        for dir in [
-            "appease-bench",
-            "appease-bench-docker",
-            "appease-bench-fetch",
-        ] {
-            let dir = std::env::temp_dir().join(format!("{dir}-{pid}"));
+        for name in crate::run::TMP_DIRS {
+            let dir = crate::run::tmp_path(name, pid);
             // Only the bench's own: a user may have made one of these names first.
             if appease_actuator::private::check_private_dir(&dir).is_ok() {
                 let _best_effort = std::fs::remove_dir_all(dir);
@@ -118,11 +114,11 @@ fn left_by(pid: u32, since: u64) -> Vec<(u32, u64)> {
         .filter(|&p| p != me && start_of(p).is_some_and(|s| s >= since))
         .filter(|&p| bench_of(p) == Some(pid))
         .collect();
-    let roots: Vec<u32> = marked
-        .iter()
-        .copied()
-        .filter(|&p| real_uid(p) == Some(0))
-        .collect();
+    let root = |p: &u32| {
+        let status = std::fs::read(format!("/proc/{p}/status")).unwrap_or_default();
+        appease_cgroup::status_real_uid(&status) == Some(0)
+    };
+    let roots: Vec<u32> = marked.iter().copied().filter(root).collect();
     let mut all = crate::procfs::descendants(&roots);
     all.extend(marked);
     all.sort_unstable();
@@ -136,27 +132,15 @@ fn left_by(pid: u32, since: u64) -> Vec<(u32, u64)> {
 /// Signals process `pid` if it is still the one that started at `started`: through a
 /// pidfd, so that a pid reused after the check is never the one signalled.
 fn signal(pid: u32, started: u64, sig: i32) {
-    // SAFETY: plain system calls; the descriptor is closed below.
-    unsafe {
-        let fd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
-        if fd < 0 {
-            return; // gone
-        }
-        if start_of(pid) == Some(started) {
-            let none: *const libc::siginfo_t = std::ptr::null();
-            libc::syscall(libc::SYS_pidfd_send_signal, fd, sig, none, 0);
-        }
-        libc::close(fd);
+    use std::os::fd::AsRawFd;
+    let Ok(fd) = appease_actuator::sys::pidfd_open_process(pid) else {
+        return; // gone
+    };
+    if start_of(pid) == Some(started) {
+        let none: *const libc::siginfo_t = std::ptr::null();
+        // SAFETY: a pidfd we own; no siginfo.
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), sig, none, 0) };
     }
-}
-
-fn real_uid(pid: u32) -> Option<u32> {
-    let status = std::fs::read(format!("/proc/{pid}/status")).ok()?;
-    appease_cgroup::status_value(&status, "Uid")?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// To the bench's standard error, which may be a pipe no one reads any more: the work

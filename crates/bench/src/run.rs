@@ -41,10 +41,22 @@ impl Run {
 
     /// The run's directory under the system's temporary directory, made on first use.
     pub(crate) fn tmp(&mut self) -> Result<PathBuf> {
-        let tmp = private_tmp("appease-bench")?;
+        let tmp = private_tmp(TMP)?;
         self.tmp.get_or_insert_with(|| tmp.clone());
         Ok(tmp)
     }
+}
+
+/// The names of the bench's directories under the system's temporary directory (each
+/// `NAME-PID`): the run's, its Docker engine's, fetch's cases'.
+pub(crate) const TMP_DIRS: [&str; 3] = [TMP, DOCKER_TMP, FETCH_TMP];
+const TMP: &str = "appease-bench";
+pub(crate) const DOCKER_TMP: &str = "appease-bench-docker";
+pub(crate) const FETCH_TMP: &str = "appease-bench-fetch";
+
+/// The directory `name` of bench `pid` (one of `TMP_DIRS`).
+pub(crate) fn tmp_path(name: &str, pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("{name}-{pid}"))
 }
 
 /// `NAME-PID` under the system's temporary directory, the bench's own: refused if it is a
@@ -52,7 +64,7 @@ impl Run {
 /// the servers that run as their own users (PostgreSQL) keep their data below it.
 pub(crate) fn private_tmp(name: &str) -> Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let dir = tmp_path(name, std::process::id());
     let dir = appease_actuator::private::private_dir(&dir)
         .with_context(|| format!("the bench's directory {}", dir.display()))?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;

@@ -78,8 +78,7 @@ pub(crate) fn run_latency(opts: &Options) -> Result<Vec<ScenarioResult>> {
     let params = scenario_params(opts);
     let engine = match opts.batch {
         Batch::Docker => {
-            let dir =
-                std::env::temp_dir().join(format!("appease-bench-docker-{}", std::process::id()));
+            let dir = crate::run::tmp_path(crate::run::DOCKER_TMP, std::process::id());
             eprintln!(
                 "starting a Docker engine of the bench's own in {}",
                 dir.display()

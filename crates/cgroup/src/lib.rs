@@ -21,8 +21,8 @@ pub mod procstat;
 pub use boundary::{besteffort_pod_of, container_of, Boundary, Container};
 pub use layout::{HostLayout, LayoutKind};
 pub use procstat::{
-    clock_tick_ns, read_ppid, read_stat, resident_kib, stat_fields, stat_ppid, status_value,
-    ProcStat,
+    clock_tick_ns, read_ppid, read_stat, resident_kib, stat_fields, stat_ppid, status_real_uid,
+    status_value, ProcStat,
 };
 
 #[derive(Debug, thiserror::Error)]

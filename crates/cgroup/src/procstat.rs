@@ -93,6 +93,16 @@ pub fn status_value<'a>(text: &'a [u8], key: &str) -> Option<&'a str> {
     })
 }
 
+/// The real uid from /proc/PID/status bytes ("Uid:\treal\teffective\tsaved\tfs"): who
+/// started the process, whatever setuid made it.
+pub fn status_real_uid(text: &[u8]) -> Option<u32> {
+    status_value(text, "Uid")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// A process's resident memory (`VmRSS`), KiB; None once it is gone.
 pub fn resident_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read(format!("/proc/{pid}/status")).ok()?;

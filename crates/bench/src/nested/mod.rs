@@ -463,7 +463,7 @@ pub fn run(opts: &Options) -> Result<NestedResult> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let jobs = ((opts.loads.first().copied().unwrap_or(4.0)) * cpus as f64).round() as usize;
     let engine = if opts.shapes.iter().any(|s| s.layout == Layout::Container) {
-        let dir = std::env::temp_dir().join(format!("appease-bench-docker-{}", std::process::id()));
+        let dir = crate::run::tmp_path(crate::run::DOCKER_TMP, std::process::id());
         eprintln!(
             "starting a Docker engine of the bench's own in {}",
             dir.display()
